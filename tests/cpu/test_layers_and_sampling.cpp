@@ -1,0 +1,95 @@
+// Embedding, linear, SwiGLU and sampling against hand cases; sampling's determinism and
+// distribution; clear errors for bad ids and parameters.
+#include <cmath>
+#include <map>
+
+#include <gtest/gtest.h>
+
+#include "reference/layers.h"
+#include "reference/sampling.h"
+#include "support/expect_error.h"
+
+namespace asynct {
+namespace {
+
+using testing::expect_error;
+
+TEST(Layers, EmbeddingLooksUpRowsAndRejectsBadIds) {
+  Tensor table = Tensor::from_vector<float>({0, 1, 10, 11, 20, 21}, {3, 2});
+  Tensor e = embedding(table, {2, 0, 2});
+  EXPECT_EQ(e.to_float_vector(), (std::vector<float>{20, 21, 0, 1, 20, 21}));
+  expect_error([&] { embedding(table, {1, 3}); }, "token id 3 at position 1 is outside the vocabulary [0, 3)");
+  expect_error([&] { embedding(table, {-1}); }, "token id -1");
+}
+
+TEST(Layers, LinearIsXTimesWeightTransposed) {
+  Tensor x = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor w = Tensor::from_vector<float>({1, 0, 0, 0, 1, 1}, {2, 3});  // [out 2, in 3]
+  EXPECT_EQ(linear(x, w).to_float_vector(), (std::vector<float>{1, 5, 4, 11}));
+  expect_error([&] { linear(x, Tensor::empty(DType::F32, {2, 4})); }, "linear: weight: expected shape [*, 3]");
+}
+
+TEST(Layers, SwigluIsSiluOfGateTimesUp) {
+  Tensor gu = Tensor::from_vector<float>({0, 1, 3, -2}, {1, 4});  // gate [0, 1], up [3, -2]
+  std::vector<float> y = swiglu(gu).to_float_vector();
+  EXPECT_NEAR(y[0], 0.0, 1e-7);
+  EXPECT_NEAR(y[1], 1.0 / (1.0 + std::exp(-1.0)) * -2.0, 1e-6);
+}
+
+TEST(Sampling, GreedyTakesTheArgmaxAndTheLowestIdOnTies) {
+  EXPECT_EQ(sample_token({0.1f, 3.0f, -1.0f, 3.0f}, {}, 0), 1);
+}
+
+TEST(Sampling, SameSeedAndStepSameToken) {
+  std::vector<float> logits(100);
+  for (int i = 0; i < 100; ++i) logits[std::size_t(i)] = float(std::sin(i * 0.7));
+  SamplingParams p{1.0f, 0, 1.0f, 1234};
+  for (std::uint64_t step = 0; step < 20; ++step)
+    EXPECT_EQ(sample_token(logits, p, step), sample_token(logits, p, step));
+  int differ = 0;
+  for (std::uint64_t step = 0; step < 20; ++step) differ += sample_token(logits, p, step) != sample_token(logits, p, step + 100);
+  EXPECT_GT(differ, 5);  // different steps draw differently
+}
+
+TEST(Sampling, TopKOneAndTinyTopPAreGreedy) {
+  std::vector<float> logits = {0.5f, 0.2f, 2.0f, 1.9f};
+  for (std::uint64_t step = 0; step < 50; ++step) {
+    EXPECT_EQ(sample_token(logits, {1.5f, 1, 1.0f, 7}, step), 2);
+    EXPECT_EQ(sample_token(logits, {1.5f, 0, 1e-6f, 7}, step), 2);
+  }
+}
+
+TEST(Sampling, FrequenciesFollowTheTemperedDistribution) {
+  // logits log(1), log(2), log(3), log(4) at temperature 1: p = 0.1, 0.2, 0.3, 0.4.
+  std::vector<float> logits = {0.0f, float(std::log(2.0)), float(std::log(3.0)), float(std::log(4.0))};
+  std::map<int, int> counts;
+  const int n = 20000;
+  for (int step = 0; step < n; ++step) counts[sample_token(logits, {1.0f, 0, 1.0f, 99}, std::uint64_t(step))]++;
+  for (int t = 0; t < 4; ++t) EXPECT_NEAR(counts[t] / double(n), 0.1 * (t + 1), 0.015) << "token " << t;
+  // top_k 2 keeps tokens 3 and 2 with p 4/7 and 3/7; top_p 0.5 then keeps token 3 only
+  // (its 4/7 of the renormalised mass reaches 0.5).
+  counts.clear();
+  for (int step = 0; step < n; ++step) counts[sample_token(logits, {1.0f, 2, 1.0f, 5}, std::uint64_t(step))]++;
+  EXPECT_EQ(counts[0] + counts[1], 0);
+  EXPECT_NEAR(counts[3] / double(n), 4.0 / 7.0, 0.015);
+  for (int step = 0; step < 200; ++step) EXPECT_EQ(sample_token(logits, {1.0f, 2, 0.5f, 5}, std::uint64_t(step)), 3);
+}
+
+TEST(Sampling, BadParametersAndLogitsGiveClearErrors) {
+  expect_error([] { sample_token({1.0f}, {-1.0f, 0, 1.0f, 0}, 0); }, "temperature must be finite and >= 0");
+  expect_error([] { sample_token({1.0f}, {1.0f, -2, 1.0f, 0}, 0); }, "top_k must be >= 0");
+  expect_error([] { sample_token({1.0f}, {1.0f, 0, 0.0f, 0}, 0); }, "top_p must be in (0, 1]");
+  expect_error([] { sample_token({1.0f, NAN}, {}, 0); }, "logit 1 is not finite");
+  expect_error([] { sample_token({}, {}, 0); }, "empty logits");
+}
+
+TEST(Sampling, UniformDrawIsInTheUnitInterval) {
+  for (std::uint64_t i = 0; i < 1000; ++i) {
+    double u = uniform_draw(42, i);
+    EXPECT_GE(u, 0.0);
+    EXPECT_LT(u, 1.0);
+  }
+}
+
+}  // namespace
+}  // namespace asynct

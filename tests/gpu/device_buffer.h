@@ -12,20 +12,13 @@
 #include <gtest/gtest.h>
 
 #include "core/tensor.h"
+#include "kernels/cuda_check.h"
 
 namespace asynct::testing {
 
-#define ASYNCT_CUDA_CHECK(call)                                                          \
-  do {                                                                                   \
-    cudaError_t status_ = (call);                                                        \
-    if (status_ != cudaSuccess)                                                          \
-      throw ::asynct::Error(std::string(#call) + " failed: " + cudaGetErrorString(status_)); \
-  } while (0)
-
 // After a launch: the launch error, then the kernel's own (synchronising).
 inline void check_launch(const char* what) {
-  cudaError_t launch = cudaGetLastError();
-  check(launch == cudaSuccess, what, ": launch failed: ", cudaGetErrorString(launch));
+  ::asynct::check_launch(what);
   cudaError_t run = cudaDeviceSynchronize();
   check(run == cudaSuccess, what, ": kernel failed: ", cudaGetErrorString(run));
 }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# On a GPU machine (Hopper): builds asynct for sm_90a, runs the GPU tests, runs one GPU test
+# binary under compute-sanitizer, measures the ceilings and runs the benchmarks, then prints a
+# short table. Results go to $OUT (the device tool's output folder) or build/gpu-out.
+#
+# Needs the Debian packages of scripts/device_deps.sh in .deps/ when the machine lacks them.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-build/gpu-out}"
+mkdir -p "$out"
+export PATH="/usr/local/cuda/bin:$PATH"
+status=0
+
+prefix=""
+if compgen -G ".deps/*.deb" >/dev/null; then
+  mkdir -p .deps/root
+  for f in .deps/*.deb; do dpkg -x "$f" .deps/root; done
+  prefix="$PWD/.deps/root/usr"
+fi
+
+echo "== build (sm_90a) =="
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DASYNCT_CUDA=ON \
+  -DASYNCT_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
+  ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"} >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+cmake --build build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$out/build.log" | head -60; exit 1; }
+
+echo "== GPU tests =="
+ctest --test-dir build/gpu -L gpu --output-on-failure >"$out/gpu_tests.log" 2>&1 || status=1
+grep -E "tests passed|Failed|FAILED|\[  FAILED" "$out/gpu_tests.log" | head -40
+build/gpu/tests/asynct_gpu_tests --gtest_brief=1 >"$out/gpu_tests_detail.log" 2>&1 || status=1
+
+echo "== compute-sanitizer (memcheck, small cases) =="
+if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/asynct_gpu_tests \
+    --gtest_filter="${SANITIZER_FILTER:-*Plumbing*:*Small*}" >"$out/sanitizer.log" 2>&1 || status=1
+  tail -3 "$out/sanitizer.log"
+fi
+
+echo "== benchmarks =="
+python3 bench/ceilings.py --json "$out/ceilings.json" || status=1
+for b in bench/bench_*.py; do
+  [ -e "$b" ] || continue
+  PYTHONUNBUFFERED=1 python3 "$b" --lib build/gpu --out "$out" || status=1
+done
+exit $status

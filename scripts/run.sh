@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The run command: builds asynct if needed and runs it. With no arguments it runs the
+# default job (today: the reference attention demo on a built-in batch, on the CPU).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+"$root/scripts/setup.sh"
+source "$root/scripts/env.sh"
+cmake -S "$root" -B "$root/build/release" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$root/build/release" --target asynct -j "$(nproc)" >/dev/null
+exec "$root/build/release/src/asynct" "$@"

@@ -1,0 +1,57 @@
+// Fused norms (SPEC §3): UClipNorm / RMSNorm and their fused forms, one pass over memory each.
+// All tensors are bf16 row-major; rows are normalised over `hidden` in fp32.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/attention_args.h"  // bf16
+
+namespace asynct::kernels {
+
+// y = w * clamp(x * rsqrt(mean(x^2) + eps), -clip, clip); infinite clip = RMSNorm.
+struct NormArgs {
+  float eps = 1e-6f;
+  float clip = std::numeric_limits<float>::infinity();
+};
+
+// out = norm(x). x, out: [rows, hidden]; weight: [hidden].
+void launch_norm(const bf16* x, const bf16* weight, bf16* out, int rows, int hidden,
+                 NormArgs args, cudaStream_t stream);
+
+// residual += x; out = norm(residual). residual is updated in place.
+void launch_fused_add_norm(const bf16* x, bf16* residual, const bf16* weight, bf16* out,
+                           int rows, int hidden, NormArgs args, cudaStream_t stream);
+
+// AsyncT's Peri-LN step: residual += norm(attn_out, out_weight); mlp_in = norm(residual,
+// next_weight). residual is updated in place.
+void launch_post_attn_pre_mlp(const bf16* attn_out, bf16* residual, const bf16* out_weight,
+                              const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
+                              NormArgs args, cudaStream_t stream);
+
+// Per-head q/k norm, neox RoPE at each token's position, and the KV-cache write:
+//   q[t, h]            = rope(norm(q[t, h], q_weight), positions[t])      (in place)
+//   key_cache[slot]    = rope(norm(k[t, h], k_weight), positions[t])
+//   value_cache[slot]  = v[t, h]
+// q: [tokens, num_q_heads, head_dim]; k, v: [tokens, num_kv_heads, head_dim];
+// slot_mapping[t] = block * block_size + offset (negative: skip the cache write);
+// key_cache/value_cache: [num_blocks, block_size, num_kv_heads, head_dim].
+struct QkNormRopeArgs {
+  bf16* q = nullptr;
+  const bf16* k = nullptr;
+  const bf16* v = nullptr;
+  const bf16* q_weight = nullptr;
+  const bf16* k_weight = nullptr;
+  const std::int64_t* positions = nullptr;
+  const std::int64_t* slot_mapping = nullptr;
+  bf16* key_cache = nullptr;
+  bf16* value_cache = nullptr;
+  int tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  float rope_theta = 1e6f;
+  NormArgs norm;
+};
+void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t stream);
+
+}  // namespace asynct::kernels

@@ -1,0 +1,1 @@
+// GPU tests of the decode kernels against the CPU reference.

@@ -1,0 +1,1 @@
+// GPU tests of the norms kernels against the CPU reference.

@@ -1,0 +1,1 @@
+// GPU tests of the prefill kernels against the CPU reference.

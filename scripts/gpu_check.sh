@@ -6,8 +6,8 @@
 # Needs the Debian packages of scripts/device_deps.sh in .deps/ when the machine lacks them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-build/gpu-out}"
-mkdir -p "$out"
+mkdir -p "${OUT:-build/gpu-out}"
+out="$(cd "${OUT:-build/gpu-out}" && pwd)"
 export PATH="/usr/local/cuda/bin:$PATH"
 status=0
 
@@ -37,9 +37,9 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 
 echo "== benchmarks =="
-python3 bench/ceilings.py --json "$out/ceilings.json" || status=1
-for b in bench/bench_*.py; do
-  [ -e "$b" ] || continue
-  PYTHONUNBUFFERED=1 python3 "$b" --lib build/gpu --out "$out" || status=1
+(cd bench && python3 ceilings.py --json "$out/ceilings.json") || status=1
+# BENCHES picks some (e.g. "decode norms"); default: every bench/bench_*.py.
+for name in ${BENCHES:-$(ls bench/bench_*.py | sed 's|bench/bench_||; s|\.py$||')}; do
+  PYTHONUNBUFFERED=1 python3 "bench/bench_$name.py" --lib "$PWD/build/gpu" --out "$out" || status=1
 done
 exit $status

@@ -23,7 +23,9 @@ struct DecodeParams {
   GateArgs gate;
   int num_splits = 0;   // 0: chosen by decode_num_splits
   void* workspace = nullptr;          // decode_workspace_bytes() bytes, device
-  unsigned long long* nonzero_counter = nullptr;  // optional: += non-zero P entries (async)
+  // Optional device counters, added to: [0] non-zero P entries (one per query head and key),
+  // [1] V rows the PV loop loaded (one per KV head and key). Dense softmax counts every key.
+  unsigned long long* counters = nullptr;
 };
 
 // The split count the heuristic picks for a shape, given the GPU's multiprocessor count.

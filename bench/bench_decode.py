@@ -1,0 +1,105 @@
+"""Decode attention: asynct (async and softmax gates) against PyTorch SDPA (cuDNN and flash
+backends, contiguous KV) and the copy ceiling. Hq=16, Hkv=8, D=128, bf16, standard-normal
+Q/K/V, alpha=sigma=gamma=1, W=3. Effective bandwidth = dense K+V bytes / time.
+
+Usage: python3 bench/bench_decode.py --lib BUILD_DIR --out OUT_DIR [--block-size 16]
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from common import ceilings, median_ms, rel_err, use_library, write_json
+
+SHAPES = [(1, 131072), (4, 32768), (32, 1024), (32, 4096), (32, 16384)]
+HQ, HKV, D = 16, 8, 128
+
+
+def sdpa_time(q, k, v, backend):
+    """SDPA on contiguous [B, H, L, D] tensors; None if the backend refuses the shape."""
+    def run():
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    try:
+        out = run()
+    except RuntimeError:
+        return None, None
+    return median_ms(run), out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lib", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--block-size", type=int, default=16)
+    args = parser.parse_args()
+    use_library(args.lib)
+    import asynct
+
+    copy_tb_s = ceilings(args.out)["copy_tb_per_s"]
+    torch.manual_seed(0)
+    rows = []
+    for seqs, ctx in SHAPES:
+        bs = args.block_size
+        blocks_per_seq = (ctx + bs - 1) // bs
+        nb = seqs * blocks_per_seq
+        key_cache = torch.randn(nb, bs, HKV, D, device="cuda", dtype=torch.bfloat16)
+        value_cache = torch.randn_like(key_cache)
+        table = torch.randperm(nb, device="cuda", dtype=torch.int32).view(seqs, blocks_per_seq)
+        q = torch.randn(seqs, HQ, D, device="cuda", dtype=torch.bfloat16)
+        kv_lens = torch.full((seqs,), ctx, device="cuda", dtype=torch.int32)
+        kv_bytes = 2 * seqs * ctx * HKV * D * 2
+
+        counters = torch.zeros(2, device="cuda", dtype=torch.int64)
+        gates = {"async": asynct.Gate.async_(HQ), "softmax": asynct.Gate.softmax()}
+        times, outs = {}, {}
+        for name, gate in gates.items():
+            fn = lambda: asynct.decode(q, key_cache, value_cache, table, kv_lens, gate, max_kv_len=ctx)
+            outs[name] = fn()
+            times[name] = median_ms(fn)
+        asynct.decode(q, key_cache, value_cache, table, kv_lens, gates["async"], max_kv_len=ctx,
+                      counters=counters)
+        nonzero = counters[0].item() / (seqs * HQ * ctx)
+        v_rows = counters[1].item() / (seqs * HKV * ctx)
+
+        # The same K/V, contiguous, for SDPA: [B, Hkv, L, D].
+        k = key_cache[table.long()].reshape(seqs, blocks_per_seq * bs, HKV, D)[:, :ctx].transpose(1, 2).contiguous()
+        v = value_cache[table.long()].reshape(seqs, blocks_per_seq * bs, HKV, D)[:, :ctx].transpose(1, 2).contiguous()
+        q4 = q.view(seqs, HQ, 1, D)
+        cudnn_ms, cudnn_out = sdpa_time(q4, k, v, SDPBackend.CUDNN_ATTENTION)
+        flash_ms, flash_out = sdpa_time(q4, k, v, SDPBackend.FLASH_ATTENTION)
+        ref = cudnn_out if cudnn_out is not None else flash_out
+        err = rel_err(outs["softmax"], ref.view(seqs, HQ, D)) if ref is not None else float("nan")
+        del k, v, key_cache, value_cache
+        torch.cuda.empty_cache()
+
+        gbs = lambda ms: kv_bytes / (ms * 1e-3) / 1e9 if ms else None
+        best_sdpa = min(t for t in (cudnn_ms, flash_ms) if t is not None)
+        rows.append({
+            "seqs": seqs, "ctx": ctx, "block_size": bs, "kv_gb": kv_bytes / 1e9,
+            "async_ms": times["async"], "softmax_ms": times["softmax"],
+            "cudnn_ms": cudnn_ms, "flash_ms": flash_ms,
+            "async_gb_s": gbs(times["async"]), "softmax_gb_s": gbs(times["softmax"]),
+            "softmax_of_ceiling": gbs(times["softmax"]) / (copy_tb_s * 1e3),
+            "async_speedup_over_softmax": times["softmax"] / times["async"],
+            "softmax_vs_best_sdpa": best_sdpa / times["softmax"],
+            "p_nonzero_fraction": nonzero, "v_rows_loaded_fraction": v_rows,
+            "softmax_rel_err_vs_sdpa": err,
+        })
+    write_json(args.out, f"decode_bs{args.block_size}.json", {"copy_tb_per_s": copy_tb_s, "rows": rows})
+
+    print(f"\ndecode, Hq={HQ} Hkv={HKV} D={D} bf16, block_size {args.block_size}, "
+          f"copy ceiling {copy_tb_s:.2f} TB/s")
+    print(f"{'seqs x ctx':>12} {'KV GB':>6} {'async ms':>9} {'soft ms':>8} {'cudnn ms':>9} "
+          f"{'flash ms':>9} {'soft/ceil':>9} {'async/soft':>10} {'soft vs sdpa':>12} {'P!=0':>5} {'Vrows':>5} {'err':>8}")
+    fmt = lambda x: f"{x:9.3f}" if x is not None else f"{'-':>9}"
+    for r in rows:
+        print(f"{r['seqs']:>4} x {r['ctx']:<6} {r['kv_gb']:6.2f} {r['async_ms']:9.3f} {r['softmax_ms']:8.3f} "
+              f"{fmt(r['cudnn_ms'])} {fmt(r['flash_ms'])} {r['softmax_of_ceiling']:9.2f} "
+              f"{r['async_speedup_over_softmax']:10.2f} {r['softmax_vs_best_sdpa']:12.2f} "
+              f"{r['p_nonzero_fraction']:5.2f} {r['v_rows_loaded_fraction']:5.2f} {r['softmax_rel_err_vs_sdpa']:8.1e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+// The C ABI: converts C structs to the kernels' parameter structs and exceptions to codes.
+#include "capi/asynct_c.h"
+
+#include <string>
+
+#include "core/error.h"
+#include "kernels/decode.h"
+#include "kernels/norms.h"
+#include "kernels/prefill.h"
+
+namespace {
+
+thread_local std::string last_error;
+
+// Runs f; an exception becomes a non-zero return and the message of asynct_last_error().
+template <typename F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
+using asynct::kernels::bf16;
+
+asynct::kernels::PagedKv to_kernel(const asynct_paged_kv& kv) {
+  asynct::kernels::PagedKv k;
+  k.key_cache = static_cast<bf16*>(kv.key_cache);
+  k.value_cache = static_cast<bf16*>(kv.value_cache);
+  k.block_table = kv.block_table;
+  k.max_blocks_per_seq = kv.max_blocks_per_seq;
+  k.num_blocks = kv.num_blocks;
+  k.block_size = kv.block_size;
+  k.num_kv_heads = kv.num_kv_heads;
+  k.head_dim = kv.head_dim;
+  return k;
+}
+
+asynct::kernels::GateArgs to_kernel(const asynct_gate& g) {
+  asynct::check(g.kind == 0 || g.kind == 1, "gate kind must be 0 (async) or 1 (softmax), got ", g.kind);
+  asynct::kernels::GateArgs k;
+  k.kind = g.kind == 0 ? asynct::GateKind::Async : asynct::GateKind::Softmax;
+  k.pool_window = g.pool_window;
+  k.alpha = g.alpha;
+  k.sigma = g.sigma;
+  k.gamma = g.gamma;
+  k.softcap = g.softcap;
+  return k;
+}
+
+cudaStream_t stream_of(void* s) { return static_cast<cudaStream_t>(s); }
+
+}  // namespace
+
+extern "C" {
+
+const char* asynct_last_error(void) { return last_error.c_str(); }
+
+int asynct_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int sm_count) {
+  return asynct::kernels::decode_num_splits(num_seqs, num_kv_heads, max_kv_len, sm_count);
+}
+
+size_t asynct_decode_workspace_bytes(int num_seqs, int num_q_heads, int head_dim, int num_splits) {
+  asynct::kernels::DecodeParams p;
+  p.num_seqs = num_seqs;
+  p.num_q_heads = num_q_heads;
+  p.kv.head_dim = head_dim;
+  return asynct::kernels::decode_workspace_bytes(p, num_splits);
+}
+
+int asynct_decode(const void* query, void* out, const int32_t* kv_lens, int num_seqs,
+                  int num_q_heads, int max_kv_len, float scale, asynct_paged_kv kv,
+                  asynct_gate gate, int num_splits, void* workspace,
+                  unsigned long long* counters, void* stream) {
+  return guarded([&] {
+    asynct::kernels::DecodeParams p;
+    p.query = static_cast<const bf16*>(query);
+    p.out = static_cast<bf16*>(out);
+    p.kv_lens = kv_lens;
+    p.num_seqs = num_seqs;
+    p.num_q_heads = num_q_heads;
+    p.max_kv_len = max_kv_len;
+    p.scale = scale;
+    p.kv = to_kernel(kv);
+    p.gate = to_kernel(gate);
+    p.num_splits = num_splits;
+    p.workspace = workspace;
+    p.counters = counters;
+    asynct::kernels::launch_decode(p, stream_of(stream));
+  });
+}
+
+int asynct_prefill(const void* query, const void* key, const void* value, void* out,
+                   const int32_t* cu_seqlens_q, const int32_t* kv_lens, int num_seqs, int total_q,
+                   int max_q_len, int max_kv_len, int num_q_heads, float scale,
+                   asynct_paged_kv kv, asynct_gate gate, void* stream) {
+  return guarded([&] {
+    asynct::kernels::PrefillParams p;
+    p.query = static_cast<const bf16*>(query);
+    p.key = static_cast<const bf16*>(key);
+    p.value = static_cast<const bf16*>(value);
+    p.out = static_cast<bf16*>(out);
+    p.cu_seqlens_q = cu_seqlens_q;
+    p.kv_lens = kv_lens;
+    p.num_seqs = num_seqs;
+    p.total_q = total_q;
+    p.max_q_len = max_q_len;
+    p.max_kv_len = max_kv_len;
+    p.num_q_heads = num_q_heads;
+    p.scale = scale;
+    p.kv = to_kernel(kv);
+    p.gate = to_kernel(gate);
+    asynct::kernels::launch_prefill(p, stream_of(stream));
+  });
+}
+
+int asynct_norm(const void* x, const void* weight, void* out, int rows, int hidden, float eps,
+                float clip, void* stream) {
+  return guarded([&] {
+    asynct::kernels::launch_norm(static_cast<const bf16*>(x), static_cast<const bf16*>(weight),
+                                 static_cast<bf16*>(out), rows, hidden, {eps, clip},
+                                 stream_of(stream));
+  });
+}
+
+int asynct_fused_add_norm(const void* x, void* residual, const void* weight, void* out, int rows,
+                          int hidden, float eps, float clip, void* stream) {
+  return guarded([&] {
+    asynct::kernels::launch_fused_add_norm(static_cast<const bf16*>(x), static_cast<bf16*>(residual),
+                                           static_cast<const bf16*>(weight), static_cast<bf16*>(out),
+                                           rows, hidden, {eps, clip}, stream_of(stream));
+  });
+}
+
+int asynct_post_attn_pre_mlp(const void* attn_out, void* residual, const void* out_weight,
+                             const void* next_weight, void* mlp_in, int rows, int hidden,
+                             float eps, float clip, void* stream) {
+  return guarded([&] {
+    asynct::kernels::launch_post_attn_pre_mlp(
+        static_cast<const bf16*>(attn_out), static_cast<bf16*>(residual),
+        static_cast<const bf16*>(out_weight), static_cast<const bf16*>(next_weight),
+        static_cast<bf16*>(mlp_in), rows, hidden, {eps, clip}, stream_of(stream));
+  });
+}
+
+}  // extern "C"

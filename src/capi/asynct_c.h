@@ -1,0 +1,57 @@
+/* The C ABI over asynct's CUDA kernels, for Python (ctypes) and other languages.
+ * Every function returns 0 on success and non-zero on error; asynct_last_error() then says
+ * what was wrong (thread-local). Pointers are device pointers; `stream` is a cudaStream_t
+ * (NULL: the default stream). bf16 tensors are row-major as described in src/kernels/. */
+#ifndef ASYNCT_C_H
+#define ASYNCT_C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char* asynct_last_error(void);
+
+/* The paged KV cache and the gate, as in src/kernels/attention_args.h. */
+typedef struct {
+  void* key_cache;
+  void* value_cache;
+  const int32_t* block_table;
+  int max_blocks_per_seq, num_blocks, block_size, num_kv_heads, head_dim;
+} asynct_paged_kv;
+
+typedef struct {
+  int kind; /* 0 async, 1 softmax */
+  int pool_window;
+  const float *alpha, *sigma, *gamma;
+  float softcap;
+} asynct_gate;
+
+int asynct_decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int sm_count);
+size_t asynct_decode_workspace_bytes(int num_seqs, int num_q_heads, int head_dim, int num_splits);
+int asynct_decode(const void* query, void* out, const int32_t* kv_lens, int num_seqs,
+                  int num_q_heads, int max_kv_len, float scale, asynct_paged_kv kv,
+                  asynct_gate gate, int num_splits, void* workspace,
+                  unsigned long long* counters, void* stream);
+
+int asynct_prefill(const void* query, const void* key, const void* value, void* out,
+                   const int32_t* cu_seqlens_q, const int32_t* kv_lens, int num_seqs, int total_q,
+                   int max_q_len, int max_kv_len, int num_q_heads, float scale,
+                   asynct_paged_kv kv, asynct_gate gate, void* stream);
+
+/* Norms: clip = +inf gives RMSNorm. */
+int asynct_norm(const void* x, const void* weight, void* out, int rows, int hidden, float eps,
+                float clip, void* stream);
+int asynct_fused_add_norm(const void* x, void* residual, const void* weight, void* out, int rows,
+                          int hidden, float eps, float clip, void* stream);
+int asynct_post_attn_pre_mlp(const void* attn_out, void* residual, const void* out_weight,
+                             const void* next_weight, void* mlp_in, int rows, int hidden,
+                             float eps, float clip, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -225,17 +225,18 @@ __global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a, Policy p
     if (threadIdx.x == 0) sm.list_size = 0;
 
     // Phase 1: scores of keys first .. chunk_end-1.
-    for (int base = key_group; base < count; base += kKeyGroups * kUnroll) {
-      Bf16x8 k[kUnroll];
+    // The loop bounds are the same for every thread: the shuffles below need whole warps.
+    for (int base = 0; base < count; base += kKeyGroups * kUnroll) {
+      Bf16x8 k[kUnroll] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int i = base + u * kKeyGroups;
+        const int i = base + key_group + u * kKeyGroups;
         if (i < count)
           k[u] = load_stream(p.kv.key_cache + kv_row(p.kv, table, first + i, kv_head) * kHeadDim + slice * 8);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int i = base + u * kKeyGroups;
+        const int i = base + key_group + u * kKeyGroups;
         float kf[8];
         to_float8(k[u], kf);
 #pragma unroll
@@ -259,17 +260,17 @@ __global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a, Policy p
     // Phase 3: P V over the listed keys.
     const int listed = sm.list_size;
     rows_loaded += listed;
-    for (int base = key_group; base < listed; base += kKeyGroups * kUnroll) {
-      Bf16x8 v[kUnroll];
+    for (int base = 0; base < listed; base += kKeyGroups * kUnroll) {
+      Bf16x8 v[kUnroll] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int i = base + u * kKeyGroups;
+        const int i = base + key_group + u * kKeyGroups;
         if (i < listed)
           v[u] = load_stream(p.kv.value_cache + kv_row(p.kv, table, sm.keys[i], kv_head) * kHeadDim + slice * 8);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int i = base + u * kKeyGroups;
+        const int i = base + key_group + u * kKeyGroups;
         if (i >= listed) break;
         float vf[8];
         to_float8(v[u], vf);

@@ -1,0 +1,72 @@
+"""Norms at hidden 2048 for 1..16384 tokens: GB/s (bytes each kernel must move: inputs read
+once, outputs written once) against the copy ceiling. UClipNorm (clip 1.0).
+
+Usage: python3 bench/bench_norms.py --lib BUILD_DIR --out OUT_DIR
+"""
+import argparse
+
+import torch
+
+from common import ceilings, median_ms, use_library, write_json
+
+HIDDEN = 2048
+TOKENS = [1, 16, 128, 1024, 2048, 4096, 8192, 16384]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lib", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    use_library(args.lib)
+    import asynct
+
+    copy_tb_s = ceilings(args.out)["copy_tb_per_s"]
+    torch.manual_seed(0)
+    w1 = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
+    w2 = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
+    rows = []
+    for n in TOKENS:
+        # Several input sets so that small sizes are not timed out of L2 alone.
+        sets = max(1, min(64, (256 << 20) // (n * HIDDEN * 2 * 3)))
+        xs = [torch.randn(n, HIDDEN, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+        rs = [torch.randn(n, HIDDEN, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+        outs = [torch.empty_like(x) for x in xs]
+        row_bytes = n * HIDDEN * 2
+        cases = {
+            # name: (function of set index, bytes moved)
+            "norm": (lambda i: asynct.norm(xs[i], w1, clip=1.0, out=outs[i]), 2 * row_bytes),
+            "fused_add_norm": (lambda i: asynct.fused_add_norm(xs[i], rs[i], w1, clip=1.0, out=outs[i]),
+                               4 * row_bytes),
+            "post_attn_pre_mlp": (lambda i: asynct.post_attn_pre_mlp(xs[i], rs[i], w1, w2, clip=1.0,
+                                                                      out=outs[i]), 4 * row_bytes),
+        }
+        row = {"tokens": n}
+        for name, (fn, nbytes) in cases.items():
+            counter = [0]
+
+            def step():
+                fn(counter[0] % sets)
+                counter[0] += 1
+            ms = median_ms(step, warmup=10, reps=100)
+            row[name + "_us"] = ms * 1e3
+            row[name + "_of_ceiling"] = nbytes / (ms * 1e-3) / (copy_tb_s * 1e12)
+        # PyTorch's own RMSNorm for scale (eager, unfused, no clip).
+        xf = xs[0]
+        ms = median_ms(lambda: torch.nn.functional.rms_norm(xf, (HIDDEN,), w1, 1e-6), warmup=10, reps=100)
+        row["torch_rms_norm_us"] = ms * 1e3
+        rows.append(row)
+        del xs, rs, outs
+    write_json(args.out, "norms.json", {"copy_tb_per_s": copy_tb_s, "hidden": HIDDEN, "rows": rows})
+
+    print(f"\nnorms, hidden {HIDDEN}, bf16; fraction of the {copy_tb_s:.2f} TB/s copy ceiling (us)")
+    print(f"{'tokens':>7} {'norm':>14} {'fused_add':>14} {'post_attn_pre_mlp':>18} {'torch rms us':>12}")
+    for r in rows:
+        print(f"{r['tokens']:>7} {r['norm_of_ceiling']:6.2f} ({r['norm_us']:5.1f}) "
+              f"{r['fused_add_norm_of_ceiling']:6.2f} ({r['fused_add_norm_us']:5.1f}) "
+              f"{r['post_attn_pre_mlp_of_ceiling']:10.2f} ({r['post_attn_pre_mlp_us']:5.1f}) "
+              f"{r['torch_rms_norm_us']:12.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -391,10 +391,10 @@ int ceil_div(long long a, long long b) { return int((a + b - 1) / b); }
 
 int decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int sm_count) {
   // Aim for about four CTAs per multiprocessor (enough bytes in flight to cover HBM latency),
-  // but keep each split at least two chunks long so the halo and stage 2 stay cheap.
+  // but keep each split at least 256 keys long so the halo and stage 2 stay cheap.
   const long long ctas = (long long)num_seqs * num_kv_heads;
   const int wanted = ceil_div(4LL * sm_count, ctas);
-  const int most = std::max(1, ceil_div(max_kv_len, 2 * kChunk));
+  const int most = std::max(1, ceil_div(max_kv_len, 256));
   return std::clamp(wanted, 1, std::min(most, 256));
 }
 

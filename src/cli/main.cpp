@@ -1,10 +1,11 @@
-// The asynct command line. Until the engine lands, its job is the reference attention demo.
+// The asynct command line: `generate` (the default job) and `demo`.
 #include <cstdio>
 #include <exception>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/attention_demo.h"
+#include "cli/generate.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -24,10 +25,30 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64));
   demo_cmd->add_option("--seed", demo.seed, "random seed");
 
+  asynct::cli::GenerateOptions gen;
+  CLI::App* gen_cmd = app.add_subcommand(
+      "generate", "Generate tokens with a model (the built-in tiny model when --model is not given)");
+  gen_cmd->add_option("--model", gen.model_dir, "HuggingFace checkpoint directory");
+  gen_cmd->add_option("--builtin", gen.builtin, "built-in model when --model is absent")
+      ->check(CLI::IsMember({"asynct", "qwen3"}));
+  gen_cmd->add_option("--prompt", gen.prompts, "token ids, comma-separated (repeat for a batch)");
+  gen_cmd->add_option("--max-tokens", gen.max_tokens, "tokens to generate per request")->check(CLI::Range(1, 1 << 20));
+  gen_cmd->add_option("--temperature", gen.temperature, "0 is greedy")->check(CLI::Range(0.0f, 100.0f));
+  gen_cmd->add_option("--top-k", gen.top_k, "0 is off")->check(CLI::NonNegativeNumber);
+  gen_cmd->add_option("--top-p", gen.top_p, "nucleus mass in (0, 1]");
+  gen_cmd->add_option("--seed", gen.seed, "sampling seed");
+  gen_cmd->add_option("--block-size", gen.block_size, "KV cache block size")->check(CLI::Range(1, 4096));
+  gen_cmd->add_option("--num-blocks", gen.num_blocks, "KV cache blocks (0: enough for the requests)")
+      ->check(CLI::NonNegativeNumber);
+  gen_cmd->add_option("--max-batched-tokens", gen.max_batched_tokens, "chunked-prefill token budget per step")
+      ->check(CLI::Range(1, 1 << 20));
+  gen_cmd->add_option("--eos", gen.eos_token, "stop at this token id (with --no-ignore-eos)");
+  gen_cmd->add_flag("!--no-ignore-eos", gen.ignore_eos, "stop at --eos");
+
   CLI11_PARSE(app, argc, argv);
   try {
-    // With no subcommand, the demo is the default job.
-    return asynct::cli::run_attention_demo(demo);
+    if (*demo_cmd) return asynct::cli::run_attention_demo(demo);
+    return asynct::cli::run_generate(gen);  // also the default job
   } catch (const asynct::Error& e) {
     std::fprintf(stderr, "asynct: error: %s\n", e.what());
     return 2;

@@ -20,7 +20,7 @@ std::string shape_string(const Shape& shape) {
 std::int64_t shape_numel(const Shape& shape) {
   std::int64_t n = 1;
   for (std::int64_t d : shape) {
-    check(d >= 0, "negative dimension in shape ", shape_string(shape));
+    if (d < 0) throw Error("negative dimension in shape " + shape_string(shape));  // message built only on failure
     n *= d;
   }
   return n;
@@ -32,8 +32,9 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   t.shape_ = std::move(shape);
   std::size_t bytes = std::size_t(shape_numel(t.shape_)) * dtype_size(dtype);
   if (bytes > 0) {
-    t.owner_ = std::shared_ptr<std::byte[]>(new std::byte[bytes]());
-    t.data_ = t.owner_.get();
+    std::shared_ptr<std::byte[]> storage(new std::byte[bytes]());
+    t.data_ = storage.get();
+    t.owner_ = std::move(storage);
   }
   return t;
 }
@@ -49,10 +50,17 @@ Tensor Tensor::borrow(void* data, DType dtype, Shape shape, Device device) {
   return t;
 }
 
+Tensor Tensor::view_of(void* data, DType dtype, Shape shape, std::shared_ptr<const void> owner) {
+  Tensor t = borrow(data, dtype, std::move(shape));
+  t.owner_ = std::move(owner);
+  return t;
+}
+
 std::int64_t Tensor::size(int d) const {
   int rank = dim();
   int index = d < 0 ? d + rank : d;
-  check(index >= 0 && index < rank, "dimension ", d, " out of range for ", describe());
+  if (index < 0 || index >= rank)  // hot: the message is built only on failure
+    throw Error(detail::concat("dimension ", d, " out of range for ", describe()));
   return shape_[std::size_t(index)];
 }
 

@@ -36,6 +36,8 @@ class Tensor {
   static Tensor empty(DType dtype, Shape shape);
   // A view of memory owned elsewhere (host or device); the caller keeps it alive.
   static Tensor borrow(void* data, DType dtype, Shape shape, Device device = Device::CPU);
+  // A host view that keeps `owner` (e.g. a mapped file) alive as long as the view lives.
+  static Tensor view_of(void* data, DType dtype, Shape shape, std::shared_ptr<const void> owner);
   // A host tensor holding a copy of the values, of type T.
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, Shape shape);
@@ -60,8 +62,8 @@ class Tensor {
   // Element access by flat index with bounds check, for tests and references.
   template <typename T>
   T& at(std::int64_t flat) const {
-    check(flat >= 0 && flat < numel(), "tensor index ", flat, " out of range for shape ",
-          shape_string(shape_));
+    if (flat < 0 || flat >= numel())  // the message is built only on failure
+      throw Error(detail::concat("tensor index ", flat, " out of range for shape ", shape_string(shape_)));
     return data_as<T>()[flat];
   }
 
@@ -76,7 +78,7 @@ class Tensor {
   std::string describe() const;  // "bfloat16[7, 16, 128]"
 
  private:
-  std::shared_ptr<std::byte[]> owner_;
+  std::shared_ptr<const void> owner_;  // null for borrowed memory
   void* data_ = nullptr;
   DType dtype_ = DType::F32;
   Device device_ = Device::CPU;

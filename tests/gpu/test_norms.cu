@@ -1,1 +1,414 @@
 // GPU tests of the norms kernels against the CPU reference.
+//
+// Inputs are bf16-exact floats, so kernel and reference see the same values; the reference
+// works in float64. Outputs are bf16, whose rounding alone gives a relative Frobenius error
+// of ~2e-3 (up to ~4e-3 with the residual's own rounding); the bound is kTolerance = 1e-2.
+// Every output buffer is poisoned (NaN) first, so an element the kernel skips fails.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu/device_buffer.h"
+#include "kernels/norms.h"
+#include "reference/norms.h"
+#include "reference/rope.h"
+#include "support/compare.h"
+#include "support/expect_error.h"
+#include "support/random.h"
+
+namespace asynct {
+namespace {
+
+using kernels::bf16;
+using testing::close_to;
+using testing::DeviceBuffer;
+using testing::expect_error;
+using testing::Random;
+
+constexpr double kTolerance = 1e-2;
+constexpr float kEps = 1e-6f;
+// Inputs have stddev 3 and normalised values ~N(0, 1), so a clip of 1 clips about a third of
+// them: the UClip cases really exercise the clamp.
+constexpr float kClip = 1.0f;
+constexpr float kInputStddev = 3.0f;
+
+NormConfig config_for(bool uclip) {
+  return uclip ? NormConfig::uclip(kEps, kClip) : NormConfig::rms(kEps);
+}
+kernels::NormArgs device_args(const NormConfig& c) { return {c.eps, c.clip}; }
+
+DeviceBuffer to_device(const Tensor& host) { return DeviceBuffer::upload(host, DType::BF16); }
+DeviceBuffer poisoned(const Shape& shape) {
+  DeviceBuffer b(DType::BF16, shape);
+  b.poison();
+  return b;
+}
+
+// ---- launch_norm --------------------------------------------------------------------------
+
+void check_norm(int rows, int hidden, bool uclip, std::uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "rows " << rows << ", hidden " << hidden
+                                    << (uclip ? ", UClip" : ", RMS"));
+  Random rng(seed);
+  Tensor x = rng.normal({rows, hidden}, kInputStddev, /*bf16_exact=*/true);
+  Tensor w = rng.normal({hidden}, 1.0f, true);
+  const NormConfig config = config_for(uclip);
+  Tensor ref = norm(x, w, config);
+
+  DeviceBuffer dx = to_device(x), dw = to_device(w), dout = poisoned({rows, hidden});
+  kernels::launch_norm(dx.as<bf16>(), dw.as<bf16>(), dout.as<bf16>(), rows, hidden,
+                       device_args(config), nullptr);
+  testing::check_launch("launch_norm");
+  EXPECT_TRUE(close_to(dout.download_float(), ref, kTolerance));
+  // The input is read-only.
+  EXPECT_TRUE(close_to(dx.download_float(), x, 0.0));
+}
+
+TEST(NormKernel, SmallRowsMatchReference) {
+  testing::require_gpu();
+  for (int rows : {1, 3})
+    for (int hidden : {8, 64, 2048})
+      for (bool uclip : {true, false}) check_norm(rows, hidden, uclip, 1);
+}
+
+// Covers every launch configuration: warp per row (8, 64, 1000), block per row (2048: one
+// vector per thread; 5120: four; 12288: eight) and the multi-pass path past 16384 (20000).
+// 1000 rows (a many-block grid) for a subset only: the host-side tensor helpers are slow.
+TEST(NormKernel, MatchesReference) {
+  testing::require_gpu();
+  for (int hidden : {8, 64, 1000, 2048, 5120, 12288, 20000}) {
+    for (int rows : {1, 3, 17})
+      for (bool uclip : {true, false}) check_norm(rows, hidden, uclip, 2);
+    if (hidden <= 2048) check_norm(1000, hidden, /*uclip=*/true, 2);
+  }
+}
+
+// ---- launch_fused_add_norm ----------------------------------------------------------------
+
+void check_fused_add_norm(int rows, int hidden, bool uclip, std::uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "rows " << rows << ", hidden " << hidden
+                                    << (uclip ? ", UClip" : ", RMS"));
+  Random rng(seed);
+  Tensor x = rng.normal({rows, hidden}, kInputStddev, true);
+  Tensor residual = rng.normal({rows, hidden}, kInputStddev, true);
+  Tensor w = rng.normal({hidden}, 1.0f, true);
+  const NormConfig config = config_for(uclip);
+  NormAndResidual ref = fused_add_norm(x, residual, w, config);
+
+  DeviceBuffer dx = to_device(x), dres = to_device(residual), dw = to_device(w);
+  DeviceBuffer dout = poisoned({rows, hidden});
+  kernels::launch_fused_add_norm(dx.as<bf16>(), dres.as<bf16>(), dw.as<bf16>(), dout.as<bf16>(),
+                                 rows, hidden, device_args(config), nullptr);
+  testing::check_launch("launch_fused_add_norm");
+  EXPECT_TRUE(close_to(dout.download_float(), ref.out, kTolerance)) << "out";
+  // The in-place residual is the bf16-rounded sum; the reference keeps it in float.
+  EXPECT_TRUE(close_to(dres.download_float(), ref.residual, kTolerance)) << "residual";
+}
+
+TEST(FusedAddNormKernel, SmallMatchesReference) {
+  testing::require_gpu();
+  for (bool uclip : {true, false}) {
+    check_fused_add_norm(1, 64, uclip, 3);
+    check_fused_add_norm(3, 2048, uclip, 3);
+  }
+}
+
+TEST(FusedAddNormKernel, MatchesReference) {
+  testing::require_gpu();
+  for (int hidden : {1000, 2048, 5120, 20000})
+    for (int rows : {1, 3, 17})
+      for (bool uclip : {true, false}) check_fused_add_norm(rows, hidden, uclip, 4);
+  check_fused_add_norm(1000, 2048, /*uclip=*/true, 4);
+}
+
+// ---- launch_post_attn_pre_mlp -------------------------------------------------------------
+
+void check_post_attn_pre_mlp(int rows, int hidden, bool uclip, std::uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "rows " << rows << ", hidden " << hidden
+                                    << (uclip ? ", UClip" : ", RMS"));
+  Random rng(seed);
+  Tensor attn_out = rng.normal({rows, hidden}, kInputStddev, true);
+  Tensor residual = rng.normal({rows, hidden}, kInputStddev, true);
+  Tensor w_out = rng.normal({hidden}, 1.0f, true);
+  Tensor w_next = rng.normal({hidden}, 1.0f, true);
+  const NormConfig config = config_for(uclip);
+  NormAndResidual ref = post_attn_pre_mlp(attn_out, residual, w_out, w_next, config);
+
+  DeviceBuffer dattn = to_device(attn_out), dres = to_device(residual);
+  DeviceBuffer dw_out = to_device(w_out), dw_next = to_device(w_next);
+  DeviceBuffer dmlp_in = poisoned({rows, hidden});
+  kernels::launch_post_attn_pre_mlp(dattn.as<bf16>(), dres.as<bf16>(), dw_out.as<bf16>(),
+                                    dw_next.as<bf16>(), dmlp_in.as<bf16>(), rows, hidden,
+                                    device_args(config), nullptr);
+  testing::check_launch("launch_post_attn_pre_mlp");
+  EXPECT_TRUE(close_to(dmlp_in.download_float(), ref.out, kTolerance)) << "mlp_in";
+  EXPECT_TRUE(close_to(dres.download_float(), ref.residual, kTolerance)) << "residual";
+}
+
+TEST(PostAttnPreMlpKernel, SmallMatchesReference) {
+  testing::require_gpu();
+  for (bool uclip : {true, false}) {
+    check_post_attn_pre_mlp(1, 64, uclip, 5);
+    check_post_attn_pre_mlp(3, 2048, uclip, 5);
+  }
+}
+
+TEST(PostAttnPreMlpKernel, MatchesReference) {
+  testing::require_gpu();
+  for (int hidden : {1000, 2048, 5120, 20000})
+    for (int rows : {1, 3, 17})
+      for (bool uclip : {true, false}) check_post_attn_pre_mlp(rows, hidden, uclip, 6);
+  check_post_attn_pre_mlp(1000, 2048, /*uclip=*/true, 6);
+}
+
+// ---- launch_qk_norm_rope_cache_write ------------------------------------------------------
+
+struct QkCase {
+  int tokens = 17;
+  int num_q_heads = 8, num_kv_heads = 2;  // GQA
+  int head_dim = 128;
+  bool uclip = true;
+  float rope_theta = 1e6f;
+  std::vector<std::int64_t> positions;
+  std::vector<std::int64_t> slots;  // one per token; -1 skips the cache write
+  int num_blocks = 4, block_size = 16;
+};
+
+// Flat float copies (element access through Tensor::at is slow on large tensors).
+struct QkResult {
+  std::vector<float> q, ref_q;                // [tokens, Hq, D]
+  std::vector<float> key_cache, value_cache;  // downloaded, [num_blocks, block_size, Hkv, D]
+  std::vector<float> ref_k, v;                // [tokens, Hkv, D]
+};
+
+QkResult run_qk(const QkCase& c, std::uint64_t seed) {
+  Random rng(seed);
+  const int T = c.tokens, Hq = c.num_q_heads, Hkv = c.num_kv_heads, D = c.head_dim;
+  Tensor q = rng.normal({T, Hq, D}, kInputStddev, true);
+  Tensor k = rng.normal({T, Hkv, D}, kInputStddev, true);
+  Tensor v = rng.normal({T, Hkv, D}, 1.0f, true);
+  Tensor q_weight = rng.normal({D}, 1.0f, true);
+  Tensor k_weight = rng.normal({D}, 1.0f, true);
+  const NormConfig config = config_for(c.uclip);
+
+  Tensor ref_key_cache = Tensor::empty(DType::F32, {c.num_blocks, c.block_size, Hkv, D});
+  Tensor ref_value_cache = Tensor::empty(DType::F32, ref_key_cache.shape());
+  QkNormRopeOutput ref = qk_norm_rope_cache_write(q, k, v, q_weight, k_weight, config,
+                                                  c.positions, c.rope_theta, ref_key_cache,
+                                                  ref_value_cache, c.slots);
+
+  DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v);
+  DeviceBuffer dqw = to_device(q_weight), dkw = to_device(k_weight);
+  DeviceBuffer dpos = DeviceBuffer::upload(Tensor::from_vector(c.positions, {T}), DType::I64);
+  DeviceBuffer dslots = DeviceBuffer::upload(Tensor::from_vector(c.slots, {T}), DType::I64);
+  DeviceBuffer dkc = poisoned(ref_key_cache.shape()), dvc = poisoned(ref_key_cache.shape());
+
+  kernels::QkNormRopeArgs args;
+  args.q = dq.as<bf16>();
+  args.k = dk.as<bf16>();
+  args.v = dv.as<bf16>();
+  args.q_weight = dqw.as<bf16>();
+  args.k_weight = dkw.as<bf16>();
+  args.positions = dpos.as<std::int64_t>();
+  args.slot_mapping = dslots.as<std::int64_t>();
+  args.key_cache = dkc.as<bf16>();
+  args.value_cache = dvc.as<bf16>();
+  args.tokens = T;
+  args.num_q_heads = Hq;
+  args.num_kv_heads = Hkv;
+  args.head_dim = D;
+  args.rope_theta = c.rope_theta;
+  args.norm = device_args(config);
+  kernels::launch_qk_norm_rope_cache_write(args, nullptr);
+  testing::check_launch("launch_qk_norm_rope_cache_write");
+
+  return {dq.download_float().to_float_vector(), ref.q.to_float_vector(),
+          dkc.download_float().to_float_vector(), dvc.download_float().to_float_vector(),
+          ref.k.to_float_vector(), v.to_float_vector()};
+}
+
+// Shuffled distinct slots out of num_blocks * block_size, with token `skipped` set to -1.
+std::vector<std::int64_t> shuffled_slots(Random& rng, const QkCase& c, int skipped) {
+  std::vector<int> perm = rng.permutation(c.num_blocks * c.block_size);
+  std::vector<std::int64_t> slots(perm.begin(), perm.begin() + c.tokens);
+  slots[std::size_t(skipped)] = -1;
+  return slots;
+}
+
+// q against the reference; the cache rows of written slots against rope(norm(k)) and v (v is
+// copied, so exactly); every other cache row still the NaN poison.
+void check_qk(const QkCase& c, std::uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << ", head_dim " << c.head_dim
+                                    << (c.uclip ? ", UClip" : ", RMS"));
+  QkResult r = run_qk(c, seed);
+  EXPECT_TRUE(close_to(r.q, r.ref_q, kTolerance)) << "q";
+
+  const std::int64_t row = std::int64_t(c.num_kv_heads) * c.head_dim;  // one slot
+  const std::int64_t slots = std::int64_t(c.num_blocks) * c.block_size;
+  std::vector<int> token_of_slot(std::size_t(slots), -1);
+  for (int t = 0; t < c.tokens; ++t)
+    if (c.slots[std::size_t(t)] >= 0) token_of_slot[std::size_t(c.slots[std::size_t(t)])] = t;
+
+  std::vector<float> k_out, k_ref, v_out, v_ref;
+  std::int64_t untouched_written = 0;
+  for (std::int64_t s = 0; s < slots; ++s) {
+    const int t = token_of_slot[std::size_t(s)];
+    for (std::int64_t i = 0; i < row; ++i) {
+      const float kc = r.key_cache[std::size_t(s * row + i)];
+      const float vc = r.value_cache[std::size_t(s * row + i)];
+      if (t < 0) {
+        untouched_written += !std::isnan(kc) + !std::isnan(vc);
+        continue;
+      }
+      k_out.push_back(kc);
+      k_ref.push_back(r.ref_k[std::size_t(t * row + i)]);
+      v_out.push_back(vc);
+      v_ref.push_back(r.v[std::size_t(t * row + i)]);
+    }
+  }
+  EXPECT_EQ(untouched_written, 0) << "cache entries written outside the mapped slots";
+  EXPECT_TRUE(close_to(k_out, k_ref, kTolerance)) << "key_cache";
+  EXPECT_TRUE(close_to(v_out, v_ref, 0.0)) << "value_cache";
+}
+
+QkCase make_qk_case(Random& rng, int tokens, int head_dim, bool uclip) {
+  QkCase c;
+  c.tokens = tokens;
+  c.head_dim = head_dim;
+  c.uclip = uclip;
+  c.num_blocks = (tokens + 2 * 16 - 1) / 16;  // room to spare, so some slots stay unwritten
+  // Short and long positions alike: 0, 1, then up to ~131k, where the angle is ~1e5 rad.
+  const std::int64_t fixed[] = {0, 1, 100000, 131071, 4095};
+  for (int t = 0; t < tokens; ++t)
+    c.positions.push_back(t < 5 ? fixed[t] : rng.integer(0, 131071));
+  c.slots = shuffled_slots(rng, c, tokens / 2);
+  return c;
+}
+
+TEST(QkNormRopeKernel, SmallMatchesReference) {
+  testing::require_gpu();
+  Random rng(7);
+  check_qk(make_qk_case(rng, 3, 128, true), 7);
+  check_qk(make_qk_case(rng, 3, 64, false), 8);
+}
+
+TEST(QkNormRopeKernel, MatchesReference) {
+  testing::require_gpu();
+  Random rng(9);
+  for (int head_dim : {64, 128, 256})
+    for (int tokens : {1, 3, 17, 1000})
+      for (bool uclip : {true, false}) {
+        if (tokens == 1000 && (head_dim != 128 || !uclip)) continue;  // slow host helpers
+        if (tokens == 1) {
+          // A single token has nothing to skip: check a plain write and then a skipped one.
+          QkCase c = make_qk_case(rng, 3, head_dim, uclip);
+          c.tokens = 1;
+          c.positions = {100000};
+          c.slots = {5};
+          check_qk(c, 10);
+          c.slots = {-1};
+          check_qk(c, 10);
+          continue;
+        }
+        check_qk(make_qk_case(rng, tokens, head_dim, uclip), 10);
+      }
+}
+
+// Long positions: at position ~1e5 the highest frequencies turn by ~1e5 rad, where an fp32
+// angle (position * inv_freq in float) is off by up to ~5e-3 rad. Measured against the float64
+// reference, restricted to the 8 highest-frequency pairs of every head (elements 0..7 and
+// D/2..D/2+7), the bf16 output rounding alone gives ~1.7e-3 relative error; a CPU simulation
+// of an fp32 angle gives ~2.8e-3 (head_dim 128) to ~3.3e-3 (256). The bound 2.2e-3 separates
+// the two, so this fails if the angle loses precision.
+TEST(QkNormRopeKernel, LongPositionsKeepAnglePrecision) {
+  testing::require_gpu();
+  Random rng(11);
+  for (int head_dim : {128, 256}) {
+    QkCase c = make_qk_case(rng, 256, head_dim, /*uclip=*/false);
+    for (auto& p : c.positions) p = rng.integer(100000, 131071);
+    SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim);
+    QkResult r = run_qk(c, 12);
+    EXPECT_TRUE(close_to(r.q, r.ref_q, kTolerance));
+    std::vector<float> out, ref;
+    const int D = head_dim;
+    for (std::size_t h = 0; h < r.q.size() / D; ++h)
+      for (int i = 0; i < 8; ++i)
+        for (int e : {i, i + D / 2}) {
+          out.push_back(r.q[h * D + e]);
+          ref.push_back(r.ref_q[h * D + e]);
+        }
+    EXPECT_TRUE(close_to(out, ref, 2.2e-3)) << "highest-frequency pairs";
+  }
+}
+
+// ---- Bad arguments --------------------------------------------------------------------------
+
+TEST(NormKernel, SmallBadArgumentsThrow) {
+  testing::require_gpu();
+  const int rows = 2, hidden = 64;
+  DeviceBuffer x(DType::BF16, {rows, hidden + 8}), w(DType::BF16, {hidden + 8});
+  DeviceBuffer out(DType::BF16, {rows, hidden + 8}), res(DType::BF16, {rows, hidden + 8});
+  const kernels::NormArgs args;
+  const bf16* px = x.as<bf16>();
+  const bf16* pw = w.as<bf16>();
+  bf16* po = out.as<bf16>();
+  bf16* pr = res.as<bf16>();
+
+  expect_error([&] { kernels::launch_norm(px, pw, po, rows, 60, args, nullptr); },
+               "multiple of 8");
+  expect_error([&] { kernels::launch_norm(px, pw, po, rows, 0, args, nullptr); },
+               "multiple of 8");
+  expect_error([&] { kernels::launch_norm(px, pw, po, 0, hidden, args, nullptr); }, "rows");
+  expect_error([&] { kernels::launch_norm(px, pw, po, -1, hidden, args, nullptr); }, "rows");
+  expect_error([&] { kernels::launch_norm(nullptr, pw, po, rows, hidden, args, nullptr); },
+               "x is null");
+  expect_error([&] { kernels::launch_norm(px + 1, pw, po, rows, hidden, args, nullptr); },
+               "aligned");
+  expect_error(
+      [&] { kernels::launch_norm(px, pw, po, rows, hidden, {kEps, -1.0f}, nullptr); }, "clip");
+  expect_error([&] { kernels::launch_fused_add_norm(px, pr, pw, po, rows, 12, args, nullptr); },
+               "multiple of 8");
+  expect_error(
+      [&] { kernels::launch_fused_add_norm(px, nullptr, pw, po, rows, hidden, args, nullptr); },
+      "residual is null");
+  expect_error(
+      [&] { kernels::launch_post_attn_pre_mlp(px, pr, pw, pw, po, rows, 100, args, nullptr); },
+      "multiple of 8");
+  expect_error(
+      [&] {
+        kernels::launch_post_attn_pre_mlp(px, pr, pw, nullptr, po, rows, hidden, args, nullptr);
+      },
+      "next_weight is null");
+
+  kernels::QkNormRopeArgs qk;
+  qk.q = po;
+  qk.k = px;
+  qk.v = px;
+  qk.q_weight = pw;
+  qk.k_weight = pw;
+  DeviceBuffer index(DType::I64, {rows});
+  qk.positions = index.as<std::int64_t>();
+  qk.slot_mapping = index.as<std::int64_t>();
+  qk.key_cache = pr;
+  qk.value_cache = pr;
+  qk.tokens = 1;
+  qk.num_q_heads = 1;
+  qk.num_kv_heads = 1;
+  qk.head_dim = 96;
+  expect_error([&] { kernels::launch_qk_norm_rope_cache_write(qk, nullptr); }, "head_dim");
+  qk.head_dim = 64;
+  qk.num_kv_heads = 0;
+  expect_error([&] { kernels::launch_qk_norm_rope_cache_write(qk, nullptr); }, "head counts");
+  qk.num_kv_heads = 1;
+  qk.positions = nullptr;
+  expect_error([&] { kernels::launch_qk_norm_rope_cache_write(qk, nullptr); },
+               "positions is null");
+  // Nothing above launched a kernel.
+  testing::check_launch("bad arguments");
+}
+
+}  // namespace
+}  // namespace asynct

@@ -1,0 +1,31 @@
+// `asynct generate`: token ids in, token ids and timing out, on the CPU backend.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace asynct::cli {
+
+struct GenerateOptions {
+  std::string model_dir;                 // empty: the built-in tiny model
+  std::string builtin = "asynct";        // which built-in model: asynct or qwen3
+  std::vector<std::string> prompts;      // each "1,2,3"; empty: a built-in prompt
+  int max_tokens = 16;
+  float temperature = 0.0f;
+  int top_k = 0;
+  float top_p = 1.0f;
+  std::uint64_t seed = 0;
+  int block_size = 16;
+  int num_blocks = 0;                    // 0: enough for the requests
+  int max_batched_tokens = 2048;
+  bool ignore_eos = true;
+  int eos_token = -1;
+};
+
+int run_generate(const GenerateOptions& options);
+
+// "1, 2,3" -> {1, 2, 3}; throws Error naming the bad piece.
+std::vector<std::int32_t> parse_token_list(const std::string& text);
+
+}  // namespace asynct::cli

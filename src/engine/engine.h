@@ -1,0 +1,87 @@
+// The serving engine: requests in, tokens out. Each step the scheduler picks running decodes
+// first, then prefill chunks (chunked prefill) up to a token budget; when KV blocks run out a
+// running request is preempted (its blocks freed) and later recomputed — never a crash.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/model_runner.h"
+#include "reference/sampling.h"
+
+namespace asynct {
+
+struct EngineOptions {
+  int max_num_seqs = 64;             // sequences in one step
+  int max_num_batched_tokens = 2048;  // new tokens in one step (the chunked-prefill budget)
+  int max_model_len = 4096;          // prompt + output tokens of one request
+};
+
+struct Request {
+  std::vector<std::int32_t> prompt;
+  int max_tokens = 16;
+  SamplingParams sampling;
+  bool ignore_eos = false;
+  std::int32_t eos_token = -1;  // -1: none
+};
+
+struct RequestOutput {
+  std::int64_t id = 0;
+  std::vector<std::int32_t> tokens;  // generated tokens
+  std::string finish_reason;         // "length" or "eos"
+  int preemptions = 0;
+};
+
+struct EngineStats {
+  std::int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0;
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<ModelRunner> runner, int vocab_size, EngineOptions options = {});
+
+  // Queues a request; throws Error for an empty prompt, out-of-vocabulary ids, or a request
+  // that could never fit (prompt + max_tokens over max_model_len or over the whole cache).
+  std::int64_t add_request(const Request& request);
+  bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
+  // Runs one step; returns the requests that finished in it.
+  std::vector<RequestOutput> step();
+  // Runs until every queued request finishes; outputs in the order the requests were added.
+  std::vector<RequestOutput> run_to_completion(const std::function<void(const EngineStats&)>& progress = {});
+  const EngineStats& stats() const { return stats_; }
+
+ private:
+  struct Sequence {
+    std::int64_t id;
+    Request request;
+    std::vector<std::int32_t> tokens;  // prompt + generated so far
+    int num_generated = 0;
+    int num_computed = 0;              // tokens whose K/V are in the cache
+    std::vector<int> block_table;
+    int preemptions = 0;
+  };
+  struct Scheduled {
+    Sequence* seq;
+    int num_tokens;  // new tokens this step
+  };
+
+  std::vector<Scheduled> schedule();
+  void preempt(Sequence* seq);
+  bool finished(const Sequence& seq, std::string* reason) const;
+
+  std::unique_ptr<ModelRunner> runner_;
+  int vocab_size_;
+  EngineOptions options_;
+  BlockManager blocks_;
+  std::int64_t next_id_ = 0;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::deque<std::unique_ptr<Sequence>> running_;
+  EngineStats stats_;
+};
+
+}  // namespace asynct

@@ -1,0 +1,45 @@
+// Model configurations: HuggingFace config.json for Qwen3ForCausalLM and AsyncTForCausalLM
+// (SPEC §4), validated, plus the built-in tiny configurations and the 1.7B reference size.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace asynct {
+
+enum class Architecture { Qwen3, AsyncT };
+
+struct ModelConfig {
+  Architecture architecture = Architecture::Qwen3;
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_hidden_layers = 0;
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  int head_dim = 0;
+  double rope_theta = 1e6;
+  float rms_norm_eps = 1e-6f;
+  int max_position_embeddings = 40960;
+  bool tie_word_embeddings = true;
+  // AsyncT only.
+  int attn_pool_window = 3;
+  float uclip_value = 0.0f;
+
+  bool is_async() const { return architecture == Architecture::AsyncT; }
+  std::string architecture_name() const;
+  // Throws Error naming the first value out of range.
+  void validate() const;
+  // Parameters (weights) in the model, counting a tied LM head once.
+  std::int64_t parameter_count() const;
+};
+
+ModelConfig load_config(const std::string& config_json_path);
+std::string config_to_json(const ModelConfig& config);
+
+// Small configurations for tests and the default run; same shape rules as the real ones.
+ModelConfig tiny_config(Architecture architecture);
+// The Qwen3-1.7B size (hidden 2048, 28 layers, 16/8 heads, head_dim 128, vocab 151936).
+ModelConfig reference_1p7b_config(Architecture architecture);
+
+}  // namespace asynct

@@ -1,0 +1,111 @@
+#include "models/cpu_model.h"
+
+#include <algorithm>
+
+#include "reference/attention.h"
+#include "reference/layers.h"
+#include "reference/rope.h"
+
+namespace asynct {
+
+CpuModelRunner::CpuModelRunner(ModelWeights weights, int num_blocks, int block_size)
+    : weights_(std::move(weights)), num_blocks_(num_blocks), block_size_(block_size) {
+  const ModelConfig& c = weights_.config;
+  check(num_blocks >= 1 && block_size >= 1, "CpuModelRunner: need at least one block");
+  // Qwen3 normalises with RMSNorm; AsyncT's every norm is a UClipNorm (SPEC §4).
+  norm_ = c.is_async() ? NormConfig::uclip(c.rms_norm_eps, c.uclip_value) : NormConfig::rms(c.rms_norm_eps);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& w = weights_.layers[std::size_t(l)];
+    if (c.is_async()) {
+      Gate g = Gate::make_async(c.num_attention_heads, c.attn_pool_window);
+      g.async.alpha = w.gate_alpha.to_float_vector();
+      g.async.sigma = w.gate_sigma.to_float_vector();
+      g.async.gamma = w.gate_gamma.to_float_vector();
+      gates_.push_back(g);
+    } else {
+      gates_.push_back(Gate::make_softmax());
+    }
+    key_cache_.push_back(Tensor::empty(DType::F32, {num_blocks, block_size, c.num_key_value_heads, c.head_dim}));
+    value_cache_.push_back(Tensor::empty(DType::F32, {num_blocks, block_size, c.num_key_value_heads, c.head_dim}));
+  }
+}
+
+namespace {
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = Tensor::empty(DType::F32, a.shape());
+  for (std::int64_t i = 0; i < a.numel(); ++i) out.data_as<float>()[i] = a.data_as<float>()[i] + b.data_as<float>()[i];
+  return out;
+}
+}  // namespace
+
+Tensor CpuModelRunner::attention_block(int layer, const Tensor& x, const StepBatch& batch,
+                                       const Tensor& table) {
+  const ModelConfig& c = weights_.config;
+  const LayerWeights& w = weights_.layers[std::size_t(layer)];
+  const std::int64_t t = x.size(0);
+  Tensor q = linear(x, w.q_proj).reshape({t, c.num_attention_heads, c.head_dim});
+  Tensor k = linear(x, w.k_proj).reshape({t, c.num_key_value_heads, c.head_dim});
+  Tensor v = linear(x, w.v_proj).reshape({t, c.num_key_value_heads, c.head_dim});
+  QkNormRopeOutput qk = qk_norm_rope_cache_write(q, k, v, w.q_norm, w.k_norm, norm_, batch.positions,
+                                                 c.rope_theta, key_cache_[std::size_t(layer)],
+                                                 value_cache_[std::size_t(layer)], batch.slot_mapping);
+  KvCache cache = KvCache::paged(key_cache_[std::size_t(layer)], value_cache_[std::size_t(layer)], table);
+  AttentionBatch ab{qk.q, batch.cu_seqlens_q, batch.kv_lens, &cache, 0.0f};
+  Tensor o = attention(ab, gates_[std::size_t(layer)]);
+  return linear(o.reshape({t, std::int64_t(c.num_attention_heads) * c.head_dim}), w.o_proj);
+}
+
+Tensor CpuModelRunner::mlp_block(int layer, const Tensor& x) {
+  const LayerWeights& w = weights_.layers[std::size_t(layer)];
+  Tensor gate = linear(x, w.gate_proj), up = linear(x, w.up_proj);
+  const std::int64_t t = x.size(0), inter = gate.size(1);
+  Tensor gate_up = Tensor::empty(DType::F32, {t, 2 * inter});
+  for (std::int64_t r = 0; r < t; ++r) {
+    std::copy_n(gate.data_as<float>() + r * inter, inter, gate_up.data_as<float>() + r * 2 * inter);
+    std::copy_n(up.data_as<float>() + r * inter, inter, gate_up.data_as<float>() + r * 2 * inter + inter);
+  }
+  return linear(swiglu(gate_up), w.down_proj);
+}
+
+Tensor CpuModelRunner::forward(const StepBatch& batch) {
+  const ModelConfig& c = weights_.config;
+  check(batch.num_tokens() >= 1, "forward: empty batch");
+  check(int(batch.positions.size()) == batch.num_tokens() && int(batch.slot_mapping.size()) == batch.num_tokens(),
+        "forward: positions and slot_mapping need one entry per token");
+  check(int(batch.block_tables.size()) == batch.num_seqs(), "forward: one block table per sequence");
+  for (std::size_t i = 0; i < batch.positions.size(); ++i)
+    check(batch.positions[i] < c.max_position_embeddings, "forward: position ", batch.positions[i],
+          " is past max_position_embeddings ", c.max_position_embeddings);
+
+  std::size_t max_blocks = 1;
+  for (const auto& t : batch.block_tables) max_blocks = std::max(max_blocks, t.size());
+  Tensor table = Tensor::empty(DType::I32, {batch.num_seqs(), std::int64_t(max_blocks)});
+  for (int s = 0; s < batch.num_seqs(); ++s)
+    for (std::size_t b = 0; b < batch.block_tables[std::size_t(s)].size(); ++b) {
+      const int block = batch.block_tables[std::size_t(s)][b];
+      check(block >= 0 && block < num_blocks_, "forward: block ", block, " is not in the cache");
+      table.data_as<std::int32_t>()[std::int64_t(s) * std::int64_t(max_blocks) + std::int64_t(b)] = block;
+    }
+
+  Tensor x = embedding(weights_.embed_tokens, batch.tokens);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& w = weights_.layers[std::size_t(l)];
+    Tensor attn = attention_block(l, norm(x, w.input_layernorm, norm_), batch, table);
+    if (c.is_async()) attn = norm(attn, w.attn_output_layernorm, norm_);  // Peri-LN
+    Tensor h = add(x, attn);
+    Tensor mlp = mlp_block(l, norm(h, w.post_attention_layernorm, norm_));
+    if (c.is_async()) mlp = norm(mlp, w.mlp_output_layernorm, norm_);
+    x = add(h, mlp);
+  }
+  // Only the rows that sample need the final norm and the LM head.
+  Tensor last = Tensor::empty(DType::F32, {std::int64_t(batch.logit_rows.size()), c.hidden_size});
+  for (std::size_t i = 0; i < batch.logit_rows.size(); ++i) {
+    const int row = batch.logit_rows[i];
+    check(row >= 0 && row < batch.num_tokens(), "forward: logit row ", row, " out of range");
+    std::copy_n(x.data_as<float>() + std::int64_t(row) * c.hidden_size, c.hidden_size,
+                last.data_as<float>() + std::int64_t(i) * c.hidden_size);
+  }
+  return linear(norm(last, weights_.norm, norm_), weights_.lm_head);
+}
+
+}  // namespace asynct

@@ -1,0 +1,138 @@
+#include "models/weights.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <random>
+
+#include "io/safetensors.h"
+
+namespace asynct {
+namespace {
+
+std::string layer_prefix(int i) { return "model.layers." + std::to_string(i) + "."; }
+
+// Visits each (name, tensor slot) of the model, in a fixed order.
+void for_each_tensor(ModelWeights& w, const std::function<void(const std::string&, Tensor&)>& f) {
+  const ModelConfig& c = w.config;
+  f("model.embed_tokens.weight", w.embed_tokens);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights& l = w.layers[std::size_t(i)];
+    const std::string p = layer_prefix(i);
+    f(p + "input_layernorm.weight", l.input_layernorm);
+    f(p + "self_attn.q_proj.weight", l.q_proj);
+    f(p + "self_attn.k_proj.weight", l.k_proj);
+    f(p + "self_attn.v_proj.weight", l.v_proj);
+    f(p + "self_attn.o_proj.weight", l.o_proj);
+    f(p + "self_attn.q_norm.weight", l.q_norm);
+    f(p + "self_attn.k_norm.weight", l.k_norm);
+    f(p + "post_attention_layernorm.weight", l.post_attention_layernorm);
+    f(p + "mlp.gate_proj.weight", l.gate_proj);
+    f(p + "mlp.up_proj.weight", l.up_proj);
+    f(p + "mlp.down_proj.weight", l.down_proj);
+    if (c.is_async()) {
+      f(p + "self_attn.gate_alpha", l.gate_alpha);
+      f(p + "self_attn.gate_sigma", l.gate_sigma);
+      f(p + "self_attn.gate_gamma", l.gate_gamma);
+      f(p + "attn_output_layernorm.weight", l.attn_output_layernorm);
+      f(p + "mlp_output_layernorm.weight", l.mlp_output_layernorm);
+    }
+  }
+  f("model.norm.weight", w.norm);
+  if (!c.tie_word_embeddings) f("lm_head.weight", w.lm_head);
+}
+
+ModelWeights empty_model(const ModelConfig& config) {
+  config.validate();
+  ModelWeights w;
+  w.config = config;
+  w.layers.resize(std::size_t(config.num_hidden_layers));
+  return w;
+}
+
+bool is_gate_param(const std::string& name) { return name.find(".self_attn.gate_") != std::string::npos; }
+
+}  // namespace
+
+std::map<std::string, Shape> expected_tensors(const ModelConfig& c) {
+  const std::int64_t h = c.hidden_size, q = std::int64_t(c.num_attention_heads) * c.head_dim,
+                     kv = std::int64_t(c.num_key_value_heads) * c.head_dim, in = c.intermediate_size;
+  std::map<std::string, Shape> shapes;
+  ModelWeights scratch = empty_model(c);
+  for_each_tensor(scratch, [&](const std::string& name, Tensor&) {
+    Shape s;
+    auto ends = [&](const char* suffix) { return name.size() >= std::strlen(suffix) &&
+                                                 name.compare(name.size() - std::strlen(suffix), std::string::npos, suffix) == 0; };
+    if (ends("embed_tokens.weight") || ends("lm_head.weight")) s = {c.vocab_size, h};
+    else if (ends("q_proj.weight")) s = {q, h};
+    else if (ends("k_proj.weight") || ends("v_proj.weight")) s = {kv, h};
+    else if (ends("o_proj.weight")) s = {h, q};
+    else if (ends("q_norm.weight") || ends("k_norm.weight")) s = {c.head_dim};
+    else if (ends("gate_proj.weight") || ends("up_proj.weight")) s = {in, h};
+    else if (ends("down_proj.weight")) s = {h, in};
+    else if (is_gate_param(name)) s = {c.num_attention_heads};
+    else s = {h};  // the norms
+    shapes[name] = s;
+  });
+  return shapes;
+}
+
+ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed) {
+  ModelWeights w = empty_model(config);
+  const std::map<std::string, Shape> shapes = expected_tensors(config);
+  std::mt19937_64 rng(seed);
+  for_each_tensor(w, [&](const std::string& name, Tensor& t) {
+    t = Tensor::empty(DType::F32, shapes.at(name));
+    std::normal_distribution<float> normal;
+    float* v = t.data_as<float>();
+    const bool is_norm = name.find("norm") != std::string::npos;
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      float x = normal(rng);
+      if (name.find("gate_alpha") != std::string::npos) x = 1.0f + 0.1f * x;
+      else if (name.find("gate_sigma") != std::string::npos) x = 1.0f + 0.1f * x;
+      else if (name.find("gate_gamma") != std::string::npos) x = 1.0f + 0.1f * x;
+      else if (is_norm) x = 1.0f + 0.05f * x;
+      else x *= 0.02f;  // projections and embeddings, as HF initialises them
+      v[i] = round_to_bf16(x);  // what a bf16 checkpoint would hold
+    }
+  });
+  if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
+  return w;
+}
+
+ModelWeights load_weights(const std::string& directory) {
+  const std::string config_path = (std::filesystem::path(directory) / "config.json").string();
+  ModelWeights w = empty_model(load_config(config_path));
+  const Checkpoint ckpt = Checkpoint::open(directory);
+  const std::map<std::string, Shape> shapes = expected_tensors(w.config);
+  for (const std::string& name : ckpt.names()) {
+    if (w.config.tie_word_embeddings && name == "lm_head.weight") continue;  // redundant copy
+    check(shapes.count(name) != 0, "checkpoint ", directory, ": unexpected tensor '", name, "' in ",
+          ckpt.file_of(name), " (not part of ", w.config.architecture_name(), " with this config)");
+  }
+  for_each_tensor(w, [&](const std::string& name, Tensor& t) {
+    t = ckpt.get(name, DType::F32, shapes.at(name));
+    for (std::int64_t i = 0; i < t.numel(); ++i)
+      check(std::isfinite(t.data_as<float>()[i]), ckpt.file_of(name), ": tensor '", name,
+            "' holds a non-finite value at element ", i);
+  });
+  if (w.config.tie_word_embeddings) w.lm_head = w.embed_tokens;
+  return w;
+}
+
+void save_checkpoint(const ModelWeights& weights, const std::string& directory) {
+  std::filesystem::create_directories(directory);
+  std::map<std::string, Tensor> tensors;
+  ModelWeights copy = weights;
+  for_each_tensor(copy, [&](const std::string& name, Tensor& t) {
+    tensors[name] = is_gate_param(name) ? t.to(DType::F32) : t.to(DType::BF16);
+  });
+  write_safetensors((std::filesystem::path(directory) / "model.safetensors").string(), tensors);
+  std::ofstream config((std::filesystem::path(directory) / "config.json").string());
+  check(bool(config), "cannot write config.json in ", directory);
+  config << config_to_json(weights.config) << "\n";
+}
+
+}  // namespace asynct

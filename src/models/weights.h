@@ -1,0 +1,51 @@
+// The weights of a Qwen3 or AsyncT model, by HuggingFace tensor name, held as host float32
+// (the CPU backend computes in float; the GPU backend uploads bf16 copies). Loading checks
+// every tensor's presence and shape against the config, and rejects unexpected tensors.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "models/config.h"
+
+namespace asynct {
+
+struct LayerWeights {
+  Tensor input_layernorm;           // [H]
+  Tensor q_proj, k_proj, v_proj;    // [Hq*D, H], [Hkv*D, H], [Hkv*D, H]
+  Tensor o_proj;                    // [H, Hq*D]
+  Tensor q_norm, k_norm;            // [D]
+  Tensor post_attention_layernorm;  // [H], the norm in front of the MLP
+  Tensor gate_proj, up_proj;        // [I, H]
+  Tensor down_proj;                 // [H, I]
+  // AsyncT only.
+  Tensor gate_alpha, gate_sigma, gate_gamma;  // [Hq] float32
+  Tensor attn_output_layernorm;               // [H]
+  Tensor mlp_output_layernorm;                // [H]
+};
+
+struct ModelWeights {
+  ModelConfig config;
+  Tensor embed_tokens;  // [V, H]
+  std::vector<LayerWeights> layers;
+  Tensor norm;          // [H]
+  Tensor lm_head;       // [V, H]; the same tensor as embed_tokens when tied
+};
+
+// Every tensor a model of this config has: name -> shape.
+std::map<std::string, Shape> expected_tensors(const ModelConfig& config);
+
+// Deterministic random weights for any config (the same seed gives the same model).
+ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed);
+
+// Loads config.json and the safetensors weights of a checkpoint directory.
+ModelWeights load_weights(const std::string& directory);
+
+// Writes a checkpoint directory (config.json + model.safetensors, weights in bf16; the gate
+// parameters in float32).
+void save_checkpoint(const ModelWeights& weights, const std::string& directory);
+
+}  // namespace asynct

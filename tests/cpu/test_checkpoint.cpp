@@ -1,0 +1,205 @@
+// Checkpoints: a saved model loads back to the same weights (and the same generations), and
+// every kind of malformed file or config is a clear error naming the file and the tensor.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/engine.h"
+#include "io/safetensors.h"
+#include "models/cpu_model.h"
+#include "models/weights.h"
+#include "support/expect_error.h"
+
+namespace asynct {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::expect_error;
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = fs::temp_directory_path() / ("asynct_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  fs::path path_;
+};
+
+// A safetensors file from a raw header and data.
+void write_raw(const std::string& path, const std::string& header, const std::string& data,
+               std::uint64_t claimed_len = 0) {
+  std::ofstream out(path, std::ios::binary);
+  std::uint64_t len = claimed_len ? claimed_len : header.size();
+  for (int i = 0; i < 8; ++i) out.put(char((len >> (8 * i)) & 0xff));
+  out << header << data;
+}
+
+TEST(Safetensors, RoundTripsTensorsOfEveryDtype) {
+  TempDir dir;
+  std::map<std::string, Tensor> tensors = {
+      {"a", Tensor::from_vector<float>({1.5f, -2, 3}, {3})},
+      {"b", Tensor::from_vector<float>({1, 2, 3, 4}, {2, 2}).to(DType::BF16)},
+      {"c", Tensor::from_vector<std::int32_t>({7, -8}, {2})},
+      {"empty", Tensor::empty(DType::F32, {0, 4})}};
+  write_safetensors(dir.file("t.safetensors"), tensors);
+  auto f = SafetensorsFile::open(dir.file("t.safetensors"));
+  EXPECT_EQ(f->names().size(), 4u);
+  EXPECT_EQ(f->tensor("a").to_float_vector(), (std::vector<float>{1.5f, -2, 3}));
+  EXPECT_EQ(f->tensor("b").to_float_vector(), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(f->tensor("b").shape(), (Shape{2, 2}));
+  EXPECT_EQ(f->tensor("c").at<std::int32_t>(1), -8);
+  EXPECT_EQ(f->tensor("empty").numel(), 0);
+}
+
+TEST(Safetensors, MalformedFilesGiveClearErrors) {
+  TempDir dir;
+  const std::string p = dir.file("bad.safetensors");
+  const std::string ok_entry = R"("x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::string data(8, '\0');
+
+  write_raw(p, "{}", "");
+  EXPECT_NO_THROW(SafetensorsFile::open(p));
+  { std::ofstream(p, std::ios::binary) << "abc"; }
+  expect_error([&] { SafetensorsFile::open(p); }, "too short for a header length");
+  write_raw(p, "{" + ok_entry + "}", data, 1000);
+  expect_error([&] { SafetensorsFile::open(p); }, "header length 1000 runs past the end");
+  write_raw(p, "{" + ok_entry + "}", data, 1ull << 40);
+  expect_error([&] { SafetensorsFile::open(p); }, "over the format's limit");
+  write_raw(p, "{\"x\": [", data);
+  expect_error([&] { SafetensorsFile::open(p); }, "not valid JSON");
+  write_raw(p, R"({"x":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", data);
+  expect_error([&] { SafetensorsFile::open(p); }, "tensor 'x': unsupported dtype Q4");
+  write_raw(p, R"({"x":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data);
+  expect_error([&] { SafetensorsFile::open(p); }, "F32[3] needs 12 bytes but data_offsets hold 8");
+  write_raw(p, R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", data);
+  expect_error([&] { SafetensorsFile::open(p); }, "data_offsets end 16 is past the 8-byte data section");
+  write_raw(p, R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", data);
+  expect_error([&] { SafetensorsFile::open(p); }, "run backwards");
+  write_raw(p, R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data);
+  expect_error([&] { SafetensorsFile::open(p); }, "non-negative integers");
+  write_raw(p, R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"y":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", data);
+  expect_error([&] { SafetensorsFile::open(p); }, "tensors 'x' and 'y' overlap");
+  write_raw(p, R"({"x":{"dtype":"F32","shape":[2]}})", data);
+  expect_error([&] { SafetensorsFile::open(p); }, "data_offsets must be [begin, end]");
+  expect_error([&] { SafetensorsFile::open(dir.file("missing.safetensors")); }, "cannot open");
+}
+
+TEST(Checkpoint, SavedModelLoadsBackAndGeneratesTheSame) {
+  for (Architecture arch : {Architecture::AsyncT, Architecture::Qwen3}) {
+    TempDir dir;
+    ModelWeights w = random_weights(tiny_config(arch), 3);
+    save_checkpoint(w, dir.path().string());
+    ModelWeights loaded = load_weights(dir.path().string());
+    EXPECT_EQ(loaded.config.architecture, arch);
+    EXPECT_EQ(loaded.layers[1].down_proj.to_float_vector(), w.layers[1].down_proj.to_float_vector());
+    if (arch == Architecture::AsyncT) {
+      EXPECT_EQ(loaded.layers[0].gate_sigma.to_float_vector(), w.layers[0].gate_sigma.to_float_vector());
+    }
+    auto run = [](ModelWeights weights) {
+      const int vocab = weights.config.vocab_size;
+      Engine e(std::make_unique<CpuModelRunner>(std::move(weights), 8, 16), vocab);
+      Request r;
+      r.prompt = {3, 1, 4, 1, 5};
+      r.max_tokens = 8;
+      e.add_request(r);
+      return e.run_to_completion()[0].tokens;
+    };
+    EXPECT_EQ(run(loaded), run(w));
+  }
+}
+
+TEST(Checkpoint, ShardedCheckpointLoads) {
+  TempDir dir;
+  ModelWeights w = random_weights(tiny_config(Architecture::AsyncT), 4);
+  save_checkpoint(w, dir.path().string());
+  // Split model.safetensors into two shards with an index.
+  auto whole = SafetensorsFile::open(dir.file("model.safetensors"));
+  std::map<std::string, Tensor> first, second;
+  nlohmann::json index;
+  int i = 0;
+  for (const std::string& name : whole->names()) {
+    Tensor t = whole->tensor(name).to(whole->info(name).dtype);  // an owned copy
+    (i++ % 2 ? second : first)[name] = t;
+    index["weight_map"][name] = i % 2 ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  whole.reset();
+  fs::remove(dir.file("model.safetensors"));
+  write_safetensors(dir.file("model-00001-of-00002.safetensors"), first);
+  write_safetensors(dir.file("model-00002-of-00002.safetensors"), second);
+  std::ofstream(dir.file("model.safetensors.index.json")) << index.dump();
+  ModelWeights loaded = load_weights(dir.path().string());
+  EXPECT_EQ(loaded.layers[1].q_proj.to_float_vector(), w.layers[1].q_proj.to_float_vector());
+
+  // An index entry that points at the wrong shard.
+  const std::string name = first.begin()->first;
+  index["weight_map"][name] = "model-00002-of-00002.safetensors";
+  std::ofstream(dir.file("model.safetensors.index.json")) << index.dump();
+  expect_error([&] { load_weights(dir.path().string()); }, "which does not hold it");
+}
+
+TEST(Checkpoint, MissingUnexpectedAndMisshapenTensorsAreNamed) {
+  TempDir dir;
+  ModelWeights w = random_weights(tiny_config(Architecture::AsyncT), 5);
+  save_checkpoint(w, dir.path().string());
+  auto original = SafetensorsFile::open(dir.file("model.safetensors"));
+  std::map<std::string, Tensor> tensors;
+  for (const std::string& name : original->names()) tensors[name] = original->tensor(name).to(original->info(name).dtype);
+  original.reset();
+
+  auto rewrite = [&](std::map<std::string, Tensor> t) { write_safetensors(dir.file("model.safetensors"), t); };
+  auto missing = tensors;
+  missing.erase("model.layers.1.self_attn.gate_gamma");
+  rewrite(missing);
+  expect_error([&] { load_weights(dir.path().string()); }, "missing tensor 'model.layers.1.self_attn.gate_gamma'");
+
+  auto extra = tensors;
+  extra["model.layers.9.mlp.up_proj.weight"] = Tensor::empty(DType::BF16, {2});
+  rewrite(extra);
+  expect_error([&] { load_weights(dir.path().string()); }, "unexpected tensor 'model.layers.9.mlp.up_proj.weight'");
+
+  auto misshapen = tensors;
+  misshapen["model.norm.weight"] = Tensor::empty(DType::BF16, {63});
+  rewrite(misshapen);
+  expect_error([&] { load_weights(dir.path().string()); }, "'model.norm.weight' has shape [63], the config implies [64]");
+
+  auto non_finite = tensors;
+  non_finite["model.norm.weight"] = Tensor::from_vector<float>(std::vector<float>(64, NAN), {64});
+  rewrite(non_finite);
+  expect_error([&] { load_weights(dir.path().string()); }, "non-finite value");
+}
+
+TEST(Checkpoint, BadConfigsAreNamed) {
+  TempDir dir;
+  save_checkpoint(random_weights(tiny_config(Architecture::AsyncT), 6), dir.path().string());
+  auto edit = [&](const std::function<void(nlohmann::json&)>& change) {
+    std::ifstream in(dir.file("config.json"));
+    nlohmann::json j = nlohmann::json::parse(in);
+    change(j);
+    std::ofstream(dir.file("config.json")) << j.dump();
+  };
+  edit([](nlohmann::json& j) { j["num_key_value_heads"] = 3; });
+  expect_error([&] { load_weights(dir.path().string()); }, "must be a multiple of num_key_value_heads (3)");
+  edit([](nlohmann::json& j) { j["num_key_value_heads"] = 2; j["attn_pool_window"] = 0; });
+  expect_error([&] { load_weights(dir.path().string()); }, "attn_pool_window must be in 1..8");
+  edit([](nlohmann::json& j) { j["attn_pool_window"] = 3; j.erase("uclip_value"); });
+  expect_error([&] { load_weights(dir.path().string()); }, "missing 'uclip_value'");
+  edit([](nlohmann::json& j) { j["uclip_value"] = 4.0; j["architectures"] = {"LlamaForCausalLM"}; });
+  expect_error([&] { load_weights(dir.path().string()); }, "architecture 'LlamaForCausalLM' is not supported");
+  edit([](nlohmann::json& j) { j["architectures"] = {"AsyncTForCausalLM"}; j["hidden_size"] = "big"; });
+  expect_error([&] { load_weights(dir.path().string()); }, "'hidden_size' has the wrong type");
+  { std::ofstream(dir.file("config.json")) << "{ not json"; }
+  expect_error([&] { load_weights(dir.path().string()); }, "not a JSON object");
+  expect_error([&] { load_weights(dir.file("nowhere")); }, "cannot open");
+}
+
+}  // namespace
+}  // namespace asynct

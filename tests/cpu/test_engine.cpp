@@ -1,0 +1,151 @@
+// The engine on the CPU backend with the tiny AsyncT and Qwen3 models: batching, chunked
+// prefill and preemption must not change what a request generates; bad requests get errors.
+#include <gtest/gtest.h>
+
+#include "engine/engine.h"
+#include "models/cpu_model.h"
+#include "support/expect_error.h"
+
+namespace asynct {
+namespace {
+
+using testing::expect_error;
+
+struct EngineSetup {
+  Architecture arch;
+  int num_blocks = 64, block_size = 16, budget = 2048, max_seqs = 64;
+};
+
+Engine make_engine(const EngineSetup& s) {
+  ModelWeights w = random_weights(tiny_config(s.arch), 7);
+  EngineOptions o;
+  o.max_num_batched_tokens = s.budget;
+  o.max_num_seqs = s.max_seqs;
+  o.max_model_len = 1024;
+  const int vocab = w.config.vocab_size;
+  return Engine(std::make_unique<CpuModelRunner>(std::move(w), s.num_blocks, s.block_size), vocab, o);
+}
+
+std::vector<Request> requests(float temperature) {
+  std::vector<Request> rs;
+  const std::vector<std::vector<std::int32_t>> prompts = {
+      {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21}, {42}, {7, 7, 7, 250, 0}, {100, 3}};
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.prompt = prompts[i];
+    r.max_tokens = 12 + int(i);
+    r.sampling = {temperature, temperature > 0 ? 50 : 0, temperature > 0 ? 0.9f : 1.0f, 1000 + i};
+    rs.push_back(r);
+  }
+  return rs;
+}
+
+std::vector<std::vector<std::int32_t>> generate(const EngineSetup& setup, const std::vector<Request>& rs,
+                                                EngineStats* stats = nullptr) {
+  Engine e = make_engine(setup);
+  for (const Request& r : rs) e.add_request(r);
+  std::vector<std::vector<std::int32_t>> out;
+  for (const RequestOutput& o : e.run_to_completion()) out.push_back(o.tokens);
+  if (stats) *stats = e.stats();
+  return out;
+}
+
+class EngineTest : public ::testing::TestWithParam<std::tuple<Architecture, float>> {};
+
+TEST_P(EngineTest, BatchedEqualsOneAtATime) {
+  const auto [arch, temperature] = GetParam();
+  std::vector<Request> rs = requests(temperature);
+  auto batched = generate({arch}, rs);
+  ASSERT_EQ(batched.size(), rs.size());
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    EXPECT_EQ(int(batched[i].size()), rs[i].max_tokens);
+    EXPECT_EQ(generate({arch}, {rs[i]})[0], batched[i]) << "request " << i;
+  }
+}
+
+TEST_P(EngineTest, ChunkedPrefillEqualsUnchunked) {
+  const auto [arch, temperature] = GetParam();
+  std::vector<Request> rs = requests(temperature);
+  EngineStats stats;
+  auto chunked = generate({arch, 64, 16, /*budget=*/5}, rs, &stats);
+  EXPECT_EQ(chunked, generate({arch}, rs));
+  EXPECT_GT(stats.steps, 10);
+}
+
+TEST_P(EngineTest, PreemptionAndRecomputeChangeNothing) {
+  const auto [arch, temperature] = GetParam();
+  std::vector<Request> rs = requests(temperature);
+  EngineStats stats;
+  // 4 blocks of 8 tokens: too few for all four requests at once.
+  auto tight = generate({arch, 5, 8}, rs, &stats);
+  EXPECT_GT(stats.preemptions, 0);
+  EXPECT_EQ(tight, generate({arch}, rs));
+}
+
+TEST_P(EngineTest, BlockSizeDoesNotMatter) {
+  const auto [arch, temperature] = GetParam();
+  std::vector<Request> rs = requests(temperature);
+  EXPECT_EQ(generate({arch, 8, 256}, rs), generate({arch, 200, 1}, rs));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineTest,
+                         ::testing::Combine(::testing::Values(Architecture::AsyncT, Architecture::Qwen3),
+                                            ::testing::Values(0.0f, 0.8f)));
+
+TEST(Engine, SeededSamplingIsDeterministicAndSeedsDiffer) {
+  std::vector<Request> rs = requests(1.0f);
+  EXPECT_EQ(generate({Architecture::AsyncT}, rs), generate({Architecture::AsyncT}, rs));
+  std::vector<Request> other = rs;
+  for (Request& r : other) r.sampling.seed += 1;
+  EXPECT_NE(generate({Architecture::AsyncT}, rs), generate({Architecture::AsyncT}, other));
+}
+
+TEST(Engine, StopsAtEosUnlessIgnored) {
+  std::vector<Request> rs = requests(0.0f);
+  auto full = generate({Architecture::Qwen3}, {rs[0]})[0];
+  Request r = rs[0];
+  r.eos_token = full[3];
+  r.ignore_eos = false;
+  Engine e = make_engine({Architecture::Qwen3});
+  e.add_request(r);
+  auto out = e.run_to_completion();
+  const auto first = std::find(full.begin(), full.end(), full[3]) - full.begin();
+  EXPECT_EQ(out[0].finish_reason, "eos");
+  EXPECT_EQ(std::int64_t(out[0].tokens.size()), first + 1);
+}
+
+TEST(Engine, BadRequestsGiveClearErrors) {
+  Engine e = make_engine({Architecture::AsyncT, 4, 16});
+  Request r;
+  expect_error([&] { e.add_request(r); }, "prompt is empty");
+  r.prompt = {1, 256};
+  expect_error([&] { e.add_request(r); }, "token id 256 at prompt position 1 is outside the vocabulary [0, 256)");
+  r.prompt = {1};
+  r.max_tokens = 0;
+  expect_error([&] { e.add_request(r); }, "max_tokens must be >= 1");
+  r.max_tokens = 1024;
+  expect_error([&] { e.add_request(r); }, "over max_model_len 1024");
+  r.max_tokens = 100;  // 101 tokens > 4 blocks x 16
+  expect_error([&] { e.add_request(r); }, "need 7 KV blocks but the cache has 4");
+  r.max_tokens = 4;
+  r.sampling.top_p = 2.0f;
+  expect_error([&] { e.add_request(r); }, "top_p must be in (0, 1]");
+  EXPECT_FALSE(e.has_unfinished());
+}
+
+TEST(BlockManager, GrowsReleasesAndRefuses) {
+  BlockManager m(3, 16);
+  std::vector<int> a, b;
+  m.grow(a, 17);
+  EXPECT_EQ(a.size(), 2u);
+  EXPECT_TRUE(m.can_grow(b, 16));
+  EXPECT_FALSE(m.can_grow(b, 17));
+  expect_error([&] { m.grow(b, 40); }, "out of KV blocks");
+  m.release(a);
+  EXPECT_EQ(m.num_free_blocks(), 3);
+  m.grow(b, 48);
+  EXPECT_EQ(b.size(), 3u);
+}
+
+}  // namespace
+}  // namespace asynct

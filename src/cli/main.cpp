@@ -1,10 +1,11 @@
-// The asynct command line: `generate` (the default job) and `demo`.
+// The asynct command line: `generate` (the default job), `bench` and `demo`.
 #include <cstdio>
 #include <exception>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/attention_demo.h"
+#include "cli/bench.h"
 #include "cli/generate.h"
 #include "core/error.h"
 
@@ -45,9 +46,19 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--eos", gen.eos_token, "stop at this token id (with --no-ignore-eos)");
   gen_cmd->add_flag("!--no-ignore-eos", gen.ignore_eos, "stop at --eos");
 
+  asynct::cli::BenchOptions bench;
+  CLI::App* bench_cmd = app.add_subcommand("bench", "Run the four SPEC scenarios, AsyncT against Qwen3");
+  bench_cmd->add_option("--config", bench.config, "model size")->check(CLI::IsMember({"tiny", "1.7b"}));
+  bench_cmd->add_option("--scale", bench.scale, "divide prompt and output lengths by this")
+      ->check(CLI::Range(1, 1 << 20));
+  bench_cmd->add_option("--scenario", bench.only, "run only this scenario");
+  bench_cmd->add_option("--json", bench.json_path, "where to write the results");
+  bench_cmd->add_option("--seed", bench.seed, "weights and prompts seed");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*demo_cmd) return asynct::cli::run_attention_demo(demo);
+    if (*bench_cmd) return asynct::cli::run_bench(bench);
     return asynct::cli::run_generate(gen);  // also the default job
   } catch (const asynct::Error& e) {
     std::fprintf(stderr, "asynct: error: %s\n", e.what());

@@ -1,0 +1,114 @@
+#include "cli/bench.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "models/cpu_model.h"
+
+namespace asynct::cli {
+namespace {
+
+struct Scenario {
+  const char* name;
+  int requests;
+  int prompt_min, prompt_max;  // prompt lengths, seeded uniform in [min, max]
+  int output;                  // tokens generated per request, EOS ignored
+};
+
+// SPEC §6.
+const Scenario kScenarios[] = {
+    {"long_prefill_b4", 4, 8192, 8192, 1},
+    {"prefill_heavy_b16", 16, 1024, 2048, 8},
+    {"decode_heavy_b32", 32, 256, 256, 512},
+    {"long_decode_b32", 32, 8192, 8192, 256},
+};
+
+struct Run {
+  double seconds = 0;
+  std::int64_t tokens = 0;  // prompt + generated
+  std::int64_t steps = 0;
+};
+
+Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
+  ModelConfig config = o.config == "1.7b" ? reference_1p7b_config(arch) : tiny_config(arch);
+  std::mt19937_64 rng(o.seed);  // the same prompts for both models
+  const int prompt_min = std::max(1, s.prompt_min / o.scale), prompt_max = std::max(1, s.prompt_max / o.scale);
+  const int output = std::max(1, s.output / o.scale);
+  std::vector<Request> requests;
+  int blocks = 0, longest = 0;
+  for (int i = 0; i < s.requests; ++i) {
+    Request r;
+    const int len = std::uniform_int_distribution<int>(prompt_min, prompt_max)(rng);
+    for (int t = 0; t < len; ++t) r.prompt.push_back(std::uniform_int_distribution<int>(0, config.vocab_size - 1)(rng));
+    r.max_tokens = output;
+    r.ignore_eos = true;
+    blocks += (len + output + o.block_size - 1) / o.block_size;
+    longest = std::max(longest, len + output);
+    requests.push_back(std::move(r));
+  }
+  config.max_position_embeddings = std::max(config.max_position_embeddings, longest);
+  EngineOptions eo;
+  eo.max_num_batched_tokens = o.max_batched_tokens;
+  eo.max_model_len = longest;
+  Engine engine(std::make_unique<CpuModelRunner>(random_weights(config, o.seed), blocks, o.block_size),
+                config.vocab_size, eo);
+  Run run;
+  for (Request& r : requests) {
+    run.tokens += std::int64_t(r.prompt.size()) + r.max_tokens;
+    engine.add_request(r);
+  }
+  const auto t0 = std::chrono::steady_clock::now();  // wall time from submission to last token
+  engine.run_to_completion([&](const EngineStats& st) {
+    std::fprintf(stderr, "\r  %-18s %-7s step %5lld, %7lld prefill + %6lld decode tokens", s.name,
+                 arch == Architecture::AsyncT ? "asynct" : "qwen3", static_cast<long long>(st.steps),
+                 static_cast<long long>(st.prefill_tokens), static_cast<long long>(st.decode_tokens));
+  });
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  run.steps = engine.stats().steps;
+  std::fprintf(stderr, "\n");
+  return run;
+}
+
+}  // namespace
+
+int run_bench(const BenchOptions& o) {
+  check(o.config == "tiny" || o.config == "1.7b", "bench: --config must be tiny or 1.7b");
+  check(o.scale >= 1, "bench: --scale must be >= 1");
+  std::printf("asynct bench: %s config, lengths / %d, CPU backend (the CUDA backend is not built yet)\n",
+              o.config.c_str(), o.scale);
+  nlohmann::json results = nlohmann::json::array();
+  std::printf("\n%-18s %10s %10s %10s %12s %12s\n", "scenario", "asynct s", "qwen3 s", "ratio",
+              "asynct tok/s", "qwen3 tok/s");
+  std::vector<std::string> lines;
+  bool ran = false;
+  for (const Scenario& s : kScenarios) {
+    if (!o.only.empty() && o.only != s.name) continue;
+    ran = true;
+    const Run a = run_scenario(s, Architecture::AsyncT, o);
+    const Run q = run_scenario(s, Architecture::Qwen3, o);
+    char line[256];
+    std::snprintf(line, sizeof line, "%-18s %10.3f %10.3f %9.3fx %12.1f %12.1f", s.name, a.seconds, q.seconds,
+                  a.seconds / q.seconds, double(a.tokens) / a.seconds, double(q.tokens) / q.seconds);
+    lines.push_back(line);
+    results.push_back({{"scenario", s.name}, {"asynct_seconds", a.seconds}, {"qwen3_seconds", q.seconds},
+                       {"ratio", a.seconds / q.seconds}, {"tokens", a.tokens}, {"asynct_steps", a.steps},
+                       {"qwen3_steps", q.steps}});
+  }
+  check(ran, "bench: no scenario named '", o.only, "'");
+  for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+  nlohmann::json out = {{"config", o.config}, {"scale", o.scale}, {"backend", "cpu"}, {"results", results}};
+  std::ofstream f(o.json_path);
+  check(bool(f), "bench: cannot write ", o.json_path);
+  f << out.dump(2) << "\n";
+  std::printf("\nwrote %s\n", o.json_path.c_str());
+  return 0;
+}
+
+}  // namespace asynct::cli

@@ -1,0 +1,22 @@
+// `asynct bench`: the four end-to-end scenarios of SPEC §6, AsyncT against Qwen3 on the same
+// engine, with a progress line, a table and a JSON file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace asynct::cli {
+
+struct BenchOptions {
+  std::string config = "tiny";  // tiny or 1.7b
+  int scale = 16;               // divide every prompt and output length by this (CPU runs)
+  std::string only;             // run one scenario by name
+  std::string json_path = "asynct_bench.json";
+  std::uint64_t seed = 0;
+  int block_size = 16;
+  int max_batched_tokens = 8192;
+};
+
+int run_bench(const BenchOptions& options);
+
+}  // namespace asynct::cli

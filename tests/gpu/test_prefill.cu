@@ -1,1 +1,351 @@
 // GPU tests of the prefill kernels against the CPU reference.
+//
+// Each case builds a random batch (bf16-exact inputs), a paged cache with shuffled blocks that
+// holds each sequence's prefix, and the new tokens' K/V as separate arrays. The cache slots of
+// the new tokens start as NaN: a kernel that reads them instead of the input arrays produces
+// NaN, and after the launch the cache must hold exactly the new K/V (bf16). The output is
+// poisoned (NaN) before the launch and compared with asynct::attention (float64 accumulate) by
+// relative Frobenius error, tolerance kTolerance = 2e-2 (bf16 inputs, P rounded to bf16 and a
+// bf16 output land near 1e-3..1e-2); a NaN never passes.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/dtype.h"
+#include "gpu/device_buffer.h"
+#include "kernels/prefill.h"
+#include "reference/attention.h"
+#include "support/attention_case.h"
+#include "support/compare.h"
+#include "support/expect_error.h"
+#include "support/random.h"
+
+namespace asynct {
+namespace {
+
+using testing::AttentionCase;
+using testing::close_to;
+using testing::DeviceBuffer;
+using testing::Random;
+using testing::SequenceLengths;
+
+constexpr double kTolerance = 2e-2;
+
+// The awkward batch: odd lengths, a single query after 299 cached tokens, prefixes that cross
+// 16- and 256-token block boundaries, and a sequence with no new tokens at all.
+const std::vector<SequenceLengths> kAwkward = {{37, 37}, {1, 300}, {64, 129}, {200, 517}, {0, 5}};
+
+// Async gate with random per-head parameters: alpha in [0.5, 2], sigma in [0, 1.5], gamma in
+// [0.5, 1.5].
+Gate random_async_gate(Random& rng, int num_q_heads, int pool_window) {
+  Gate g = Gate::make_async(num_q_heads, pool_window);
+  for (int h = 0; h < num_q_heads; ++h) {
+    g.async.alpha[std::size_t(h)] = rng.uniform({1}, 0.5f, 2.0f).at<float>(0);
+    g.async.sigma[std::size_t(h)] = rng.uniform({1}, 0.0f, 1.5f).at<float>(0);
+    g.async.gamma[std::size_t(h)] = rng.uniform({1}, 0.5f, 1.5f).at<float>(0);
+  }
+  return g;
+}
+
+// The rows of `kv` ([total_kv, Hkv, D], per-sequence contiguous) at the new tokens' positions,
+// packed like the queries: [total_q, Hkv, D].
+Tensor new_tokens(const AttentionCase& c, const Tensor& kv) {
+  const std::int64_t row = std::int64_t(c.num_kv_heads) * c.head_dim;
+  Tensor out = Tensor::empty(DType::F32, {c.cu_seqlens_q.back(), c.num_kv_heads, c.head_dim});
+  for (std::size_t s = 0; s < c.seqs.size(); ++s) {
+    const int prefix = c.seqs[s].kv_len - c.seqs[s].q_len;
+    for (int r = 0; r < c.seqs[s].q_len; ++r)
+      std::copy_n(kv.data_as<float>() + (c.cu_seqlens_k[s] + prefix + r) * row, row,
+                  out.data_as<float>() + (c.cu_seqlens_q[s] + r) * row);
+  }
+  return out;
+}
+
+// Sets the cache rows of every new token (all KV heads) to NaN.
+void garble_new_slots(const AttentionCase& c, const Tensor& block_table, int block_size,
+                      Tensor& cache) {
+  const std::int64_t row = std::int64_t(c.num_kv_heads) * c.head_dim;
+  const std::int64_t max_blocks = block_table.size(1);
+  for (std::size_t s = 0; s < c.seqs.size(); ++s) {
+    for (int pos = c.seqs[s].kv_len - c.seqs[s].q_len; pos < c.seqs[s].kv_len; ++pos) {
+      const int phys =
+          block_table.data_as<std::int32_t>()[std::int64_t(s) * max_blocks + pos / block_size];
+      std::fill_n(cache.data_as<float>() + (std::int64_t(phys) * block_size + pos % block_size) * row,
+                  row, std::numeric_limits<float>::quiet_NaN());
+    }
+  }
+}
+
+// Fast float32 <-> bf16 conversions of whole tensors (Tensor::to goes element by element
+// through double, which dominates these tests' run time on large caches).
+Tensor to_bf16(const Tensor& f32) {
+  Tensor out = Tensor::empty(DType::BF16, f32.shape());
+  const float* src = f32.data_as<float>();
+  auto* dst = static_cast<std::uint16_t*>(out.data());
+  for (std::int64_t i = 0; i < f32.numel(); ++i) dst[i] = float_to_bf16(src[i]);
+  return out;
+}
+std::vector<float> bf16_values(const Tensor& bf16) {
+  std::vector<float> out(std::size_t(bf16.numel()));
+  const auto* src = static_cast<const std::uint16_t*>(bf16.data());
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(src[i]);
+  return out;
+}
+std::vector<float> f32_values(const Tensor& f32) {
+  const float* src = f32.data_as<float>();
+  return std::vector<float>(src, src + f32.numel());
+}
+
+// Bit-exact equality of two bf16 tensors.
+::testing::AssertionResult same_bits(const Tensor& got, const Tensor& want) {
+  if (got.numel() != want.numel()) return ::testing::AssertionFailure() << "sizes differ";
+  const auto* a = static_cast<const std::uint16_t*>(got.data());
+  const auto* b = static_cast<const std::uint16_t*>(want.data());
+  std::int64_t bad = 0, first = -1;
+  for (std::int64_t i = 0; i < got.numel(); ++i)
+    if (a[i] != b[i] && bad++ == 0) first = i;
+  if (bad)
+    return ::testing::AssertionFailure()
+           << bad << " of " << got.numel() << " cache values differ, the first at " << first
+           << " (got " << bf16_to_float(a[first]) << ", want " << bf16_to_float(b[first]) << ")";
+  return ::testing::AssertionSuccess();
+}
+
+// The gate's device arrays and the GateArgs that point at them.
+struct DeviceGate {
+  std::vector<DeviceBuffer> buffers;
+  kernels::GateArgs args;
+
+  explicit DeviceGate(const Gate& gate) {
+    args.kind = gate.kind;
+    if (gate.kind == GateKind::Async) {
+      const std::int64_t hq = std::int64_t(gate.async.alpha.size());
+      for (const std::vector<float>* v : {&gate.async.alpha, &gate.async.sigma, &gate.async.gamma})
+        buffers.push_back(DeviceBuffer::upload(Tensor::from_vector(*v, {hq}), DType::F32));
+      args.alpha = buffers[0].as<float>();
+      args.sigma = buffers[1].as<float>();
+      args.gamma = buffers[2].as<float>();
+      args.pool_window = gate.async.pool_window;
+    } else {
+      args.softcap = gate.softmax.softcap;
+    }
+  }
+};
+
+// Runs launch_prefill on `c` (prefixes in a paged cache of `block_size`, new tokens from the
+// input arrays) and checks the output against `reference` and the cache's new K/V rows.
+void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& reference,
+                   int block_size, Random& rng, float scale = 0.0f) {
+  SCOPED_TRACE("block_size " + std::to_string(block_size));
+  AttentionCase::Paged paged = c.paged(rng, block_size);
+  Tensor start_k = Tensor::from_vector(f32_values(paged.key_cache), paged.key_cache.shape());
+  Tensor start_v = Tensor::from_vector(f32_values(paged.value_cache), paged.value_cache.shape());
+  garble_new_slots(c, paged.block_table, block_size, start_k);
+  garble_new_slots(c, paged.block_table, block_size, start_v);
+
+  const int num_seqs = int(c.seqs.size());
+  DeviceBuffer query = DeviceBuffer::upload(to_bf16(c.query), DType::BF16);
+  DeviceBuffer key = DeviceBuffer::upload(to_bf16(new_tokens(c, c.key)), DType::BF16);
+  DeviceBuffer value = DeviceBuffer::upload(to_bf16(new_tokens(c, c.value)), DType::BF16);
+  DeviceBuffer out(DType::BF16, c.query.shape());
+  out.poison();
+  DeviceBuffer key_cache = DeviceBuffer::upload(to_bf16(start_k), DType::BF16);
+  DeviceBuffer value_cache = DeviceBuffer::upload(to_bf16(start_v), DType::BF16);
+  DeviceBuffer table = DeviceBuffer::upload(paged.block_table, DType::I32);
+  DeviceBuffer cu_seqlens =
+      DeviceBuffer::upload(Tensor::from_vector(c.cu_seqlens_q, {num_seqs + 1}), DType::I32);
+  DeviceBuffer kv_lens = DeviceBuffer::upload(Tensor::from_vector(c.kv_lens, {num_seqs}), DType::I32);
+  DeviceGate device_gate(gate);
+
+  kernels::PrefillParams p;
+  p.query = query.as<kernels::bf16>();
+  p.key = key.as<kernels::bf16>();
+  p.value = value.as<kernels::bf16>();
+  p.out = out.as<kernels::bf16>();
+  p.cu_seqlens_q = cu_seqlens.as<std::int32_t>();
+  p.kv_lens = kv_lens.as<std::int32_t>();
+  p.num_seqs = num_seqs;
+  p.total_q = c.cu_seqlens_q.back();
+  for (const SequenceLengths& s : c.seqs) {
+    p.max_q_len = std::max(p.max_q_len, s.q_len);
+    p.max_kv_len = std::max(p.max_kv_len, s.kv_len);
+  }
+  p.num_q_heads = c.num_q_heads;
+  p.scale = scale;
+  p.kv.key_cache = key_cache.as<kernels::bf16>();
+  p.kv.value_cache = value_cache.as<kernels::bf16>();
+  p.kv.block_table = table.as<std::int32_t>();
+  p.kv.max_blocks_per_seq = int(paged.block_table.size(1));
+  p.kv.num_blocks = int(paged.key_cache.size(0));
+  p.kv.block_size = block_size;
+  p.kv.num_kv_heads = c.num_kv_heads;
+  p.kv.head_dim = c.head_dim;
+  p.gate = device_gate.args;
+
+  kernels::launch_prefill(p, nullptr);
+  testing::check_launch("launch_prefill");
+
+  EXPECT_TRUE(close_to(bf16_values(out.download()), f32_values(reference), kTolerance))
+      << "output";
+  // Every slot of the cache: the prefix and unused slots untouched, the new tokens written.
+  EXPECT_TRUE(same_bits(key_cache.download(), to_bf16(paged.key_cache))) << "key cache";
+  EXPECT_TRUE(same_bits(value_cache.download(), to_bf16(paged.value_cache))) << "value cache";
+}
+
+Tensor reference_output(const AttentionCase& c, const Gate& gate, float scale = 0.0f) {
+  AttentionBatch batch = c.batch();
+  batch.scale = scale;
+  return attention(batch, gate);
+}
+
+// ---- Small cases (run under compute-sanitizer) ---------------------------------------------
+
+TEST(PrefillSmall, AsyncGqaPagedHeadDim64) {
+  testing::require_gpu();
+  Random rng(11);
+  AttentionCase c(rng, {{5, 5}, {3, 20}, {1, 17}, {0, 3}}, 2, 1, 64, /*bf16_exact=*/true);
+  Gate gate = random_async_gate(rng, 2, 3);
+  run_and_check(c, gate, reference_output(c, gate), 16, rng);
+}
+
+TEST(PrefillSmall, SoftmaxPagedHeadDim128) {
+  testing::require_gpu();
+  Random rng(12);
+  AttentionCase c(rng, {{7, 7}, {2, 33}, {17, 40}}, 2, 2, 128, /*bf16_exact=*/true);
+  Gate gate = Gate::make_softmax();
+  run_and_check(c, gate, reference_output(c, gate), 16, rng);
+}
+
+// ---- Async gate ----------------------------------------------------------------------------
+
+TEST(Prefill, AsyncAwkwardLengthsGqaWindows1To3) {
+  testing::require_gpu();
+  Random rng(21);
+  AttentionCase c(rng, kAwkward, 8, 2, 128, /*bf16_exact=*/true);
+  for (int window : {1, 2, 3}) {
+    SCOPED_TRACE("pool window " + std::to_string(window));
+    Gate gate = random_async_gate(rng, 8, window);
+    Tensor reference = reference_output(c, gate);
+    run_and_check(c, gate, reference, 16, rng);
+    if (window == 3)
+      for (int block_size : {64, 256}) run_and_check(c, gate, reference, block_size, rng);
+  }
+}
+
+TEST(Prefill, AsyncAwkwardLengthsMhaLargeWindows) {
+  testing::require_gpu();
+  Random rng(22);
+  AttentionCase c(rng, kAwkward, 4, 4, 128, /*bf16_exact=*/true);
+  for (int window : {3, 4, 5, 8}) {  // 4..8 take the kernel's runtime-window path
+    SCOPED_TRACE("pool window " + std::to_string(window));
+    Gate gate = random_async_gate(rng, 4, window);
+    run_and_check(c, gate, reference_output(c, gate), 32, rng);
+  }
+}
+
+TEST(Prefill, AsyncHeadDims64And256) {
+  testing::require_gpu();
+  for (int dim : {64, 256}) {
+    SCOPED_TRACE("head_dim " + std::to_string(dim));
+    Random rng(23 + dim);
+    AttentionCase c(rng, kAwkward, 8, 2, dim, /*bf16_exact=*/true);
+    Gate gate = random_async_gate(rng, 8, 3);
+    run_and_check(c, gate, reference_output(c, gate), dim == 64 ? 16 : 256, rng);
+  }
+}
+
+TEST(Prefill, AsyncLongSequencesWithExplicitScale) {
+  testing::require_gpu();
+  Random rng(24);
+  AttentionCase c(rng, {{1000, 1000}, {300, 1333}, {129, 129}}, 4, 2, 128, /*bf16_exact=*/true);
+  Gate gate = random_async_gate(rng, 4, 2);
+  const float scale = 0.06f;
+  run_and_check(c, gate, reference_output(c, gate, scale), 128, rng, scale);
+}
+
+// ---- Softmax gate --------------------------------------------------------------------------
+
+TEST(Prefill, SoftmaxAwkwardLengthsGqaWithAndWithoutSoftcap) {
+  testing::require_gpu();
+  Random rng(31);
+  AttentionCase c(rng, kAwkward, 8, 2, 128, /*bf16_exact=*/true);
+  for (float softcap : {0.0f, 1.5f}) {
+    SCOPED_TRACE("softcap " + std::to_string(softcap));
+    Gate gate = Gate::make_softmax(softcap);
+    Tensor reference = reference_output(c, gate);
+    for (int block_size : {16, 256}) run_and_check(c, gate, reference, block_size, rng);
+  }
+}
+
+TEST(Prefill, SoftmaxMhaAndHeadDims64And256) {
+  testing::require_gpu();
+  for (int dim : {64, 128, 256}) {
+    SCOPED_TRACE("head_dim " + std::to_string(dim));
+    Random rng(32 + dim);
+    AttentionCase c(rng, kAwkward, 4, 4, dim, /*bf16_exact=*/true);
+    Gate gate = Gate::make_softmax(dim == 256 ? 20.0f : 0.0f);
+    run_and_check(c, gate, reference_output(c, gate), dim == 128 ? 32 : dim == 64 ? 256 : 16,
+                  rng);
+  }
+}
+
+TEST(Prefill, SoftmaxLongSequences) {
+  testing::require_gpu();
+  Random rng(33);
+  AttentionCase c(rng, {{1000, 1000}, {300, 1333}, {129, 129}}, 4, 2, 128, /*bf16_exact=*/true);
+  Gate gate = Gate::make_softmax();
+  run_and_check(c, gate, reference_output(c, gate), 64, rng);
+}
+
+// ---- Bad arguments -------------------------------------------------------------------------
+
+TEST(Prefill, RejectsBadArguments) {
+  testing::require_gpu();
+  DeviceBuffer dummy(DType::BF16, {1024});
+  DeviceBuffer ints(DType::I32, {16});
+  DeviceBuffer floats(DType::F32, {16});
+  auto valid = [&] {
+    kernels::PrefillParams p;
+    p.query = p.key = p.value = p.out = dummy.as<kernels::bf16>();
+    p.cu_seqlens_q = p.kv_lens = ints.as<std::int32_t>();
+    p.num_seqs = 1;
+    p.total_q = 4;
+    p.max_q_len = 4;
+    p.max_kv_len = 4;
+    p.num_q_heads = 2;
+    p.kv.key_cache = p.kv.value_cache = dummy.as<kernels::bf16>();
+    p.kv.block_table = ints.as<std::int32_t>();
+    p.kv.max_blocks_per_seq = 1;
+    p.kv.num_blocks = 1;
+    p.kv.block_size = 16;
+    p.kv.num_kv_heads = 1;
+    p.kv.head_dim = 64;
+    p.gate.kind = GateKind::Async;
+    p.gate.alpha = p.gate.sigma = p.gate.gamma = floats.as<float>();
+    p.gate.pool_window = 3;
+    return p;
+  };
+  kernels::PrefillParams p = valid();
+  p.kv.block_size = 24;
+  testing::expect_error([&] { kernels::launch_prefill(p, nullptr); }, "block_size");
+  p = valid();
+  p.kv.head_dim = 96;
+  testing::expect_error([&] { kernels::launch_prefill(p, nullptr); }, "head_dim");
+  p = valid();
+  p.num_q_heads = 3;
+  p.kv.num_kv_heads = 2;
+  testing::expect_error([&] { kernels::launch_prefill(p, nullptr); }, "multiple");
+  p = valid();
+  p.gate.pool_window = 9;
+  testing::expect_error([&] { kernels::launch_prefill(p, nullptr); }, "pool window");
+  p = valid();
+  p.max_kv_len = 17;  // one block of 16 tokens
+  testing::expect_error([&] { kernels::launch_prefill(p, nullptr); }, "max_kv_len");
+}
+
+}  // namespace
+}  // namespace asynct

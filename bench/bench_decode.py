@@ -4,13 +4,11 @@ Q/K/V, alpha=sigma=gamma=1, W=3. Effective bandwidth = dense K+V bytes / time.
 
 Usage: python3 bench/bench_decode.py --lib BUILD_DIR --out OUT_DIR [--block-size 16]
 """
-import argparse
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import ceilings, median_ms, rel_err, use_library, write_json
+from common import ceilings, median_ms, parse_args, rel_err, write_json
 
 SHAPES = [(1, 131072), (4, 32768), (32, 1024), (32, 4096), (32, 16384)]
 HQ, HKV, D = 16, 8, 128
@@ -29,12 +27,7 @@ def sdpa_time(q, k, v, backend):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--lib", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--block-size", type=int, default=16)
-    args = parser.parse_args()
-    use_library(args.lib)
+    args = parse_args(__doc__, block_size=True)
     import asynct
 
     copy_tb_s = ceilings(args.out)["copy_tb_per_s"]

@@ -3,22 +3,16 @@ once, outputs written once) against the copy ceiling. UClipNorm (clip 1.0).
 
 Usage: python3 bench/bench_norms.py --lib BUILD_DIR --out OUT_DIR
 """
-import argparse
-
 import torch
 
-from common import ceilings, median_ms, use_library, write_json
+from common import ceilings, median_ms, parse_args, write_json
 
 HIDDEN = 2048
 TOKENS = [1, 16, 128, 1024, 2048, 4096, 8192, 16384]
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--lib", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    use_library(args.lib)
+    args = parse_args(__doc__)
     import asynct
 
     copy_tb_s = ceilings(args.out)["copy_tb_per_s"]

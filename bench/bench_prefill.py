@@ -4,13 +4,11 @@ Hkv=8, D=128, bf16, standard-normal Q/K/V, alpha=sigma=gamma=1, W=3.
 
 Usage: python3 bench/bench_prefill.py --lib BUILD_DIR --out OUT_DIR [--block-size 16]
 """
-import argparse
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import ceilings, median_ms, rel_err, use_library, write_json
+from common import ceilings, median_ms, parse_args, rel_err, write_json
 
 SHAPES = [(16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]
 HQ, HKV, D = 16, 8, 128
@@ -22,12 +20,7 @@ def sdpa(q, k, v, backend, causal):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--lib", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--block-size", type=int, default=16)
-    args = parser.parse_args()
-    use_library(args.lib)
+    args = parse_args(__doc__, block_size=True)
     import asynct
 
     matmul_tflops = ceilings(args.out)["bf16_matmul_tflops"]

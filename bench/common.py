@@ -1,4 +1,5 @@
 """Shared pieces of the benchmarks: timing with CUDA events, the ceilings, the library path."""
+import argparse
 import json
 import os
 import sys
@@ -45,3 +46,15 @@ def rel_err(a, b):
 def write_json(out_dir, name, payload):
     with open(os.path.join(out_dir, name), "w") as f:
         json.dump(payload, f, indent=2)
+
+
+def parse_args(doc, block_size=False):
+    """The arguments every kernel benchmark takes; also points python/asynct at --lib."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--lib", required=True, help="build directory holding lib/libasynct.so")
+    parser.add_argument("--out", required=True, help="output folder (holds ceilings.json)")
+    if block_size:
+        parser.add_argument("--block-size", type=int, default=16)
+    args = parser.parse_args()
+    use_library(args.lib)
+    return args

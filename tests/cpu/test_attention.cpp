@@ -19,20 +19,11 @@ using testing::AttentionCase;
 using testing::close_to;
 using testing::expect_error;
 using testing::Random;
+using testing::random_async_gate;
 
 // Awkward lengths: odd, crossing 16- and 256-token blocks, a decode (q_len 1), a prefix.
 const std::vector<testing::SequenceLengths> kMixedBatch = {
     {37, 37}, {1, 300}, {5, 17}, {64, 129}, {0, 3}};
-
-Gate random_async_gate(Random& rng, int hq, int window) {
-  Gate g = Gate::make_async(hq, window);
-  for (int h = 0; h < hq; ++h) {
-    g.async.alpha[std::size_t(h)] = rng.uniform({1}, 0.5f, 2.0f).data_as<float>()[0];
-    g.async.sigma[std::size_t(h)] = rng.uniform({1}, 0.0f, 1.5f).data_as<float>()[0];
-    g.async.gamma[std::size_t(h)] = rng.uniform({1}, 0.5f, 1.5f).data_as<float>()[0];
-  }
-  return g;
-}
 
 std::vector<Gate> gates_under_test(Random& rng, int hq) {
   return {random_async_gate(rng, hq, 3), random_async_gate(rng, hq, 1),

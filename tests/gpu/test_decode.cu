@@ -15,18 +15,9 @@ using testing::AttentionCase;
 using testing::close_to;
 using testing::DeviceBuffer;
 using testing::Random;
+using testing::random_async_gate;
 
 constexpr double kTolerance = 2e-2;
-
-Gate random_async_gate(Random& rng, int hq, int window) {
-  Gate g = Gate::make_async(hq, window);
-  for (int h = 0; h < hq; ++h) {
-    g.async.alpha[std::size_t(h)] = rng.uniform({1}, 0.5f, 2.0f).at<float>(0);
-    g.async.sigma[std::size_t(h)] = rng.uniform({1}, 0.0f, 1.5f).at<float>(0);
-    g.async.gamma[std::size_t(h)] = rng.uniform({1}, 0.5f, 1.5f).at<float>(0);
-  }
-  return g;
-}
 
 struct DecodeRun {
   Tensor out;

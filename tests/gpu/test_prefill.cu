@@ -31,6 +31,7 @@ using testing::AttentionCase;
 using testing::close_to;
 using testing::DeviceBuffer;
 using testing::Random;
+using testing::random_async_gate;
 using testing::SequenceLengths;
 
 constexpr double kTolerance = 2e-2;
@@ -38,18 +39,6 @@ constexpr double kTolerance = 2e-2;
 // The awkward batch: odd lengths, a single query after 299 cached tokens, prefixes that cross
 // 16- and 256-token block boundaries, and a sequence with no new tokens at all.
 const std::vector<SequenceLengths> kAwkward = {{37, 37}, {1, 300}, {64, 129}, {200, 517}, {0, 5}};
-
-// Async gate with random per-head parameters: alpha in [0.5, 2], sigma in [0, 1.5], gamma in
-// [0.5, 1.5].
-Gate random_async_gate(Random& rng, int num_q_heads, int pool_window) {
-  Gate g = Gate::make_async(num_q_heads, pool_window);
-  for (int h = 0; h < num_q_heads; ++h) {
-    g.async.alpha[std::size_t(h)] = rng.uniform({1}, 0.5f, 2.0f).at<float>(0);
-    g.async.sigma[std::size_t(h)] = rng.uniform({1}, 0.0f, 1.5f).at<float>(0);
-    g.async.gamma[std::size_t(h)] = rng.uniform({1}, 0.5f, 1.5f).at<float>(0);
-  }
-  return g;
-}
 
 // The rows of `kv` ([total_kv, Hkv, D], per-sequence contiguous) at the new tokens' positions,
 // packed like the queries: [total_q, Hkv, D].

@@ -9,6 +9,18 @@
 
 namespace asynct::testing {
 
+// Async gate with random per-head parameters: alpha in [0.5, 2], sigma in [0, 1.5], gamma in
+// [0.5, 1.5] (the range the tests cover).
+inline Gate random_async_gate(Random& rng, int num_q_heads, int pool_window) {
+  Gate g = Gate::make_async(num_q_heads, pool_window);
+  for (int h = 0; h < num_q_heads; ++h) {
+    g.async.alpha[std::size_t(h)] = rng.uniform({1}, 0.5f, 2.0f).at<float>(0);
+    g.async.sigma[std::size_t(h)] = rng.uniform({1}, 0.0f, 1.5f).at<float>(0);
+    g.async.gamma[std::size_t(h)] = rng.uniform({1}, 0.5f, 1.5f).at<float>(0);
+  }
+  return g;
+}
+
 struct SequenceLengths {
   int q_len;
   int kv_len;

@@ -30,6 +30,10 @@ timeout 300 build/gpu/tests/asynct_gpu_tests --gtest_filter="${GPU_TEST_FILTER:-
   >"$out/gpu_tests.log" 2>&1 || status=1
 grep -E "^\[  (PASSED|FAILED) |tests ran|Failure" "$out/gpu_tests.log" | head -40
 
+echo "== engine against PyTorch (HF Qwen3, the AsyncT reference) =="
+ctest --test-dir build/gpu -L torch --output-on-failure >"$out/torch_tests.log" 2>&1 || status=1
+tail -2 "$out/torch_tests.log"
+
 echo "== compute-sanitizer (memcheck, small cases) =="
 if command -v compute-sanitizer >/dev/null; then
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/asynct_gpu_tests \

@@ -2,6 +2,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/engine.h"
@@ -49,6 +52,7 @@ int run_generate(const GenerateOptions& o) {
   EngineOptions engine_options;
   engine_options.max_num_batched_tokens = o.max_batched_tokens;
   engine_options.max_model_len = config.max_position_embeddings;
+  engine_options.record_first_logits = !o.logits_path.empty();
   Engine engine(std::make_unique<CpuModelRunner>(std::move(weights), num_blocks, o.block_size),
                 config.vocab_size, engine_options);
 
@@ -73,6 +77,13 @@ int run_generate(const GenerateOptions& o) {
     for (std::size_t t = 0; t < outputs[i].tokens.size(); ++t)
       std::printf("%s%d", t ? "," : "", outputs[i].tokens[t]);
     std::printf("  (%s)\n", outputs[i].finish_reason.c_str());
+  }
+  if (!o.logits_path.empty()) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const RequestOutput& out : outputs) j.push_back({{"tokens", out.tokens}, {"first_logits", out.first_logits}});
+    std::ofstream f(o.logits_path);
+    check(bool(f), "cannot write ", o.logits_path);
+    f << j.dump() << "\n";
   }
   const EngineStats& s = engine.stats();
   std::printf("%lld steps, %lld prefill + %lld decode tokens in %.3f s (%.1f tokens/s), %lld preemptions\n",

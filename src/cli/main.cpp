@@ -8,6 +8,7 @@
 #include "cli/bench.h"
 #include "cli/generate.h"
 #include "core/error.h"
+#include "models/weights.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"asynct: inference for AsyncT and Qwen3 language models"};
@@ -45,6 +46,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   gen_cmd->add_option("--eos", gen.eos_token, "stop at this token id (with --no-ignore-eos)");
   gen_cmd->add_flag("!--no-ignore-eos", gen.ignore_eos, "stop at --eos");
+  gen_cmd->add_option("--logits", gen.logits_path, "write the tokens and each request's first-token logits as JSON");
+
+  std::string init_arch = "asynct", init_size = "tiny", init_out;
+  std::uint64_t init_seed = 0;
+  CLI::App* init_cmd = app.add_subcommand("init-checkpoint", "Write a checkpoint with random weights");
+  init_cmd->add_option("--arch", init_arch, "asynct or qwen3")->check(CLI::IsMember({"asynct", "qwen3"}));
+  init_cmd->add_option("--config", init_size, "tiny or 1.7b")->check(CLI::IsMember({"tiny", "1.7b"}));
+  init_cmd->add_option("--seed", init_seed, "weights seed");
+  init_cmd->add_option("--out", init_out, "checkpoint directory to create")->required();
 
   asynct::cli::BenchOptions bench;
   CLI::App* bench_cmd = app.add_subcommand("bench", "Run the four SPEC scenarios, AsyncT against Qwen3");
@@ -59,6 +69,15 @@ int main(int argc, char** argv) {
   try {
     if (*demo_cmd) return asynct::cli::run_attention_demo(demo);
     if (*bench_cmd) return asynct::cli::run_bench(bench);
+    if (*init_cmd) {
+      const auto arch = init_arch == "qwen3" ? asynct::Architecture::Qwen3 : asynct::Architecture::AsyncT;
+      const auto config = init_size == "1.7b" ? asynct::reference_1p7b_config(arch) : asynct::tiny_config(arch);
+      std::printf("writing %s %s (%lld parameters, random, seed %llu) to %s\n", init_size.c_str(),
+                  config.architecture_name().c_str(), static_cast<long long>(config.parameter_count()),
+                  static_cast<unsigned long long>(init_seed), init_out.c_str());
+      asynct::save_checkpoint(asynct::random_weights(config, init_seed), init_out);
+      return 0;
+    }
     return asynct::cli::run_generate(gen);  // also the default job
   } catch (const asynct::Error& e) {
     std::fprintf(stderr, "asynct: error: %s\n", e.what());

@@ -133,6 +133,7 @@ std::vector<RequestOutput> Engine::step() {
     if (sample_row[i] < 0) continue;
     const float* row = logits.data_as<float>() + std::int64_t(sample_row[i]) * vocab_size_;
     const std::vector<float> values(row, row + vocab_size_);
+    if (options_.record_first_logits && seq.num_generated == 0) seq.first_logits = values;
     seq.tokens.push_back(sample_token(values, seq.request.sampling, std::uint64_t(seq.num_generated)));
     ++seq.num_generated;
     std::string reason;
@@ -142,6 +143,7 @@ std::vector<RequestOutput> Engine::step() {
       o.tokens.assign(seq.tokens.begin() + std::ptrdiff_t(seq.request.prompt.size()), seq.tokens.end());
       o.finish_reason = reason;
       o.preemptions = seq.preemptions;
+      o.first_logits = std::move(seq.first_logits);
       done.push_back(std::move(o));
       blocks_.release(seq.block_table);
       auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == &seq; });

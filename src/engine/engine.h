@@ -20,6 +20,7 @@ struct EngineOptions {
   int max_num_seqs = 64;             // sequences in one step
   int max_num_batched_tokens = 2048;  // new tokens in one step (the chunked-prefill budget)
   int max_model_len = 4096;          // prompt + output tokens of one request
+  bool record_first_logits = false;  // keep the logits each request's first token came from
 };
 
 struct Request {
@@ -35,6 +36,7 @@ struct RequestOutput {
   std::vector<std::int32_t> tokens;  // generated tokens
   std::string finish_reason;         // "length" or "eos"
   int preemptions = 0;
+  std::vector<float> first_logits;   // with EngineOptions::record_first_logits
 };
 
 struct EngineStats {
@@ -64,6 +66,7 @@ class Engine {
     int num_computed = 0;              // tokens whose K/V are in the cache
     std::vector<int> block_table;
     int preemptions = 0;
+    std::vector<float> first_logits;
   };
   struct Scheduled {
     Sequence* seq;

@@ -94,9 +94,12 @@ TEST(Safetensors, MalformedFilesGiveClearErrors) {
 }
 
 TEST(Checkpoint, SavedModelLoadsBackAndGeneratesTheSame) {
-  for (Architecture arch : {Architecture::AsyncT, Architecture::Qwen3}) {
+  for (auto [arch, tied] : {std::pair{Architecture::AsyncT, false}, std::pair{Architecture::Qwen3, false},
+                             std::pair{Architecture::AsyncT, true}}) {
     TempDir dir;
-    ModelWeights w = random_weights(tiny_config(arch), 3);
+    ModelConfig config = tiny_config(arch);
+    config.tie_word_embeddings = tied;
+    ModelWeights w = random_weights(config, 3);
     save_checkpoint(w, dir.path().string());
     ModelWeights loaded = load_weights(dir.path().string());
     EXPECT_EQ(loaded.config.architecture, arch);

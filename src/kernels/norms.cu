@@ -304,7 +304,7 @@ constexpr int kMaxHeadDim = 256;
 
 struct QkParams {
   bf16* q;
-  const bf16* k;
+  bf16* k;
   const bf16* v;
   const bf16* q_weight;
   const bf16* k_weight;
@@ -383,6 +383,7 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   if (is_q) {
     store8(p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
   } else {
+    store8(p.k + (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane, x);
     const std::int64_t offset = (slot * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
     store8(p.key_cache + offset, x);
     store_bf16x8(p.value_cache + offset, value);

@@ -33,14 +33,17 @@ void launch_post_attn_pre_mlp(const bf16* attn_out, bf16* residual, const bf16* 
 
 // Per-head q/k norm, neox RoPE at each token's position, and the KV-cache write:
 //   q[t, h]            = rope(norm(q[t, h], q_weight), positions[t])      (in place)
-//   key_cache[slot]    = rope(norm(k[t, h], k_weight), positions[t])
+//   k[t, h]            = rope(norm(k[t, h], k_weight), positions[t])      (in place)
+//   key_cache[slot]    = k[t, h]
 //   value_cache[slot]  = v[t, h]
+// k is rewritten too so that the prefill kernel can read the new keys from it; a token whose
+// slot is negative is skipped entirely (its k stays as it was).
 // q: [tokens, num_q_heads, head_dim]; k, v: [tokens, num_kv_heads, head_dim];
 // slot_mapping[t] = block * block_size + offset (negative: skip the cache write);
 // key_cache/value_cache: [num_blocks, block_size, num_kv_heads, head_dim].
 struct QkNormRopeArgs {
   bf16* q = nullptr;
-  const bf16* k = nullptr;
+  bf16* k = nullptr;
   const bf16* v = nullptr;
   const bf16* q_weight = nullptr;
   const bf16* k_weight = nullptr;

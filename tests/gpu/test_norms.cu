@@ -182,6 +182,7 @@ struct QkResult {
   std::vector<float> q, ref_q;                // [tokens, Hq, D]
   std::vector<float> key_cache, value_cache;  // downloaded, [num_blocks, block_size, Hkv, D]
   std::vector<float> ref_k, v;                // [tokens, Hkv, D]
+  std::vector<float> k;                       // k after the kernel (rewritten in place)
 };
 
 QkResult run_qk(const QkCase& c, std::uint64_t seed) {
@@ -227,7 +228,7 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed) {
 
   return {dq.download_float().to_float_vector(), ref.q.to_float_vector(),
           dkc.download_float().to_float_vector(), dvc.download_float().to_float_vector(),
-          ref.k.to_float_vector(), v.to_float_vector()};
+          ref.k.to_float_vector(), v.to_float_vector(), dk.download_float().to_float_vector()};
 }
 
 // Shuffled distinct slots out of num_blocks * block_size, with token `skipped` set to -1.
@@ -270,6 +271,16 @@ void check_qk(const QkCase& c, std::uint64_t seed) {
     }
   }
   EXPECT_EQ(untouched_written, 0) << "cache entries written outside the mapped slots";
+  // k in place: the written tokens hold rope(norm(k)), the skipped token its input.
+  std::vector<float> k_in_place, k_expected;
+  for (int t = 0; t < c.tokens; ++t) {
+    if (c.slots[std::size_t(t)] < 0) continue;
+    for (std::int64_t i = 0; i < row; ++i) {
+      k_in_place.push_back(r.k[std::size_t(t * row + i)]);
+      k_expected.push_back(r.ref_k[std::size_t(t * row + i)]);
+    }
+  }
+  EXPECT_TRUE(close_to(k_in_place, k_expected, kTolerance)) << "k rewritten in place";
   EXPECT_TRUE(close_to(k_out, k_ref, kTolerance)) << "key_cache";
   EXPECT_TRUE(close_to(v_out, v_ref, 0.0)) << "value_cache";
 }
@@ -385,7 +396,7 @@ TEST(NormKernel, SmallBadArgumentsThrow) {
 
   kernels::QkNormRopeArgs qk;
   qk.q = po;
-  qk.k = px;
+  qk.k = po;
   qk.v = px;
   qk.q_weight = pw;
   qk.k_weight = pw;

@@ -47,4 +47,9 @@ echo "== benchmarks =="
 for name in ${BENCHES:-$(ls bench/bench_*.py | sed 's|bench/bench_||; s|\.py$||')}; do
   PYTHONUNBUFFERED=1 python3 "bench/bench_$name.py" --lib "$PWD/build/gpu" --out "$out" || status=1
 done
+# The four end-to-end scenarios at the 1.7B configuration (SCENARIOS=0 skips them).
+if [ "${SCENARIOS:-1}" != 0 ]; then
+  timeout 900 build/gpu/src/asynct bench --config 1.7b --scale 1 --device cuda --json "$out/scenarios.json" \
+    2>"$out/scenarios.log" || status=1
+fi
 exit $status

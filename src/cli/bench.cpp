@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -10,7 +11,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
-#include "models/cpu_model.h"
+#include "cli/runner.h"
 
 namespace asynct::cli {
 namespace {
@@ -36,8 +37,23 @@ struct Run {
   std::int64_t steps = 0;
 };
 
+// Random weights are made once per model and shared by the scenarios (tensors share storage).
+const ModelWeights& weights_for(Architecture arch, const BenchOptions& o) {
+  static std::map<Architecture, ModelWeights> made;
+  auto it = made.find(arch);
+  if (it == made.end()) {
+    ModelConfig config = o.config == "1.7b" ? reference_1p7b_config(arch) : tiny_config(arch);
+    config.max_position_embeddings = std::max(config.max_position_embeddings, 16384);
+    std::fprintf(stderr, "  making random %s weights (%lld parameters)\n", config.architecture_name().c_str(),
+                 static_cast<long long>(config.parameter_count()));
+    it = made.emplace(arch, random_weights(config, o.seed)).first;
+  }
+  return it->second;
+}
+
 Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
-  ModelConfig config = o.config == "1.7b" ? reference_1p7b_config(arch) : tiny_config(arch);
+  const ModelWeights& weights = weights_for(arch, o);
+  const ModelConfig& config = weights.config;
   std::mt19937_64 rng(o.seed);  // the same prompts for both models
   const int prompt_min = std::max(1, s.prompt_min / o.scale), prompt_max = std::max(1, s.prompt_max / o.scale);
   const int output = std::max(1, s.output / o.scale);
@@ -53,11 +69,12 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
     longest = std::max(longest, len + output);
     requests.push_back(std::move(r));
   }
-  config.max_position_embeddings = std::max(config.max_position_embeddings, longest);
+  check(longest <= config.max_position_embeddings, "bench: ", s.name, " needs ", longest, " positions");
   EngineOptions eo;
   eo.max_num_batched_tokens = o.max_batched_tokens;
   eo.max_model_len = longest;
-  Engine engine(std::make_unique<CpuModelRunner>(random_weights(config, o.seed), blocks, o.block_size),
+  std::string backend;
+  Engine engine(make_runner(weights, o.device, blocks, o.block_size, o.max_batched_tokens, &backend),
                 config.vocab_size, eo);
   Run run;
   for (Request& r : requests) {
@@ -81,8 +98,7 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
 int run_bench(const BenchOptions& o) {
   check(o.config == "tiny" || o.config == "1.7b", "bench: --config must be tiny or 1.7b");
   check(o.scale >= 1, "bench: --scale must be >= 1");
-  std::printf("asynct bench: %s config, lengths / %d, CPU backend (the CUDA backend is not built yet)\n",
-              o.config.c_str(), o.scale);
+  std::printf("asynct bench: %s config, lengths / %d, device %s\n", o.config.c_str(), o.scale, o.device.c_str());
   nlohmann::json results = nlohmann::json::array();
   std::printf("\n%-18s %10s %10s %10s %12s %12s\n", "scenario", "asynct s", "qwen3 s", "ratio",
               "asynct tok/s", "qwen3 tok/s");
@@ -103,7 +119,7 @@ int run_bench(const BenchOptions& o) {
   }
   check(ran, "bench: no scenario named '", o.only, "'");
   for (const std::string& l : lines) std::printf("%s\n", l.c_str());
-  nlohmann::json out = {{"config", o.config}, {"scale", o.scale}, {"backend", "cpu"}, {"results", results}};
+  nlohmann::json out = {{"config", o.config}, {"scale", o.scale}, {"device", o.device}, {"results", results}};
   std::ofstream f(o.json_path);
   check(bool(f), "bench: cannot write ", o.json_path);
   f << out.dump(2) << "\n";

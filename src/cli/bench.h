@@ -15,6 +15,7 @@ struct BenchOptions {
   std::uint64_t seed = 0;
   int block_size = 16;
   int max_batched_tokens = 8192;
+  std::string device = "auto";  // auto, cpu or cuda
 };
 
 int run_bench(const BenchOptions& options);

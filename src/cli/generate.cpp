@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
-#include "models/cpu_model.h"
+#include "cli/runner.h"
 
 namespace asynct::cli {
 
@@ -53,12 +53,13 @@ int run_generate(const GenerateOptions& o) {
   engine_options.max_num_batched_tokens = o.max_batched_tokens;
   engine_options.max_model_len = config.max_position_embeddings;
   engine_options.record_first_logits = !o.logits_path.empty();
-  Engine engine(std::make_unique<CpuModelRunner>(std::move(weights), num_blocks, o.block_size),
+  std::string backend;
+  Engine engine(make_runner(std::move(weights), o.device, num_blocks, o.block_size, o.max_batched_tokens, &backend),
                 config.vocab_size, engine_options);
 
-  std::printf("asynct generate: %s (%s), %lld parameters, CPU backend\n",
+  std::printf("asynct generate: %s (%s), %lld parameters, %s backend\n",
               config.architecture_name().c_str(), o.model_dir.empty() ? ("built-in tiny " + o.builtin).c_str() : o.model_dir.c_str(),
-              static_cast<long long>(config.parameter_count()));
+              static_cast<long long>(config.parameter_count()), backend.c_str());
   for (const auto& p : prompts) {
     Request r;
     r.prompt = p;

@@ -21,6 +21,7 @@ struct GenerateOptions {
   int max_batched_tokens = 2048;
   bool ignore_eos = true;
   int eos_token = -1;
+  std::string device = "auto";           // auto, cpu or cuda
   std::string logits_path;               // write each request's first-token logits (JSON)
 };
 

@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   gen_cmd->add_option("--eos", gen.eos_token, "stop at this token id (with --no-ignore-eos)");
   gen_cmd->add_flag("!--no-ignore-eos", gen.ignore_eos, "stop at --eos");
+  gen_cmd->add_option("--device", gen.device, "auto (a GPU when there is one), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   gen_cmd->add_option("--logits", gen.logits_path, "write the tokens and each request's first-token logits as JSON");
 
   std::string init_arch = "asynct", init_size = "tiny", init_out;
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--scenario", bench.only, "run only this scenario");
   bench_cmd->add_option("--json", bench.json_path, "where to write the results");
   bench_cmd->add_option("--seed", bench.seed, "weights and prompts seed");
+  bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -122,12 +122,12 @@ ModelConfig tiny_config(Architecture architecture) {
   ModelConfig c;
   c.architecture = architecture;
   c.vocab_size = 256;
-  c.hidden_size = 64;
-  c.intermediate_size = 128;
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
   c.num_hidden_layers = 2;
   c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
-  c.head_dim = 16;
+  c.head_dim = 64;  // the smallest head_dim the GPU kernels take
   c.rope_theta = 10000.0;
   c.max_position_embeddings = 4096;
   // Untied: a small random model with a tied head mostly echoes its last input token.

@@ -170,12 +170,12 @@ TEST(Checkpoint, MissingUnexpectedAndMisshapenTensorsAreNamed) {
   expect_error([&] { load_weights(dir.path().string()); }, "unexpected tensor 'model.layers.9.mlp.up_proj.weight'");
 
   auto misshapen = tensors;
-  misshapen["model.norm.weight"] = Tensor::empty(DType::BF16, {63});
+  misshapen["model.norm.weight"] = Tensor::empty(DType::BF16, {127});
   rewrite(misshapen);
-  expect_error([&] { load_weights(dir.path().string()); }, "'model.norm.weight' has shape [63], the config implies [64]");
+  expect_error([&] { load_weights(dir.path().string()); }, "'model.norm.weight' has shape [127], the config implies [128]");
 
   auto non_finite = tensors;
-  non_finite["model.norm.weight"] = Tensor::from_vector<float>(std::vector<float>(64, NAN), {64});
+  non_finite["model.norm.weight"] = Tensor::from_vector<float>(std::vector<float>(128, NAN), {128});
   rewrite(non_finite);
   expect_error([&] { load_weights(dir.path().string()); }, "non-finite value");
 }

@@ -1,0 +1,27 @@
+#include "cli/runner.h"
+
+#include "core/error.h"
+#include "models/cpu_model.h"
+#ifdef ASYNCT_WITH_CUDA
+#include "models/cuda_model.h"
+#endif
+
+namespace asynct::cli {
+
+std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const std::string& device, int num_blocks,
+                                         int block_size, int max_tokens_per_step, std::string* chosen) {
+  check(device == "auto" || device == "cpu" || device == "cuda", "--device must be auto, cpu or cuda, got ", device);
+#ifdef ASYNCT_WITH_CUDA
+  if (device == "cuda" || (device == "auto" && cuda_device_available())) {
+    *chosen = "cuda";
+    return std::make_unique<CudaModelRunner>(weights, num_blocks, block_size, max_tokens_per_step);
+  }
+#else
+  check(device != "cuda", "--device cuda: this build of asynct has no CUDA support");
+#endif
+  (void)max_tokens_per_step;
+  *chosen = "cpu";
+  return std::make_unique<CpuModelRunner>(std::move(weights), num_blocks, block_size);
+}
+
+}  // namespace asynct::cli

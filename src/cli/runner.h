@@ -1,0 +1,17 @@
+// Picks the model backend for the CLI: the CUDA runner when built with CUDA and a GPU is
+// visible (or when asked for), the CPU reference runner otherwise.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "engine/model_runner.h"
+#include "models/weights.h"
+
+namespace asynct::cli {
+
+// device: "auto", "cpu" or "cuda". Throws Error when "cuda" is asked for and not available.
+std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const std::string& device, int num_blocks,
+                                         int block_size, int max_tokens_per_step, std::string* chosen);
+
+}  // namespace asynct::cli

@@ -1,0 +1,54 @@
+#include "kernels/elementwise.h"
+
+#include "kernels/bf16.cuh"
+#include "kernels/cuda_check.h"
+
+namespace asynct::kernels {
+namespace {
+
+__global__ void gather_rows_kernel(const bf16* table, const std::int32_t* rows, bf16* out, int num_rows,
+                                   int width) {
+  const int i = blockIdx.x;
+  const int row = rows[i];
+  const bool valid = row >= 0 && row < num_rows;
+  for (int c = threadIdx.x * 8; c < width; c += blockDim.x * 8) {
+    Bf16x8 v{};
+    if (valid) v = load_bf16x8(table + (long long)row * width + c);
+    store_bf16x8(out + (long long)i * width + c, v);
+  }
+}
+
+__global__ void silu_and_mul_kernel(const bf16* gate_up, bf16* out, int inter) {
+  const long long t = blockIdx.x;
+  for (int c = threadIdx.x * 8; c < inter; c += blockDim.x * 8) {
+    float g[8], u[8], y[8];
+    to_float8(load_bf16x8(gate_up + t * 2 * inter + c), g);
+    to_float8(load_bf16x8(gate_up + t * 2 * inter + inter + c), u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) y[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
+    store_bf16x8(out + t * inter + c, from_float8(y));
+  }
+}
+
+int threads_for(int width) { return width / 8 >= 256 ? 256 : ((width / 8 + 31) / 32) * 32; }
+
+}  // namespace
+
+void launch_gather_rows(const bf16* table, const std::int32_t* rows, bf16* out, int count, int num_rows,
+                        int width, cudaStream_t stream) {
+  check(width > 0 && width % 8 == 0, "gather_rows: width ", width, " must be a positive multiple of 8");
+  check(table && rows && out, "gather_rows: null pointer");
+  if (count == 0) return;
+  gather_rows_kernel<<<count, threads_for(width), 0, stream>>>(table, rows, out, num_rows, width);
+  check_launch("gather_rows");
+}
+
+void launch_silu_and_mul(const bf16* gate_up, bf16* out, int tokens, int inter, cudaStream_t stream) {
+  check(inter > 0 && inter % 8 == 0, "silu_and_mul: width ", inter, " must be a positive multiple of 8");
+  check(gate_up && out, "silu_and_mul: null pointer");
+  if (tokens == 0) return;
+  silu_and_mul_kernel<<<tokens, threads_for(inter), 0, stream>>>(gate_up, out, inter);
+  check_launch("silu_and_mul");
+}
+
+}  // namespace asynct::kernels

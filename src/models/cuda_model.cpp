@@ -1,0 +1,321 @@
+#include "models/cuda_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/decode.h"
+#include "kernels/device_array.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "kernels/norms.h"
+#include "kernels/prefill.h"
+
+namespace asynct {
+
+using kernels::bf16;
+using kernels::DeviceArray;
+
+bool cuda_device_available() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+namespace {
+
+// A host float tensor as a device bf16 array (fp32 for the gate parameters).
+DeviceArray<bf16> to_device_bf16(const Tensor& t) {
+  Tensor b = t.to(DType::BF16);
+  DeviceArray<bf16> d(std::size_t(b.numel()));
+  ASYNCT_CUDA_CHECK(cudaMemcpy(d.get(), b.data(), b.nbytes(), cudaMemcpyHostToDevice));
+  return d;
+}
+DeviceArray<float> to_device_f32(const Tensor& t) {
+  Tensor f = t.to(DType::F32);
+  DeviceArray<float> d(std::size_t(f.numel()));
+  ASYNCT_CUDA_CHECK(cudaMemcpy(d.get(), f.data(), f.nbytes(), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// The merged gate/up projection [2I, H], gate rows first (what silu_and_mul expects).
+Tensor concat_rows(const Tensor& a, const Tensor& b) {
+  Tensor out = Tensor::empty(DType::F32, {a.size(0) + b.size(0), a.size(1)});
+  std::copy_n(a.data_as<float>(), a.numel(), out.data_as<float>());
+  std::copy_n(b.data_as<float>(), b.numel(), out.data_as<float>() + a.numel());
+  return out;
+}
+
+struct DeviceLayer {
+  DeviceArray<bf16> input_layernorm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
+  DeviceArray<bf16> post_attention_layernorm, gate_up_proj, down_proj;
+  DeviceArray<bf16> attn_output_layernorm, mlp_output_layernorm;  // AsyncT
+  DeviceArray<float> gate_alpha, gate_sigma, gate_gamma;          // AsyncT
+  DeviceArray<bf16> key_cache, value_cache;
+};
+
+}  // namespace
+
+struct CudaModelRunner::Impl {
+  ModelConfig c;
+  kernels::NormArgs norm;
+  int num_blocks, block_size, sm_count = 0;
+  cudaStream_t stream = nullptr;
+  kernels::Gemm gemm;
+  std::vector<DeviceLayer> layers;
+  DeviceArray<bf16> embed_tokens, final_norm, lm_head_untied;
+  const bf16* lm_head = nullptr;
+
+  // Activations, sized for `capacity` tokens.
+  std::size_t capacity = 0;
+  DeviceArray<bf16> residual, hidden, q, k, v, attn, attn_out, gate_up, act, mlp_out, last;
+  DeviceArray<float> logits;  // [rows that sample, vocab]
+  DeviceArray<std::uint8_t> decode_workspace;
+  // Step metadata.
+  DeviceArray<std::int32_t> tokens, cu_seqlens, kv_lens, block_table, logit_rows;
+  DeviceArray<std::int64_t> positions, slots;
+
+  void reserve(std::size_t t) {
+    if (t <= capacity) return;
+    const std::size_t h = std::size_t(c.hidden_size), qd = std::size_t(c.num_attention_heads) * c.head_dim,
+                      kvd = std::size_t(c.num_key_value_heads) * c.head_dim, in = std::size_t(c.intermediate_size);
+    residual.resize(t * h);
+    hidden.resize(t * h);
+    q.resize(t * qd);
+    k.resize(t * kvd);
+    v.resize(t * kvd);
+    attn.resize(t * qd);
+    attn_out.resize(t * h);
+    gate_up.resize(t * 2 * in);
+    act.resize(t * in);
+    mlp_out.resize(t * h);
+    last.resize(t * h);
+    capacity = t;
+  }
+
+  kernels::PagedKv paged(DeviceLayer& l, int max_blocks) const {
+    kernels::PagedKv kv;
+    kv.key_cache = l.key_cache.get();
+    kv.value_cache = l.value_cache.get();
+    kv.block_table = block_table.get();
+    kv.max_blocks_per_seq = max_blocks;
+    kv.num_blocks = num_blocks;
+    kv.block_size = block_size;
+    kv.num_kv_heads = c.num_key_value_heads;
+    kv.head_dim = c.head_dim;
+    return kv;
+  }
+
+  kernels::GateArgs gate(const DeviceLayer& l) const {
+    kernels::GateArgs g;
+    if (c.is_async()) {
+      g.kind = GateKind::Async;
+      g.pool_window = c.attn_pool_window;
+      g.alpha = l.gate_alpha.get();
+      g.sigma = l.gate_sigma.get();
+      g.gamma = l.gate_gamma.get();
+    } else {
+      g.kind = GateKind::Softmax;
+    }
+    return g;
+  }
+
+  void attention(DeviceLayer& l, const StepBatch& b, int max_blocks, int max_q_len, int max_kv_len) {
+    const int s = b.num_seqs();
+    if (max_q_len == 1) {  // every sequence decodes one token: the decode kernel
+      kernels::DecodeParams p;
+      p.query = q.get();
+      p.out = attn.get();
+      p.kv_lens = kv_lens.get();
+      p.num_seqs = s;
+      p.num_q_heads = c.num_attention_heads;
+      p.max_kv_len = max_kv_len;
+      p.kv = paged(l, max_blocks);
+      p.gate = gate(l);
+      p.num_splits = kernels::decode_num_splits(s, c.num_key_value_heads, max_kv_len, sm_count);
+      decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(p, p.num_splits)));
+      p.workspace = decode_workspace.get();
+      kernels::launch_decode(p, stream);
+      return;
+    }
+    kernels::PrefillParams p;
+    p.query = q.get();
+    p.key = k.get();  // normalised and rotated in place by the qk-norm kernel
+    p.value = v.get();
+    p.out = attn.get();
+    p.cu_seqlens_q = cu_seqlens.get();
+    p.kv_lens = kv_lens.get();
+    p.num_seqs = s;
+    p.total_q = b.num_tokens();
+    p.max_q_len = max_q_len;
+    p.max_kv_len = max_kv_len;
+    p.num_q_heads = c.num_attention_heads;
+    p.kv = paged(l, max_blocks);
+    p.gate = gate(l);
+    kernels::launch_prefill(p, stream);
+  }
+};
+
+namespace {
+// Checked before anything touches the GPU (the cuBLASLt handle is created with the Impl).
+std::unique_ptr<CudaModelRunner::Impl> make_impl() {
+  check(cuda_device_available(), "CudaModelRunner: no CUDA device is visible");
+  return std::make_unique<CudaModelRunner::Impl>();
+}
+}  // namespace
+
+CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int block_size, int max_tokens_per_step)
+    : impl_(make_impl()) {
+  Impl& m = *impl_;
+  m.c = w.config;
+  check(num_blocks >= 1, "CudaModelRunner: need at least one KV block");
+  m.num_blocks = num_blocks;
+  m.block_size = block_size;
+  m.norm.eps = m.c.rms_norm_eps;
+  m.norm.clip = m.c.is_async() ? m.c.uclip_value : INFINITY;
+  int device = 0;
+  ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
+  ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&m.sm_count, cudaDevAttrMultiProcessorCount, device));
+  ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
+
+  m.embed_tokens = to_device_bf16(w.embed_tokens);
+  m.final_norm = to_device_bf16(w.norm);
+  if (m.c.tie_word_embeddings) {
+    m.lm_head = m.embed_tokens.get();
+  } else {
+    m.lm_head_untied = to_device_bf16(w.lm_head);
+    m.lm_head = m.lm_head_untied.get();
+  }
+  const std::size_t cache = std::size_t(num_blocks) * block_size * m.c.num_key_value_heads * m.c.head_dim;
+  for (const LayerWeights& l : w.layers) {
+    DeviceLayer d;
+    d.input_layernorm = to_device_bf16(l.input_layernorm);
+    d.q_proj = to_device_bf16(l.q_proj);
+    d.k_proj = to_device_bf16(l.k_proj);
+    d.v_proj = to_device_bf16(l.v_proj);
+    d.o_proj = to_device_bf16(l.o_proj);
+    d.q_norm = to_device_bf16(l.q_norm);
+    d.k_norm = to_device_bf16(l.k_norm);
+    d.post_attention_layernorm = to_device_bf16(l.post_attention_layernorm);
+    d.gate_up_proj = to_device_bf16(concat_rows(l.gate_proj, l.up_proj));
+    d.down_proj = to_device_bf16(l.down_proj);
+    if (m.c.is_async()) {
+      d.attn_output_layernorm = to_device_bf16(l.attn_output_layernorm);
+      d.mlp_output_layernorm = to_device_bf16(l.mlp_output_layernorm);
+      d.gate_alpha = to_device_f32(l.gate_alpha);
+      d.gate_sigma = to_device_f32(l.gate_sigma);
+      d.gate_gamma = to_device_f32(l.gate_gamma);
+    }
+    d.key_cache.resize(cache);
+    d.value_cache.resize(cache);
+    m.layers.push_back(std::move(d));
+  }
+  m.reserve(std::size_t(std::max(1, max_tokens_per_step)));
+}
+
+CudaModelRunner::~CudaModelRunner() {
+  if (impl_ && impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+
+int CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
+int CudaModelRunner::block_size() const { return impl_->block_size; }
+
+Tensor CudaModelRunner::forward(const StepBatch& b) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.c;
+  const int t = b.num_tokens(), s = b.num_seqs(), rows = int(b.logit_rows.size());
+  check(t >= 1 && s >= 1, "forward: empty batch");
+  check(int(b.positions.size()) == t && int(b.slot_mapping.size()) == t && int(b.cu_seqlens_q.size()) == s + 1 &&
+            int(b.block_tables.size()) == s,
+        "forward: inconsistent batch");
+  for (std::int32_t id : b.tokens)
+    check(id >= 0 && id < c.vocab_size, "forward: token id ", id, " outside the vocabulary");
+  for (std::int64_t p : b.positions)
+    check(p >= 0 && p < c.max_position_embeddings, "forward: position ", p, " outside 0..", c.max_position_embeddings - 1);
+  for (std::int64_t slot : b.slot_mapping)
+    check(slot >= 0 && slot < std::int64_t(m.num_blocks) * m.block_size, "forward: slot ", slot, " outside the cache");
+  for (int r : b.logit_rows) check(r >= 0 && r < t, "forward: logit row ", r, " out of range");
+  m.reserve(std::size_t(t));
+
+  // Step metadata: the block table padded to the longest sequence's.
+  int max_blocks = 1, max_q_len = 0, max_kv_len = 0;
+  for (int i = 0; i < s; ++i) {
+    max_blocks = std::max(max_blocks, int(b.block_tables[std::size_t(i)].size()));
+    max_q_len = std::max(max_q_len, b.cu_seqlens_q[std::size_t(i) + 1] - b.cu_seqlens_q[std::size_t(i)]);
+    max_kv_len = std::max(max_kv_len, b.kv_lens[std::size_t(i)]);
+    check(b.kv_lens[std::size_t(i)] <= int(b.block_tables[std::size_t(i)].size()) * m.block_size,
+          "forward: sequence ", i, " has more tokens than its blocks hold");
+  }
+  std::vector<std::int32_t> table(std::size_t(s) * std::size_t(max_blocks), 0);
+  for (int i = 0; i < s; ++i)
+    for (std::size_t j = 0; j < b.block_tables[std::size_t(i)].size(); ++j) {
+      const int block = b.block_tables[std::size_t(i)][j];
+      check(block >= 0 && block < m.num_blocks, "forward: block ", block, " is not in the cache");
+      table[std::size_t(i) * std::size_t(max_blocks) + j] = block;
+    }
+  m.tokens.upload(b.tokens, m.stream);
+  m.positions.upload(b.positions, m.stream);
+  m.slots.upload(b.slot_mapping, m.stream);
+  m.cu_seqlens.upload(b.cu_seqlens_q, m.stream);
+  m.kv_lens.upload(b.kv_lens, m.stream);
+  m.block_table.upload(table, m.stream);
+  m.logit_rows.upload(b.logit_rows, m.stream);
+
+  const int h = c.hidden_size, qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+  const int inter = c.intermediate_size;
+  kernels::launch_gather_rows(m.embed_tokens.get(), m.tokens.get(), m.residual.get(), t, c.vocab_size, h, m.stream);
+  kernels::launch_norm(m.residual.get(), m.layers[0].input_layernorm.get(), m.hidden.get(), t, h, m.norm, m.stream);
+
+  for (std::size_t l = 0; l < m.layers.size(); ++l) {
+    DeviceLayer& layer = m.layers[l];
+    m.gemm.linear(m.hidden.get(), layer.q_proj.get(), m.q.get(), t, h, qd, false, m.stream);
+    m.gemm.linear(m.hidden.get(), layer.k_proj.get(), m.k.get(), t, h, kvd, false, m.stream);
+    m.gemm.linear(m.hidden.get(), layer.v_proj.get(), m.v.get(), t, h, kvd, false, m.stream);
+    kernels::QkNormRopeArgs qk;
+    qk.q = m.q.get();
+    qk.k = m.k.get();
+    qk.v = m.v.get();
+    qk.q_weight = layer.q_norm.get();
+    qk.k_weight = layer.k_norm.get();
+    qk.positions = m.positions.get();
+    qk.slot_mapping = m.slots.get();
+    qk.key_cache = layer.key_cache.get();
+    qk.value_cache = layer.value_cache.get();
+    qk.tokens = t;
+    qk.num_q_heads = c.num_attention_heads;
+    qk.num_kv_heads = c.num_key_value_heads;
+    qk.head_dim = c.head_dim;
+    qk.rope_theta = float(c.rope_theta);
+    qk.norm = m.norm;
+    kernels::launch_qk_norm_rope_cache_write(qk, m.stream);
+    m.attention(layer, b, max_blocks, max_q_len, max_kv_len);
+    m.gemm.linear(m.attn.get(), layer.o_proj.get(), m.attn_out.get(), t, qd, h, false, m.stream);
+    // Qwen3: residual += attn; AsyncT (Peri-LN): residual += norm(attn). Then the MLP's norm.
+    if (c.is_async())
+      kernels::launch_post_attn_pre_mlp(m.attn_out.get(), m.residual.get(), layer.attn_output_layernorm.get(),
+                                        layer.post_attention_layernorm.get(), m.hidden.get(), t, h, m.norm, m.stream);
+    else
+      kernels::launch_fused_add_norm(m.attn_out.get(), m.residual.get(), layer.post_attention_layernorm.get(),
+                                     m.hidden.get(), t, h, m.norm, m.stream);
+    m.gemm.linear(m.hidden.get(), layer.gate_up_proj.get(), m.gate_up.get(), t, h, 2 * inter, false, m.stream);
+    kernels::launch_silu_and_mul(m.gate_up.get(), m.act.get(), t, inter, m.stream);
+    m.gemm.linear(m.act.get(), layer.down_proj.get(), m.mlp_out.get(), t, inter, h, false, m.stream);
+    // The same step closes the MLP and opens the next layer (or the final norm).
+    const bf16* next = l + 1 < m.layers.size() ? m.layers[l + 1].input_layernorm.get() : m.final_norm.get();
+    if (c.is_async())
+      kernels::launch_post_attn_pre_mlp(m.mlp_out.get(), m.residual.get(), layer.mlp_output_layernorm.get(), next,
+                                        m.hidden.get(), t, h, m.norm, m.stream);
+    else
+      kernels::launch_fused_add_norm(m.mlp_out.get(), m.residual.get(), next, m.hidden.get(), t, h, m.norm, m.stream);
+  }
+
+  Tensor logits = Tensor::empty(DType::F32, {rows, c.vocab_size});
+  m.logits.reserve(std::size_t(std::max(rows, 1)) * std::size_t(c.vocab_size));  // rows that sample only
+  if (rows > 0) {
+    kernels::launch_gather_rows(m.hidden.get(), m.logit_rows.get(), m.last.get(), rows, t, h, m.stream);
+    m.gemm.linear(m.last.get(), m.lm_head, m.logits.get(), rows, h, c.vocab_size, true, m.stream);
+    ASYNCT_CUDA_CHECK(cudaMemcpyAsync(logits.data(), m.logits.get(), logits.nbytes(), cudaMemcpyDeviceToHost, m.stream));
+  }
+  ASYNCT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  return logits;
+}
+
+}  // namespace asynct

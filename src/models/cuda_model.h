@@ -1,0 +1,33 @@
+// The CUDA backend: the same forward pass as the CPU runner on the GPU, with bf16 weights and
+// a bf16 paged KV cache: cuBLASLt for the projections, asynct's kernels for the norms,
+// qk-norm + RoPE + cache write, attention (decode kernel for all-decode steps, prefill kernel
+// otherwise) and SwiGLU. Logits come back to the host as float32.
+#pragma once
+
+#include <memory>
+
+#include "engine/model_runner.h"
+#include "models/weights.h"
+
+namespace asynct {
+
+// Whether a CUDA device can be used (the library is built with CUDA and a GPU is visible).
+bool cuda_device_available();
+
+class CudaModelRunner : public ModelRunner {
+ public:
+  // max_tokens_per_step sizes the activation buffers (they grow if a step needs more).
+  CudaModelRunner(const ModelWeights& weights, int num_blocks, int block_size, int max_tokens_per_step);
+  ~CudaModelRunner() override;
+
+  Tensor forward(const StepBatch& batch) override;
+  int num_blocks() const override;
+  int block_size() const override;
+
+  struct Impl;  // the device state (cuda_model.cpp)
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asynct

@@ -336,7 +336,9 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   const int head = blockIdx.y * (blockDim.x / kLanes) + threadIdx.x / kLanes;
   const bool is_q = head < p.num_q_heads;
   const int kv_head = head - p.num_q_heads;
-  const std::int64_t slot = p.slot_mapping[token];
+  // Without a cache (the prefill kernel writes it) every k is rewritten in place.
+  const bool write_cache = p.key_cache != nullptr;
+  const std::int64_t slot = write_cache ? p.slot_mapping[token] : 0;
   // Inactive lanes still take part in the shuffles; they only skip memory.
   const bool active = head < p.num_q_heads + p.num_kv_heads && (is_q || slot >= 0);
 
@@ -384,6 +386,7 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
     store8(p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
   } else {
     store8(p.k + (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane, x);
+    if (!write_cache) return;
     const std::int64_t offset = (slot * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
     store8(p.key_cache + offset, x);
     store_bf16x8(p.value_cache + offset, value);
@@ -453,10 +456,14 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
         ": rope_theta must be finite and > 0, got ", args.rope_theta);
   check_norm_args(who, args.norm);
   check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.v, "v"}, {args.q_weight, "q_weight"},
-                       {args.k_weight, "k_weight"}, {args.key_cache, "key_cache"},
-                       {args.value_cache, "value_cache"}});
+                       {args.k_weight, "k_weight"}});
   check(args.positions != nullptr, who, ": positions is null");
-  check(args.slot_mapping != nullptr, who, ": slot_mapping is null");
+  check((args.key_cache == nullptr) == (args.value_cache == nullptr), who,
+        ": key_cache and value_cache must both be given or both be null");
+  if (args.key_cache) {
+    check_pointers(who, {{args.key_cache, "key_cache"}, {args.value_cache, "value_cache"}});
+    check(args.slot_mapping != nullptr, who, ": slot_mapping is null");
+  }
 
   QkParams p{args.q, args.k, args.v, args.q_weight, args.k_weight, args.positions,
              args.slot_mapping, args.key_cache, args.value_cache, args.num_q_heads,

@@ -37,7 +37,9 @@ void launch_post_attn_pre_mlp(const bf16* attn_out, bf16* residual, const bf16* 
 //   key_cache[slot]    = k[t, h]
 //   value_cache[slot]  = v[t, h]
 // k is rewritten too so that the prefill kernel can read the new keys from it; a token whose
-// slot is negative is skipped entirely (its k stays as it was).
+// slot is negative is skipped entirely (its k stays as it was). With key_cache and value_cache
+// null only q and k are rewritten: the prefill kernel writes the cache itself, and a second
+// write would be a wasted pass over the new K/V.
 // q: [tokens, num_q_heads, head_dim]; k, v: [tokens, num_kv_heads, head_dim];
 // slot_mapping[t] = block * block_size + offset (negative: skip the cache write);
 // key_cache/value_cache: [num_blocks, block_size, num_kv_heads, head_dim].

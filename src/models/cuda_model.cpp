@@ -277,8 +277,10 @@ Tensor CudaModelRunner::forward(const StepBatch& b) {
     qk.k_weight = layer.k_norm.get();
     qk.positions = m.positions.get();
     qk.slot_mapping = m.slots.get();
-    qk.key_cache = layer.key_cache.get();
-    qk.value_cache = layer.value_cache.get();
+    if (max_q_len == 1) {  // decode reads the cache: write it here; prefill writes it itself
+      qk.key_cache = layer.key_cache.get();
+      qk.value_cache = layer.value_cache.get();
+    }
     qk.tokens = t;
     qk.num_q_heads = c.num_attention_heads;
     qk.num_kv_heads = c.num_key_value_heads;

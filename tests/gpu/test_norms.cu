@@ -185,7 +185,8 @@ struct QkResult {
   std::vector<float> k;                       // k after the kernel (rewritten in place)
 };
 
-QkResult run_qk(const QkCase& c, std::uint64_t seed) {
+// with_cache false: the kernel gets no cache and must only rewrite q and k.
+QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true) {
   Random rng(seed);
   const int T = c.tokens, Hq = c.num_q_heads, Hkv = c.num_kv_heads, D = c.head_dim;
   Tensor q = rng.normal({T, Hq, D}, kInputStddev, true);
@@ -215,8 +216,8 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed) {
   args.k_weight = dkw.as<bf16>();
   args.positions = dpos.as<std::int64_t>();
   args.slot_mapping = dslots.as<std::int64_t>();
-  args.key_cache = dkc.as<bf16>();
-  args.value_cache = dvc.as<bf16>();
+  args.key_cache = with_cache ? dkc.as<bf16>() : nullptr;
+  args.value_cache = with_cache ? dvc.as<bf16>() : nullptr;
   args.tokens = T;
   args.num_q_heads = Hq;
   args.num_kv_heads = Hkv;
@@ -304,6 +305,16 @@ TEST(QkNormRopeKernel, SmallMatchesReference) {
   Random rng(7);
   check_qk(make_qk_case(rng, 3, 128, true), 7);
   check_qk(make_qk_case(rng, 3, 64, false), 8);
+}
+
+TEST(QkNormRopeKernel, SmallWithoutCacheRewritesQAndKOnly) {
+  testing::require_gpu();
+  Random rng(31);
+  QkCase c = make_qk_case(rng, 5, 128, true);
+  QkResult r = run_qk(c, 12, /*with_cache=*/false);
+  EXPECT_TRUE(close_to(r.q, r.ref_q, kTolerance)) << "q";
+  EXPECT_TRUE(close_to(r.k, r.ref_k, kTolerance)) << "k, every token (slots are not used)";
+  for (float x : r.key_cache) ASSERT_TRUE(std::isnan(x)) << "the cache must stay untouched";
 }
 
 TEST(QkNormRopeKernel, MatchesReference) {

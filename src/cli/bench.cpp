@@ -95,8 +95,15 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
 
 }  // namespace
 
-int run_bench(const BenchOptions& o) {
-  check(o.config == "tiny" || o.config == "1.7b", "bench: --config must be tiny or 1.7b");
+int run_bench(const BenchOptions& options) {
+  // The scenarios are defined at the 1.7B size; on the CPU that takes hours, so there the
+  // defaults are the tiny model at 1/64 of the lengths.
+  BenchOptions o = options;
+  o.device = resolve_device(o.device);
+  const bool gpu = o.device == "cuda";
+  if (o.config == "auto") o.config = gpu ? "1.7b" : "tiny";
+  if (o.scale == 0) o.scale = gpu ? 1 : 64;
+  check(o.config == "tiny" || o.config == "1.7b", "bench: --config must be tiny, 1.7b or auto");
   check(o.scale >= 1, "bench: --scale must be >= 1");
   std::printf("asynct bench: %s config, lengths / %d, device %s\n", o.config.c_str(), o.scale, o.device.c_str());
   nlohmann::json results = nlohmann::json::array();

@@ -8,8 +8,8 @@
 namespace asynct::cli {
 
 struct BenchOptions {
-  std::string config = "tiny";  // tiny or 1.7b
-  int scale = 16;               // divide every prompt and output length by this (CPU runs)
+  std::string config = "auto";  // tiny, 1.7b, or auto: 1.7b on the GPU, tiny on the CPU
+  int scale = 0;                // divide every length by this; 0: 1 on the GPU, 64 on the CPU
   std::string only;             // run one scenario by name
   std::string json_path = "asynct_bench.json";
   std::uint64_t seed = 0;

@@ -60,9 +60,10 @@ int main(int argc, char** argv) {
 
   asynct::cli::BenchOptions bench;
   CLI::App* bench_cmd = app.add_subcommand("bench", "Run the four SPEC scenarios, AsyncT against Qwen3");
-  bench_cmd->add_option("--config", bench.config, "model size")->check(CLI::IsMember({"tiny", "1.7b"}));
-  bench_cmd->add_option("--scale", bench.scale, "divide prompt and output lengths by this")
-      ->check(CLI::Range(1, 1 << 20));
+  bench_cmd->add_option("--config", bench.config, "model size (auto: 1.7b on the GPU, tiny on the CPU)")
+      ->check(CLI::IsMember({"auto", "tiny", "1.7b"}));
+  bench_cmd->add_option("--scale", bench.scale, "divide prompt and output lengths by this (0: 1 on the GPU, 64 on the CPU)")
+      ->check(CLI::Range(0, 1 << 20));
   bench_cmd->add_option("--scenario", bench.only, "run only this scenario");
   bench_cmd->add_option("--json", bench.json_path, "where to write the results");
   bench_cmd->add_option("--seed", bench.seed, "weights and prompts seed");

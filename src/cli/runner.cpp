@@ -8,16 +8,25 @@
 
 namespace asynct::cli {
 
+std::string resolve_device(const std::string& device) {
+  check(device == "auto" || device == "cpu" || device == "cuda", "--device must be auto, cpu or cuda, got ", device);
+  if (device != "auto") return device;
+#ifdef ASYNCT_WITH_CUDA
+  return cuda_device_available() ? "cuda" : "cpu";
+#else
+  return "cpu";
+#endif
+}
+
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const std::string& device, int num_blocks,
                                          int block_size, int max_tokens_per_step, std::string* chosen) {
-  check(device == "auto" || device == "cpu" || device == "cuda", "--device must be auto, cpu or cuda, got ", device);
 #ifdef ASYNCT_WITH_CUDA
-  if (device == "cuda" || (device == "auto" && cuda_device_available())) {
+  if (resolve_device(device) == "cuda") {
     *chosen = "cuda";
     return std::make_unique<CudaModelRunner>(weights, num_blocks, block_size, max_tokens_per_step);
   }
 #else
-  check(device != "cuda", "--device cuda: this build of asynct has no CUDA support");
+  check(resolve_device(device) != "cuda", "--device cuda: this build of asynct has no CUDA support");
 #endif
   (void)max_tokens_per_step;
   *chosen = "cpu";

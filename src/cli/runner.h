@@ -10,6 +10,10 @@
 
 namespace asynct::cli {
 
+// "auto" -> "cuda" when this build has CUDA and a GPU is visible, else "cpu"; "cpu" and "cuda"
+// stay (a "cuda" that cannot be had is an Error when the runner is made).
+std::string resolve_device(const std::string& device);
+
 // device: "auto", "cpu" or "cuda". Throws Error when "cuda" is asked for and not available.
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const std::string& device, int num_blocks,
                                          int block_size, int max_tokens_per_step, std::string* chosen);

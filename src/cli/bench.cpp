@@ -35,6 +35,7 @@ struct Run {
   double seconds = 0;
   std::int64_t tokens = 0;  // prompt + generated
   std::int64_t steps = 0;
+  std::map<std::string, double> phase_ms;  // where the GPU time went (CUDA backend)
 };
 
 // Random weights are made once per model and shared by the scenarios (tensors share storage).
@@ -74,7 +75,7 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
   eo.max_num_batched_tokens = o.max_batched_tokens;
   eo.max_model_len = longest;
   std::string backend;
-  Engine engine(make_runner(weights, o.device, blocks, o.block_size, o.max_batched_tokens, &backend),
+  Engine engine(make_runner(weights, o.device, blocks, o.block_size, o.max_batched_tokens, &backend, o.profile),
                 config.vocab_size, eo);
   Run run;
   for (Request& r : requests) {
@@ -89,6 +90,7 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
   });
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   run.steps = engine.stats().steps;
+  run.phase_ms = engine.runner().phase_times_ms();
   std::fprintf(stderr, "\n");
   return run;
 }
@@ -122,7 +124,17 @@ int run_bench(const BenchOptions& options) {
     lines.push_back(line);
     results.push_back({{"scenario", s.name}, {"asynct_seconds", a.seconds}, {"qwen3_seconds", q.seconds},
                        {"ratio", a.seconds / q.seconds}, {"tokens", a.tokens}, {"asynct_steps", a.steps},
-                       {"qwen3_steps", q.steps}});
+                       {"qwen3_steps", q.steps}, {"asynct_phase_ms", a.phase_ms}, {"qwen3_phase_ms", q.phase_ms}});
+    for (const auto& [label, run] : {std::pair{"asynct", &a}, std::pair{"qwen3", &q}}) {
+      if (run->phase_ms.empty()) continue;
+      std::string breakdown = std::string("  ") + s.name + " " + label + " GPU time per step (ms):";
+      for (const auto& [phase, ms] : run->phase_ms) {
+        char part[64];
+        std::snprintf(part, sizeof part, " %s %.3f", phase.c_str(), ms / double(run->steps));
+        breakdown += part;
+      }
+      lines.push_back(breakdown);
+    }
   }
   check(ran, "bench: no scenario named '", o.only, "'");
   for (const std::string& l : lines) std::printf("%s\n", l.c_str());

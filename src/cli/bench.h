@@ -16,6 +16,7 @@ struct BenchOptions {
   int block_size = 16;
   int max_batched_tokens = 8192;
   std::string device = "auto";  // auto, cpu or cuda
+  bool profile = true;          // per-phase GPU times (events; no extra synchronisation)
 };
 
 int run_bench(const BenchOptions& options);

@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--scenario", bench.only, "run only this scenario");
   bench_cmd->add_option("--json", bench.json_path, "where to write the results");
   bench_cmd->add_option("--seed", bench.seed, "weights and prompts seed");
+  bench_cmd->add_flag("!--no-profile", bench.profile, "do not time the phases of each step");
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
   CLI11_PARSE(app, argc, argv);

@@ -15,7 +15,9 @@ namespace asynct::cli {
 std::string resolve_device(const std::string& device);
 
 // device: "auto", "cpu" or "cuda". Throws Error when "cuda" is asked for and not available.
+// profile: time the phases of each step (CUDA backend; see ModelRunner::phase_times_ms).
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const std::string& device, int num_blocks,
-                                         int block_size, int max_tokens_per_step, std::string* chosen);
+                                         int block_size, int max_tokens_per_step, std::string* chosen,
+                                         bool profile = false);
 
 }  // namespace asynct::cli

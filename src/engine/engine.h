@@ -56,6 +56,7 @@ class Engine {
   // Runs until every queued request finishes; outputs in the order the requests were added.
   std::vector<RequestOutput> run_to_completion(const std::function<void(const EngineStats&)>& progress = {});
   const EngineStats& stats() const { return stats_; }
+  const ModelRunner& runner() const { return *runner_; }
 
  private:
   struct Sequence {

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -31,6 +33,9 @@ class ModelRunner {
   virtual Tensor forward(const StepBatch& batch) = 0;
   virtual int num_blocks() const = 0;
   virtual int block_size() const = 0;
+  // Time spent so far per phase of the forward pass (e.g. "gemm", "attention", "norms"), in
+  // milliseconds, when the backend measures it; empty otherwise.
+  virtual std::map<std::string, double> phase_times_ms() const { return {}; }
 };
 
 }  // namespace asynct

@@ -44,6 +44,51 @@ Tensor concat_rows(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+// Times the phases of a step with events on the step's stream: mark("gemm") closes the phase
+// that began at the previous mark and names it. Read after the stream is synchronised.
+class PhaseTimer {
+ public:
+  ~PhaseTimer() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  bool enabled = false;
+  void begin(cudaStream_t stream) {
+    if (!enabled) return;
+    stream_ = stream;
+    used_ = 0;
+    names_.clear();
+    record();
+  }
+  void mark(const char* phase) {
+    if (!enabled) return;
+    names_.push_back(phase);
+    record();
+  }
+  void collect() {  // after the stream is synchronised
+    if (!enabled) return;
+    for (std::size_t i = 0; i < names_.size(); ++i) {
+      float ms = 0.0f;
+      ASYNCT_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
+      totals[names_[i]] += ms;
+    }
+  }
+  std::map<std::string, double> totals;
+
+ private:
+  void record() {
+    if (used_ == events_.size()) {
+      cudaEvent_t e;
+      ASYNCT_CUDA_CHECK(cudaEventCreate(&e));
+      events_.push_back(e);
+    }
+    ASYNCT_CUDA_CHECK(cudaEventRecord(events_[used_++], stream_));
+  }
+  cudaStream_t stream_ = nullptr;
+  std::vector<cudaEvent_t> events_;
+  std::vector<const char*> names_;
+  std::size_t used_ = 0;
+};
+
 struct DeviceLayer {
   DeviceArray<bf16> input_layernorm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
   DeviceArray<bf16> post_attention_layernorm, gate_up_proj, down_proj;
@@ -60,6 +105,7 @@ struct CudaModelRunner::Impl {
   int num_blocks, block_size, sm_count = 0;
   cudaStream_t stream = nullptr;
   kernels::Gemm gemm;
+  PhaseTimer timer;
   std::vector<DeviceLayer> layers;
   DeviceArray<bf16> embed_tokens, final_norm, lm_head_untied;
   const bf16* lm_head = nullptr;
@@ -216,6 +262,8 @@ CudaModelRunner::~CudaModelRunner() {
 }
 
 int CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
+void CudaModelRunner::set_profiling(bool on) { impl_->timer.enabled = on; }
+std::map<std::string, double> CudaModelRunner::phase_times_ms() const { return impl_->timer.totals; }
 int CudaModelRunner::block_size() const { return impl_->block_size; }
 
 Tensor CudaModelRunner::forward(const StepBatch& b) {
@@ -258,17 +306,20 @@ Tensor CudaModelRunner::forward(const StepBatch& b) {
   m.kv_lens.upload(b.kv_lens, m.stream);
   m.block_table.upload(table, m.stream);
   m.logit_rows.upload(b.logit_rows, m.stream);
+  m.timer.begin(m.stream);
 
   const int h = c.hidden_size, qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
   const int inter = c.intermediate_size;
   kernels::launch_gather_rows(m.embed_tokens.get(), m.tokens.get(), m.residual.get(), t, c.vocab_size, h, m.stream);
   kernels::launch_norm(m.residual.get(), m.layers[0].input_layernorm.get(), m.hidden.get(), t, h, m.norm, m.stream);
+  m.timer.mark("other");
 
   for (std::size_t l = 0; l < m.layers.size(); ++l) {
     DeviceLayer& layer = m.layers[l];
     m.gemm.linear(m.hidden.get(), layer.q_proj.get(), m.q.get(), t, h, qd, false, m.stream);
     m.gemm.linear(m.hidden.get(), layer.k_proj.get(), m.k.get(), t, h, kvd, false, m.stream);
     m.gemm.linear(m.hidden.get(), layer.v_proj.get(), m.v.get(), t, h, kvd, false, m.stream);
+    m.timer.mark("gemm");
     kernels::QkNormRopeArgs qk;
     qk.q = m.q.get();
     qk.k = m.k.get();
@@ -288,8 +339,11 @@ Tensor CudaModelRunner::forward(const StepBatch& b) {
     qk.rope_theta = float(c.rope_theta);
     qk.norm = m.norm;
     kernels::launch_qk_norm_rope_cache_write(qk, m.stream);
+    m.timer.mark("norms");
     m.attention(layer, b, max_blocks, max_q_len, max_kv_len);
+    m.timer.mark("attention");
     m.gemm.linear(m.attn.get(), layer.o_proj.get(), m.attn_out.get(), t, qd, h, false, m.stream);
+    m.timer.mark("gemm");
     // Qwen3: residual += attn; AsyncT (Peri-LN): residual += norm(attn). Then the MLP's norm.
     if (c.is_async())
       kernels::launch_post_attn_pre_mlp(m.attn_out.get(), m.residual.get(), layer.attn_output_layernorm.get(),
@@ -297,9 +351,13 @@ Tensor CudaModelRunner::forward(const StepBatch& b) {
     else
       kernels::launch_fused_add_norm(m.attn_out.get(), m.residual.get(), layer.post_attention_layernorm.get(),
                                      m.hidden.get(), t, h, m.norm, m.stream);
+    m.timer.mark("norms");
     m.gemm.linear(m.hidden.get(), layer.gate_up_proj.get(), m.gate_up.get(), t, h, 2 * inter, false, m.stream);
+    m.timer.mark("gemm");
     kernels::launch_silu_and_mul(m.gate_up.get(), m.act.get(), t, inter, m.stream);
+    m.timer.mark("other");
     m.gemm.linear(m.act.get(), layer.down_proj.get(), m.mlp_out.get(), t, inter, h, false, m.stream);
+    m.timer.mark("gemm");
     // The same step closes the MLP and opens the next layer (or the final norm).
     const bf16* next = l + 1 < m.layers.size() ? m.layers[l + 1].input_layernorm.get() : m.final_norm.get();
     if (c.is_async())
@@ -307,6 +365,7 @@ Tensor CudaModelRunner::forward(const StepBatch& b) {
                                         m.hidden.get(), t, h, m.norm, m.stream);
     else
       kernels::launch_fused_add_norm(m.mlp_out.get(), m.residual.get(), next, m.hidden.get(), t, h, m.norm, m.stream);
+    m.timer.mark("norms");
   }
 
   Tensor logits = Tensor::empty(DType::F32, {rows, c.vocab_size});
@@ -314,9 +373,11 @@ Tensor CudaModelRunner::forward(const StepBatch& b) {
   if (rows > 0) {
     kernels::launch_gather_rows(m.hidden.get(), m.logit_rows.get(), m.last.get(), rows, t, h, m.stream);
     m.gemm.linear(m.last.get(), m.lm_head, m.logits.get(), rows, h, c.vocab_size, true, m.stream);
+    m.timer.mark("lm_head");
     ASYNCT_CUDA_CHECK(cudaMemcpyAsync(logits.data(), m.logits.get(), logits.nbytes(), cudaMemcpyDeviceToHost, m.stream));
   }
   ASYNCT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+  m.timer.collect();
   return logits;
 }
 

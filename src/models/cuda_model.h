@@ -23,6 +23,9 @@ class CudaModelRunner : public ModelRunner {
   Tensor forward(const StepBatch& batch) override;
   int num_blocks() const override;
   int block_size() const override;
+  // With profiling on, each phase of every step is timed with CUDA events (no extra syncs).
+  void set_profiling(bool on);
+  std::map<std::string, double> phase_times_ms() const override;
 
   struct Impl;  // the device state (cuda_model.cpp)
 

@@ -1,0 +1,79 @@
+// The dense pieces of the CUDA model runner against the CPU reference: cuBLASLt linear
+// (bf16 in, bf16 or fp32 out), row gathers (embedding lookup) and SwiGLU. Inputs are
+// bf16-exact; tolerance 1e-2 relative Frobenius error (bf16 output rounding is ~4e-3).
+#include <gtest/gtest.h>
+
+#include "gpu/device_buffer.h"
+#include "kernels/elementwise.h"
+#include "kernels/gemm.h"
+#include "reference/layers.h"
+#include "support/compare.h"
+#include "support/random.h"
+
+namespace asynct {
+namespace {
+
+using kernels::bf16;
+using testing::close_to;
+using testing::DeviceBuffer;
+using testing::Random;
+
+constexpr double kTolerance = 1e-2;
+
+TEST(Gemm, LinearMatchesReferenceOnAwkwardShapes) {
+  testing::require_gpu();
+  Random rng(1);
+  kernels::Gemm gemm;
+  for (auto [rows, in, out] : {std::tuple{1, 64, 8}, {3, 136, 200}, {32, 2048, 4096}, {37, 512, 1000}}) {
+    Tensor x = rng.normal({rows, in}, 1.0f, true), w = rng.normal({out, in}, 0.05f, true);
+    Tensor expected = linear(x, w);
+    DeviceBuffer dx = DeviceBuffer::upload(x, DType::BF16), dw = DeviceBuffer::upload(w, DType::BF16);
+    for (bool fp32 : {false, true}) {
+      DeviceBuffer dy(fp32 ? DType::F32 : DType::BF16, {rows, out});
+      dy.poison();
+      gemm.linear(dx.as<bf16>(), dw.as<bf16>(), dy.data(), rows, in, out, fp32, nullptr);
+      testing::check_launch("gemm");
+      EXPECT_TRUE(close_to(dy.download_float(), expected, fp32 ? 1e-3 : kTolerance))
+          << rows << " x " << in << " -> " << out << (fp32 ? " fp32" : " bf16");
+    }
+  }
+}
+
+TEST(Elementwise, SmallGatherRowsLooksUpAndZeroesBadIds) {
+  testing::require_gpu();
+  Random rng(2);
+  Tensor table = rng.normal({50, 72}, 1.0f, true);
+  const std::vector<std::int32_t> ids = {3, 49, 0, 3, 17};
+  DeviceBuffer dt = DeviceBuffer::upload(table, DType::BF16);
+  DeviceBuffer di = DeviceBuffer::upload(Tensor::from_vector(ids, {5}), DType::I32);
+  DeviceBuffer out(DType::BF16, {5, 72});
+  out.poison();
+  kernels::launch_gather_rows(dt.as<bf16>(), di.as<std::int32_t>(), out.as<bf16>(), 5, 50, 72, nullptr);
+  testing::check_launch("gather_rows");
+  EXPECT_TRUE(close_to(out.download_float(), embedding(table, ids), 0.0));
+
+  DeviceBuffer bad = DeviceBuffer::upload(Tensor::from_vector<std::int32_t>({50, -1}, {2}), DType::I32);
+  DeviceBuffer zeros(DType::BF16, {2, 72});
+  zeros.poison();
+  kernels::launch_gather_rows(dt.as<bf16>(), bad.as<std::int32_t>(), zeros.as<bf16>(), 2, 50, 72, nullptr);
+  testing::check_launch("gather_rows");
+  for (float v : zeros.download_float().to_float_vector()) EXPECT_EQ(v, 0.0f);
+  EXPECT_THROW(kernels::launch_gather_rows(dt.as<bf16>(), di.as<std::int32_t>(), out.as<bf16>(), 5, 50, 70, nullptr), Error);
+}
+
+TEST(Elementwise, SiluAndMulMatchesSwiglu) {
+  testing::require_gpu();
+  Random rng(3);
+  for (auto [tokens, inter] : {std::pair{1, 8}, {7, 1000}, {33, 6144}}) {
+    Tensor gate_up = rng.normal({tokens, 2 * inter}, 2.0f, true);
+    DeviceBuffer dg = DeviceBuffer::upload(gate_up, DType::BF16);
+    DeviceBuffer out(DType::BF16, {tokens, inter});
+    out.poison();
+    kernels::launch_silu_and_mul(dg.as<bf16>(), out.as<bf16>(), tokens, inter, nullptr);
+    testing::check_launch("silu_and_mul");
+    EXPECT_TRUE(close_to(out.download_float(), swiglu(gate_up), kTolerance)) << tokens << " x " << inter;
+  }
+}
+
+}  // namespace
+}  // namespace asynct

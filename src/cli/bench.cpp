@@ -75,8 +75,14 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
   eo.max_num_batched_tokens = o.max_batched_tokens;
   eo.max_model_len = longest;
   std::string backend;
-  Engine engine(make_runner(weights, o.device, blocks, o.block_size, o.max_batched_tokens, &backend, o.profile),
-                config.vocab_size, eo);
+  RunnerOptions ro;
+  ro.device = o.device;
+  ro.num_blocks = blocks;
+  ro.block_size = o.block_size;
+  ro.max_tokens_per_step = o.max_batched_tokens;
+  ro.profile = o.profile;
+  ro.cuda_graphs = o.cuda_graphs;
+  Engine engine(make_runner(weights, ro, &backend), config.vocab_size, eo);
   Run run;
   for (Request& r : requests) {
     run.tokens += std::int64_t(r.prompt.size()) + r.max_tokens;

@@ -17,6 +17,7 @@ struct BenchOptions {
   int max_batched_tokens = 8192;
   std::string device = "auto";  // auto, cpu or cuda
   bool profile = true;          // per-phase GPU times (events; no extra synchronisation)
+  bool cuda_graphs = false;     // replay decode steps as CUDA graphs (their steps are not timed)
 };
 
 int run_bench(const BenchOptions& options);

@@ -54,8 +54,13 @@ int run_generate(const GenerateOptions& o) {
   engine_options.max_model_len = config.max_position_embeddings;
   engine_options.record_first_logits = !o.logits_path.empty();
   std::string backend;
-  Engine engine(make_runner(std::move(weights), o.device, num_blocks, o.block_size, o.max_batched_tokens, &backend),
-                config.vocab_size, engine_options);
+  RunnerOptions ro;
+  ro.device = o.device;
+  ro.num_blocks = num_blocks;
+  ro.block_size = o.block_size;
+  ro.max_tokens_per_step = o.max_batched_tokens;
+  ro.cuda_graphs = o.cuda_graphs;
+  Engine engine(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);
 
   std::printf("asynct generate: %s (%s), %lld parameters, %s backend\n",
               config.architecture_name().c_str(), o.model_dir.empty() ? ("built-in tiny " + o.builtin).c_str() : o.model_dir.c_str(),

@@ -18,23 +18,19 @@ std::string resolve_device(const std::string& device) {
 #endif
 }
 
-std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const std::string& device, int num_blocks,
-                                         int block_size, int max_tokens_per_step, std::string* chosen,
-                                         bool profile) {
+std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& o, std::string* chosen) {
+  *chosen = resolve_device(o.device);
 #ifdef ASYNCT_WITH_CUDA
-  if (resolve_device(device) == "cuda") {
-    *chosen = "cuda";
-    auto runner = std::make_unique<CudaModelRunner>(weights, num_blocks, block_size, max_tokens_per_step);
-    runner->set_profiling(profile);
+  if (*chosen == "cuda") {
+    auto runner = std::make_unique<CudaModelRunner>(weights, o.num_blocks, o.block_size, o.max_tokens_per_step);
+    runner->set_profiling(o.profile);
+    runner->set_cuda_graphs(o.cuda_graphs);
     return runner;
   }
 #else
-  check(resolve_device(device) != "cuda", "--device cuda: this build of asynct has no CUDA support");
+  check(*chosen != "cuda", "--device cuda: this build of asynct has no CUDA support");
 #endif
-  (void)max_tokens_per_step;
-  (void)profile;
-  *chosen = "cpu";
-  return std::make_unique<CpuModelRunner>(std::move(weights), num_blocks, block_size);
+  return std::make_unique<CpuModelRunner>(std::move(weights), o.num_blocks, o.block_size);
 }
 
 }  // namespace asynct::cli

@@ -14,10 +14,16 @@ namespace asynct::cli {
 // stay (a "cuda" that cannot be had is an Error when the runner is made).
 std::string resolve_device(const std::string& device);
 
-// device: "auto", "cpu" or "cuda". Throws Error when "cuda" is asked for and not available.
-// profile: time the phases of each step (CUDA backend; see ModelRunner::phase_times_ms).
-std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const std::string& device, int num_blocks,
-                                         int block_size, int max_tokens_per_step, std::string* chosen,
-                                         bool profile = false);
+struct RunnerOptions {
+  std::string device = "auto";   // auto, cpu or cuda
+  int num_blocks = 0;            // KV cache blocks
+  int block_size = 16;
+  int max_tokens_per_step = 2048;
+  bool profile = false;          // time the phases of each step (CUDA backend)
+  bool cuda_graphs = false;      // replay decode steps as CUDA graphs (CUDA backend)
+};
+
+// Throws Error when "cuda" is asked for and not available; *chosen says which backend runs.
+std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& options, std::string* chosen);
 
 }  // namespace asynct::cli

@@ -4,7 +4,9 @@
 // otherwise) and SwiGLU. Logits come back to the host as float32.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <string>
 
 #include "engine/model_runner.h"
 #include "models/weights.h"
@@ -23,8 +25,12 @@ class CudaModelRunner : public ModelRunner {
   Tensor forward(const StepBatch& batch) override;
   int num_blocks() const override;
   int block_size() const override;
-  // With profiling on, each phase of every step is timed with CUDA events (no extra syncs).
+  // With profiling on, each phase of every eager step is timed with CUDA events (no extra
+  // syncs); steps replayed from CUDA graphs are not timed.
   void set_profiling(bool on);
+  // Decode steps (every sequence one token) captured once per shape and replayed as CUDA
+  // graphs. Off by default until measured on a GPU.
+  void set_cuda_graphs(bool on);
   std::map<std::string, double> phase_times_ms() const override;
 
   struct Impl;  // the device state (cuda_model.cpp)

@@ -80,6 +80,8 @@ std::vector<Engine::Scheduled> Engine::schedule() {
     out.push_back({seq, n});
     budget -= n;
   }
+  // One-token sequences first: a backend can hand that leading run to its decode kernel.
+  std::stable_partition(out.begin(), out.end(), [](const Scheduled& s) { return s.num_tokens == 1; });
   return out;
 }
 

@@ -91,6 +91,16 @@ class PhaseTimer {
   std::size_t used_ = 0;
 };
 
+// How a step's attention is split between the kernels, and the bounds each one needs.
+struct StepShape {
+  int tokens = 0, seqs = 0;
+  int max_blocks = 1;      // block-table width
+  int decodes = 0;         // leading sequences with one new token: the decode kernel
+  int decode_kv_len = 0;   // bound of their KV lengths (sizes the decode splits)
+  int prefill_q_len = 0;   // longest new-token count among the rest: the prefill kernel
+  int prefill_kv_len = 0;
+};
+
 struct DeviceLayer {
   DeviceArray<bf16> input_layernorm, q_proj, k_proj, v_proj, o_proj, q_norm, k_norm;
   DeviceArray<bf16> post_attention_layernorm, gate_up_proj, down_proj;
@@ -118,7 +128,7 @@ struct CudaModelRunner::Impl {
   DeviceArray<float> logits;  // [rows that sample, vocab]
   DeviceArray<std::uint8_t> decode_workspace;
   // Step metadata.
-  DeviceArray<std::int32_t> tokens, cu_seqlens, kv_lens, block_table, logit_rows;
+  DeviceArray<std::int32_t> tokens, prefill_cu_seqlens, kv_lens, block_table, logit_rows;
   DeviceArray<std::int64_t> positions, slots;
 
   // CUDA graphs of decode steps, by (sequences, block-table width). A graph holds the buffer
@@ -144,18 +154,18 @@ struct CudaModelRunner::Impl {
                             (const void*)attn_out.get(), (const void*)gate_up.get(), (const void*)act.get(),
                             (const void*)mlp_out.get(), (const void*)last.get(), (const void*)logits.get(),
                             (const void*)decode_workspace.get(), (const void*)tokens.get(),
-                            (const void*)cu_seqlens.get(), (const void*)kv_lens.get(),
+                            (const void*)prefill_cu_seqlens.get(), (const void*)kv_lens.get(),
                             (const void*)block_table.get(), (const void*)logit_rows.get(),
                             (const void*)positions.get(), (const void*)slots.get()})
       h = (h ^ std::uint64_t(reinterpret_cast<std::uintptr_t>(ptr))) * 1099511628211ull;
     return h;
   }
 
-  void run_model(const StepBatch& b, int max_blocks, int max_q_len, int attention_kv_len);
+  void run_model(const StepShape& shape, int rows);
 
   // Launches the decode step's graph, capturing it first when the shape is new or a buffer moved.
-  void replay_or_capture(const StepBatch& b, int max_blocks, int attention_kv_len) {
-    CapturedStep& g = graphs[{b.num_seqs(), max_blocks}];
+  void replay_or_capture(const StepShape& shape, int rows) {
+    CapturedStep& g = graphs[{shape.seqs, shape.max_blocks}];
     const std::uint64_t addresses = buffer_addresses();
     if (g.exec && g.addresses == addresses) {
       ASYNCT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
@@ -167,14 +177,14 @@ struct CudaModelRunner::Impl {
     timer.enabled = false;
     if (!g.seen) {
       g.seen = true;
-      run_model(b, max_blocks, 1, attention_kv_len);
+      run_model(shape, rows);
       timer.enabled = timing;
       return;
     }
     cudaGraph_t graph = nullptr;
     ASYNCT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
     try {
-      run_model(b, max_blocks, 1, attention_kv_len);
+      run_model(shape, rows);
     } catch (...) {
       cudaStreamEndCapture(stream, &graph);
       if (graph) cudaGraphDestroy(graph);
@@ -250,28 +260,32 @@ struct CudaModelRunner::Impl {
     return p;
   }
 
-  void attention(DeviceLayer& l, const StepBatch& b, int max_blocks, int max_q_len, int max_kv_len) {
-    const int s = b.num_seqs();
-    if (max_q_len == 1) {  // every sequence decodes one token: the decode kernel
-      kernels::DecodeParams p = decode_params(l, s, max_blocks, max_kv_len);
+  // Leading sequences that add one token go to the decode kernel, the rest to the prefill
+  // kernel (the engine orders a step's sequences that way).
+  void attention(DeviceLayer& l, const StepShape& shape) {
+    if (shape.decodes > 0) {
+      kernels::DecodeParams p = decode_params(l, shape.decodes, shape.max_blocks, shape.decode_kv_len);
       decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(p, p.num_splits)));
       p.workspace = decode_workspace.get();
       kernels::launch_decode(p, stream);
-      return;
     }
+    if (shape.decodes == shape.seqs) return;
+    const std::size_t d = std::size_t(shape.decodes);  // the prefill part starts after them
+    const std::size_t qd = std::size_t(c.num_attention_heads) * c.head_dim, kvd = std::size_t(c.num_key_value_heads) * c.head_dim;
     kernels::PrefillParams p;
-    p.query = q.get();
-    p.key = k.get();  // normalised and rotated in place by the qk-norm kernel
-    p.value = v.get();
-    p.out = attn.get();
-    p.cu_seqlens_q = cu_seqlens.get();
-    p.kv_lens = kv_lens.get();
-    p.num_seqs = s;
-    p.total_q = b.num_tokens();
-    p.max_q_len = max_q_len;
-    p.max_kv_len = max_kv_len;
+    p.query = q.get() + d * qd;
+    p.key = k.get() + d * kvd;  // normalised and rotated in place by the qk-norm kernel
+    p.value = v.get() + d * kvd;
+    p.out = attn.get() + d * qd;
+    p.cu_seqlens_q = prefill_cu_seqlens.get();
+    p.kv_lens = kv_lens.get() + d;
+    p.num_seqs = shape.seqs - shape.decodes;
+    p.total_q = shape.tokens - shape.decodes;
+    p.max_q_len = shape.prefill_q_len;
+    p.max_kv_len = shape.prefill_kv_len;
     p.num_q_heads = c.num_attention_heads;
-    p.kv = paged(l, max_blocks);
+    p.kv = paged(l, shape.max_blocks);
+    p.kv.block_table = block_table.get() + d * std::size_t(shape.max_blocks);
     p.gate = gate(l);
     kernels::launch_prefill(p, stream);
   }
@@ -347,10 +361,9 @@ int CudaModelRunner::block_size() const { return impl_->block_size; }
 
 // Everything a step does on the device, from the token ids to the logits of the sampling
 // rows: one stream of launches, the same for eager runs and graph capture. The metadata is
-// already in its device buffers. attention_kv_len bounds the KV lengths (the decode kernel's
-// split size comes from it).
-void CudaModelRunner::Impl::run_model(const StepBatch& b, int max_blocks, int max_q_len, int attention_kv_len) {
-  const int t = b.num_tokens(), rows = int(b.logit_rows.size());
+// already in its device buffers.
+void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
+  const int t = shape.tokens;
   const int h = c.hidden_size, qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
   const int inter = c.intermediate_size;
   kernels::launch_gather_rows(embed_tokens.get(), tokens.get(), residual.get(), t, c.vocab_size, h, stream);
@@ -371,7 +384,7 @@ void CudaModelRunner::Impl::run_model(const StepBatch& b, int max_blocks, int ma
     qk.k_weight = layer.k_norm.get();
     qk.positions = positions.get();
     qk.slot_mapping = slots.get();
-    if (max_q_len == 1) {  // decode reads the cache: write it here; prefill writes it itself
+    if (shape.decodes > 0) {  // the decode kernel reads the cache: write it here (prefill writes its own)
       qk.key_cache = layer.key_cache.get();
       qk.value_cache = layer.value_cache.get();
     }
@@ -383,7 +396,7 @@ void CudaModelRunner::Impl::run_model(const StepBatch& b, int max_blocks, int ma
     qk.norm = norm;
     kernels::launch_qk_norm_rope_cache_write(qk, stream);
     timer.mark("norms");
-    attention(layer, b, max_blocks, max_q_len, attention_kv_len);
+    attention(layer, shape);
     timer.mark("attention");
     gemm.linear(attn.get(), layer.o_proj.get(), attn_out.get(), t, qd, h, false, stream);
     timer.mark("gemm");
@@ -434,50 +447,63 @@ Tensor CudaModelRunner::forward(const StepBatch& b) {
     check(slot >= 0 && slot < std::int64_t(m.num_blocks) * m.block_size, "forward: slot ", slot, " outside the cache");
   for (int r : b.logit_rows) check(r >= 0 && r < t, "forward: logit row ", r, " out of range");
 
-  int max_blocks = 1, max_q_len = 0, max_kv_len = 0;
+  // Split the step: leading one-token sequences to the decode kernel, the rest to prefill.
+  StepShape shape;
+  shape.tokens = t;
+  shape.seqs = s;
   for (int i = 0; i < s; ++i) {
-    max_blocks = std::max(max_blocks, int(b.block_tables[std::size_t(i)].size()));
-    max_q_len = std::max(max_q_len, b.cu_seqlens_q[std::size_t(i) + 1] - b.cu_seqlens_q[std::size_t(i)]);
-    max_kv_len = std::max(max_kv_len, b.kv_lens[std::size_t(i)]);
-    check(b.kv_lens[std::size_t(i)] <= int(b.block_tables[std::size_t(i)].size()) * m.block_size,
-          "forward: sequence ", i, " has more tokens than its blocks hold");
+    const int q_len = b.cu_seqlens_q[std::size_t(i) + 1] - b.cu_seqlens_q[std::size_t(i)];
+    const int kv_len = b.kv_lens[std::size_t(i)];
+    check(q_len >= 1 && q_len <= kv_len, "forward: sequence ", i, " has q_len ", q_len, " and kv_len ", kv_len);
+    check(kv_len <= int(b.block_tables[std::size_t(i)].size()) * m.block_size, "forward: sequence ", i,
+          " has more tokens than its blocks hold");
+    shape.max_blocks = std::max(shape.max_blocks, int(b.block_tables[std::size_t(i)].size()));
+    if (q_len == 1 && shape.decodes == i) {
+      ++shape.decodes;
+      shape.decode_kv_len = std::max(shape.decode_kv_len, kv_len);
+    } else {
+      shape.prefill_q_len = std::max(shape.prefill_q_len, q_len);
+      shape.prefill_kv_len = std::max(shape.prefill_kv_len, kv_len);
+    }
   }
-  // Decode steps replay CUDA graphs keyed by (sequences, block-table width); the width is
+  // All-decode steps replay CUDA graphs keyed by (sequences, block-table width); the width is
   // rounded up to a power of two so that a growing context re-captures rarely, and the decode
-  // kernel's split size then comes from that width's capacity, not this step's longest context.
-  const bool graph = m.use_graphs && max_q_len == 1;
+  // kernel's splits are sized from that width's capacity, not this step's longest context.
+  const bool graph = m.use_graphs && shape.decodes == s;
   if (graph) {
     int width = 1;
-    while (width < max_blocks) width *= 2;
-    max_blocks = width;
+    while (width < shape.max_blocks) width *= 2;
+    shape.max_blocks = width;
+    shape.decode_kv_len = width * m.block_size;
   }
-  const int attention_kv_len = graph ? max_blocks * m.block_size : max_kv_len;
 
-  // Step metadata into the device buffers (the block table padded to max_blocks with block 0,
-  // which is never read past a sequence's length).
-  std::vector<std::int32_t> table(std::size_t(s) * std::size_t(max_blocks), 0);
+  // Step metadata into the device buffers (the block table padded with block 0, which is never
+  // read past a sequence's length).
+  std::vector<std::int32_t> table(std::size_t(s) * std::size_t(shape.max_blocks), 0);
   for (int i = 0; i < s; ++i)
     for (std::size_t j = 0; j < b.block_tables[std::size_t(i)].size(); ++j) {
       const int block = b.block_tables[std::size_t(i)][j];
       check(block >= 0 && block < m.num_blocks, "forward: block ", block, " is not in the cache");
-      table[std::size_t(i) * std::size_t(max_blocks) + j] = block;
+      table[std::size_t(i) * std::size_t(shape.max_blocks) + j] = block;
     }
+  std::vector<std::int32_t> prefill_cu_seqlens;  // the prefill part's, starting at 0
+  for (int i = shape.decodes; i <= s; ++i) prefill_cu_seqlens.push_back(b.cu_seqlens_q[std::size_t(i)] - shape.decodes);
   m.reserve(std::size_t(t));
   m.logits.reserve(std::size_t(std::max(rows, 1)) * std::size_t(c.vocab_size));  // rows that sample only
   m.tokens.upload(b.tokens, m.stream);
   m.positions.upload(b.positions, m.stream);
   m.slots.upload(b.slot_mapping, m.stream);
-  m.cu_seqlens.upload(b.cu_seqlens_q, m.stream);
+  m.prefill_cu_seqlens.upload(prefill_cu_seqlens, m.stream);
   m.kv_lens.upload(b.kv_lens, m.stream);
   m.block_table.upload(table, m.stream);
   m.logit_rows.upload(b.logit_rows, m.stream);
   if (graph) {
-    const kernels::DecodeParams probe = m.decode_params(m.layers[0], s, max_blocks, attention_kv_len);
+    const kernels::DecodeParams probe = m.decode_params(m.layers[0], s, shape.max_blocks, shape.decode_kv_len);
     m.decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(probe, probe.num_splits)));
-    m.replay_or_capture(b, max_blocks, attention_kv_len);
+    m.replay_or_capture(shape, rows);
   } else {
     m.timer.begin(m.stream);
-    m.run_model(b, max_blocks, max_q_len, attention_kv_len);
+    m.run_model(shape, rows);
   }
 
   Tensor logits = Tensor::empty(DType::F32, {rows, c.vocab_size});

@@ -66,11 +66,17 @@ TEST_P(CudaModel, MatchesTheCpuRunnerOnPrefillDecodeAndMixedSteps) {
   add_sequence(decode, seqs[2], 100, 101, tables[2], block_size);
   compare_step(decode, "decode");
 
-  StepBatch mixed;  // a chunk after a cached prefix, with decodes
+  StepBatch mixed;  // a chunk after a cached prefix, then decodes: all through prefill
   add_sequence(mixed, seqs[0], 38, 90, tables[0], block_size);
   add_sequence(mixed, seqs[1], 2, 3, tables[1], block_size);
   add_sequence(mixed, seqs[2], 101, 102, tables[2], block_size);
-  compare_step(mixed, "mixed");
+  compare_step(mixed, "mixed, chunk first");
+
+  StepBatch split;  // decodes first, then a chunk: decode kernel and prefill kernel together
+  add_sequence(split, seqs[1], 3, 4, tables[1], block_size);
+  add_sequence(split, seqs[2], 102, 103, tables[2], block_size);
+  add_sequence(split, seqs[0], 90, 117, tables[0], block_size);
+  compare_step(split, "mixed, decodes first");
 }
 
 TEST_P(CudaModel, EngineRunsToCompletion) {

@@ -16,6 +16,18 @@
 
 namespace asynct {
 
+// Raises a kernel's dynamic shared-memory limit to `bytes` (beyond the default 48 KB), once per
+// kernel rather than on every launch: the call costs host time on the decode hot path. The
+// attribute belongs to the current device; asynct runs one device per process.
+template <auto kKernel>
+void allow_dynamic_smem(int bytes) {
+  static const bool done = [bytes] {
+    ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return true;
+  }();
+  (void)done;
+}
+
 // After a kernel launch: turns a launch error into asynct::Error.
 inline void check_launch(const char* kernel) {
   cudaError_t status = cudaGetLastError();

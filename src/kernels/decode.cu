@@ -355,10 +355,9 @@ template <int kHeadDim, int kGroup, typename Policy>
 void launch_with(const Stage1Args& a, const Policy& policy, int splits, cudaStream_t stream) {
   const std::size_t reduction = sizeof(float) * ((kThreads / (kHeadDim / 8)) * kGroup * (kHeadDim + 1) + kGroup);
   const std::size_t smem = std::max(sizeof(DecodeSmem<kGroup>), reduction);
-  auto kernel = decode_stage1<kHeadDim, kGroup, Policy>;
-  ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  allow_dynamic_smem<decode_stage1<kHeadDim, kGroup, Policy>>(int(smem));
   dim3 grid(a.p.kv.num_kv_heads, a.p.num_seqs, splits);
-  kernel<<<grid, kThreads, smem, stream>>>(a, policy);
+  decode_stage1<kHeadDim, kGroup, Policy><<<grid, kThreads, smem, stream>>>(a, policy);
   check_launch("decode_stage1");
 }
 

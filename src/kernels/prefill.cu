@@ -507,11 +507,9 @@ __global__ void __launch_bounds__(Config<D, BlockM>::kThreads)
 template <int D, class Gate, int BlockM>
 void launch_with(const PrefillParams& p, float scale, cudaStream_t stream) {
   using C = Config<D, BlockM>;
-  auto kernel = prefill_kernel<D, BlockM, Gate>;
-  ASYNCT_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes));
+  allow_dynamic_smem<prefill_kernel<D, BlockM, Gate>>(C::kSmemBytes);
   const dim3 grid((p.max_q_len + C::kBlockM - 1) / C::kBlockM, p.num_q_heads, p.num_seqs);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale);
+  prefill_kernel<D, BlockM, Gate><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale);
   check_launch("launch_prefill");
 }
 

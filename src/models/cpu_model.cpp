@@ -30,14 +30,6 @@ CpuModelRunner::CpuModelRunner(ModelWeights weights, int num_blocks, int block_s
   }
 }
 
-namespace {
-Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor out = Tensor::empty(DType::F32, a.shape());
-  for (std::int64_t i = 0; i < a.numel(); ++i) out.data_as<float>()[i] = a.data_as<float>()[i] + b.data_as<float>()[i];
-  return out;
-}
-}  // namespace
-
 Tensor CpuModelRunner::attention_block(int layer, const Tensor& x, const StepBatch& batch,
                                        const Tensor& table) {
   const ModelConfig& c = weights_.config;

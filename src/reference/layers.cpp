@@ -19,6 +19,15 @@ Tensor embedding(const Tensor& table, const std::vector<std::int32_t>& tokens) {
   return out;
 }
 
+Tensor add(const Tensor& a, const Tensor& b) {
+  expect_dtype(a, DType::F32, "add: a");
+  expect_dtype(b, DType::F32, "add: b");
+  expect_shape(b, a.shape(), "add: b");
+  Tensor sum = Tensor::empty(DType::F32, a.shape());
+  for (std::int64_t i = 0; i < a.numel(); ++i) sum.data_as<float>()[i] = a.data_as<float>()[i] + b.data_as<float>()[i];
+  return sum;
+}
+
 Tensor linear(const Tensor& x, const Tensor& weight) {
   expect_dtype(x, DType::F32, "linear: x");
   expect_dtype(weight, DType::F32, "linear: weight");

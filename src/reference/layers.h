@@ -12,6 +12,9 @@ namespace asynct {
 // [0, vocab) is an error naming the id and its position.
 Tensor embedding(const Tensor& table, const std::vector<std::int32_t>& tokens);
 
+// a + b, elementwise (float32, same shape): the residual add.
+Tensor add(const Tensor& a, const Tensor& b);
+
 // x: float32 [rows, in]; weight: float32 [out, in] (PyTorch's nn.Linear layout); y = x W^T.
 Tensor linear(const Tensor& x, const Tensor& weight);
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "reference/layers.h"
+
 namespace asynct {
 
 Tensor norm(const Tensor& x, const Tensor& weight, const NormConfig& config) {
@@ -31,22 +33,11 @@ Tensor norm(const Tensor& x, const Tensor& weight, const NormConfig& config) {
   return y;
 }
 
-namespace {
-Tensor add(const Tensor& a, const Tensor& b, const char* what) {
-  expect_dtype(a, DType::F32, what);
-  expect_dtype(b, DType::F32, what);
-  expect_shape(b, a.shape(), what);
-  Tensor sum = Tensor::empty(DType::F32, a.shape());
-  for (std::int64_t i = 0; i < a.numel(); ++i)
-    sum.data_as<float>()[i] = a.data_as<float>()[i] + b.data_as<float>()[i];
-  return sum;
-}
-}  // namespace
 
 NormAndResidual fused_add_norm(const Tensor& x, const Tensor& residual, const Tensor& weight,
                                const NormConfig& config) {
   NormAndResidual r;
-  r.residual = add(residual, x, "fused_add_norm: residual and x");
+  r.residual = add(residual, x);
   r.out = norm(r.residual, weight, config);
   return r;
 }
@@ -55,8 +46,7 @@ NormAndResidual post_attn_pre_mlp(const Tensor& attn_out, const Tensor& residual
                                   const Tensor& out_norm_weight, const Tensor& next_norm_weight,
                                   const NormConfig& config) {
   NormAndResidual r;
-  r.residual = add(residual, norm(attn_out, out_norm_weight, config),
-                   "post_attn_pre_mlp: residual and attn_out");
+  r.residual = add(residual, norm(attn_out, out_norm_weight, config));
   r.out = norm(r.residual, next_norm_weight, config);
   return r;
 }

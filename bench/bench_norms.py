@@ -42,12 +42,12 @@ def main():
             def step():
                 fn(counter[0] % sets)
                 counter[0] += 1
-            ms = median_ms(step, warmup=10, reps=100)
+            ms = median_ms(step, warmup=10, reps=20)
             row[name + "_us"] = ms * 1e3
             row[name + "_of_ceiling"] = nbytes / (ms * 1e-3) / (copy_tb_s * 1e12)
         # PyTorch's own RMSNorm for scale (eager, unfused, no clip).
         xf = xs[0]
-        ms = median_ms(lambda: torch.nn.functional.rms_norm(xf, (HIDDEN,), w1, 1e-6), warmup=10, reps=100)
+        ms = median_ms(lambda: torch.nn.functional.rms_norm(xf, (HIDDEN,), w1, 1e-6), warmup=10, reps=20)
         row["torch_rms_norm_us"] = ms * 1e3
         rows.append(row)
         del xs, rs, outs

@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: timing with CUDA events, the ceilings, the library path."""
+"""Shared pieces of the benchmarks: timing with CUDA graphs and events, the ceilings, the library path."""
 import argparse
 import json
 import os
@@ -10,19 +10,48 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 
-def median_ms(fn, warmup=5, reps=30):
-    """Median time of fn() in milliseconds, timed with CUDA events after a warm-up."""
+def median_ms(fn, warmup=3, reps=15, inner=10, graph=True):
+    """Median GPU time of one fn() call in milliseconds.
+
+    `inner` calls are captured in a CUDA graph (falling back to a plain loop when fn cannot be
+    captured) and each replay is timed with CUDA events behind a short GPU sleep, so that the
+    host's launch overhead (Python, ctypes) is not counted and kernels run back to back, as in
+    the engine's decode graphs. fn should rotate its inputs if it must not be timed out of L2.
+    graph=False times plain calls (for the ceilings: a graph turns a copy into a copy-engine
+    transfer, slower than a copy kernel, and long matmuls do not need it).
+    """
     for _ in range(warmup):
         fn()
+    torch.cuda.synchronize()
+    try:
+        if not graph:
+            raise RuntimeError("plain calls")
+        captured = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(captured):
+            for _ in range(inner):
+                fn()
+        run = captured.replay
+    except RuntimeError:
+        torch.cuda.synchronize()
+        def run():
+            for _ in range(inner):
+                fn()
+    run()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(200_000)  # ~0.1 ms of GPU work while the host queues the rest
         start.record()
-        fn()
+        run()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(start.elapsed_time(end) / inner)
     times.sort()
     return times[len(times) // 2]
 

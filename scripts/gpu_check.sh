@@ -7,7 +7,7 @@
 # STAGES picks what runs (default: all, in this order):
 #   build tests sanitizer torch bench scenarios
 # e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings.
-# GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters) and BENCHES (e.g. "decode norms") narrow
+# GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters) and BENCHES (e.g. "decode norms") narrow
 # further. Needs the Debian packages of scripts/device_deps.sh in .deps/ when the machine
 # lacks GoogleTest, nlohmann-json and CLI11.
 set -uo pipefail
@@ -38,14 +38,14 @@ fi
 if want tests; then
   echo "== GPU tests =="
   # A hung kernel is cut off by the timeout instead of eating the machine's time.
-  timeout 300 build/gpu/tests/asynct_gpu_tests --gtest_filter="${GPU_TEST_FILTER:-*}" \
+  timeout "${GPU_TEST_TIMEOUT:-300}" build/gpu/tests/asynct_gpu_tests --gtest_filter="${GPU_TEST_FILTER:-*}" \
     >"$out/gpu_tests.log" 2>&1 || status=1
-  grep -E "^\[  (PASSED|FAILED) |tests ran|Failure|relative error" "$out/gpu_tests.log" | head -60
+  grep -E "^\[ *(OK|PASSED|FAILED) *\]|tests ran|Failure|relative error" "$out/gpu_tests.log" | head -100
 fi
 
 if want sanitizer && command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer (memcheck, small cases) =="
-  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/asynct_gpu_tests \
+  timeout "${SANITIZER_TIMEOUT:-240}" compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/asynct_gpu_tests \
     --gtest_filter="${SANITIZER_FILTER:-*Plumbing*:*Small*}" >"$out/sanitizer.log" 2>&1 || status=1
   tail -3 "$out/sanitizer.log"
 fi

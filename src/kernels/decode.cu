@@ -1,12 +1,24 @@
-// Paged decode attention. One CTA handles one (KV head, sequence, split): the query heads that
-// share the KV head share its K/V loads. Each chunk of keys goes through three phases:
-//   1. scores: a group of head_dim/8 threads shares one key's dot products (16-byte loads of K,
-//      shuffle reduction), scores land in shared memory;
-//   2. gate:   the policy turns scores into weights P. The async policy also compacts the keys
-//      whose P is non-zero for some head (sparse-P); softmax rescales its running state;
-//   3. PV:     thread groups walk the (compacted) key list and load only those V rows.
-// With several splits, stage 2 combines the partial outputs: a plain sum for the async gate
-// (additivity: each split recomputes its W-1 halo scores), the log-sum-exp merge for softmax.
+// Paged decode attention: one query token per sequence against its cached K/V.
+//
+// Decode reads every cached key (and, for softmax, every value) once and does little arithmetic
+// on it, so the kernel is a stream: what matters is keeping enough bytes in flight to cover HBM
+// latency, and never stopping the stream at a block-wide barrier. Hence:
+//   * one CTA (4 warps) per (KV head, sequence, split); the query heads that share the KV head
+//     are computed together, so each K/V row is loaded once for all of them (GQA);
+//   * each warp walks its own contiguous run of keys, a tile at a time, with no barrier until
+//     the end: a key's head_dim is spread over kLanesPerKey lanes (8 bf16 = 16 bytes each), so a
+//     warp load instruction fetches 32/kLanesPerKey whole keys, and kUnroll of them are in
+//     flight per tile. The dot products finish with a shuffle reduction inside the lane group;
+//   * the next tile's keys are loaded before this tile's gate and P V run (register
+//     double-buffering), so the memory pipe stays busy while the warp computes;
+//   * the gate is a policy (SoftmaxGate / AsyncGate) and is all that differs between the two:
+//     softmax keeps an online max and sum per head and loads V together with K; the async gate
+//     pools the ReLU'd scores over the window (a W-1 halo of scores carried from tile to tile
+//     in warp-private shared memory), compacts the keys whose P is non-zero for some head of the
+//     group (sparse-P) and loads only their V rows;
+//   * with several splits, stage 2 combines the partial outputs: a plain sum for the async gate
+//     (additivity; each warp recomputes the scores of its W-1 halo keys), the log-sum-exp merge
+//     for softmax. One split finishes in stage 1.
 #include "kernels/decode.h"
 
 #include <algorithm>
@@ -20,22 +32,20 @@
 namespace asynct::kernels {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kChunk = 512;     // keys per chunk (scores live in shared memory)
-constexpr int kMaxHalo = 7;     // pool window <= 8
-constexpr int kUnroll = 4;      // independent 16-byte loads in flight per thread
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kMaxHalo = 7;  // pool window <= 8
+constexpr unsigned kFull = 0xffffffffu;
 
-struct DecodeShape {
-  int head_dim, group, pool_window;
+template <int kHeadDim, int kGroup>
+struct Layout {
+  static constexpr int kLanesPerKey = kHeadDim / 8;          // 8, 16 or 32 lanes share a key
+  static constexpr int kKeysPerLoad = 32 / kLanesPerKey;     // whole keys per warp load
+  // 16-byte loads in flight per lane and per tile; fewer for big groups (registers: q and o
+  // hold 8 floats per query head).
+  static constexpr int kUnroll = kGroup <= 2 ? 8 : (kGroup == 4 ? 4 : 2);
+  static constexpr int kTile = kKeysPerLoad * kUnroll;       // keys per warp iteration
 };
-
-// Where key/value `pos` of a sequence lives, through the block table.
-__device__ __forceinline__ long long kv_row(const PagedKv& kv, const std::int32_t* table,
-                                            int pos, int kv_head) {
-  const int block = table[pos / kv.block_size];  // block_size is a power of two: cheap
-  return ((long long)block * kv.block_size + (pos & (kv.block_size - 1))) * kv.num_kv_heads +
-         kv_head;
-}
 
 __device__ __forceinline__ Bf16x8 load_stream(const bf16* p) {
   // K and V are read once: keep them out of L1.
@@ -48,278 +58,406 @@ __device__ __forceinline__ Bf16x8 load_stream(const bf16* p) {
   return out;
 }
 
-// Shared memory of one CTA.
-template <int kGroup>
-struct DecodeSmem {
-  float scores[kGroup][kChunk + kMaxHalo + 1];
-  float weights[kGroup][kChunk];  // P of the listed keys
-  int keys[kChunk];               // the key positions the PV phase visits
-  int list_size;
-  float reduce[kThreads / 32][kGroup];
+// Where one sequence's keys live: the block table and the cache geometry of one KV head.
+struct SeqCache {
+  const std::int32_t* table;
+  int block_shift, block_mask, row_stride;  // row_stride = num_kv_heads * head_dim
+  int kv_head_offset;                       // kv_head * head_dim
+
+  // Element offset of key/value `pos` (this KV head) in the cache.
+  __device__ __forceinline__ long long offset(int pos) const {
+    const long long block = table[pos >> block_shift];
+    return ((block << block_shift) + (pos & block_mask)) * row_stride + kv_head_offset;
+  }
 };
 
-// ---- The gates as policies: what happens between the scores and the PV loop. -------------
+// The warps' private scratch during the key walk, and the CTA's merge buffer at the end.
+template <int kHeadDim, int kGroup>
+union DecodeSmem {
+  using L = Layout<kHeadDim, kGroup>;
+  struct Warp {
+    float scores[kGroup][kMaxHalo + L::kTile];  // async: carried halo, then this tile
+    // async: P of the listed keys and where their V rows are; two buffers, because a tile's
+    // V rows are used one tile later, while the next list is being built.
+    float weights[2][L::kTile][kGroup];
+    long long offsets[2][L::kTile];
+  } warp[kWarps];
+  struct Merge {
+    float out[kWarps][kGroup][kHeadDim];
+    float max[kWarps][kGroup];
+    float sum[kWarps][kGroup];
+  } merge;
+};
 
-struct AsyncPolicy {
-  static constexpr bool kSparse = true;
-  int window;
-  float alpha[8], sigma[8], gamma[8];
-
-  template <int kGroup>
-  __device__ void init(const GateArgs& gate, int first_head) {
+// Scores of this lane's keys for one tile: q . k, reduced over the lanes sharing each key.
+template <int kLanesPerKey, int kGroup, int kUnroll>
+__device__ __forceinline__ void tile_scores(const float (&q)[kGroup][8], const Bf16x8 (&k)[kUnroll],
+                                            float (&s)[kUnroll][kGroup]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    float kf[8];
+    to_float8(k[u], kf);
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
-      alpha[h] = gate.alpha[first_head + h];
-      sigma[h] = gate.sigma[first_head + h];
-      gamma[h] = gate.gamma[first_head + h];
+      float dot = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot = fmaf(q[h][e], kf[e], dot);
+#pragma unroll
+      for (int off = kLanesPerKey / 2; off; off >>= 1) dot += __shfl_xor_sync(kFull, dot, off);
+      s[u][h] = dot;
     }
   }
-  __device__ int halo() const { return window - 1; }
-  __device__ float score(float s) const { return s; }
+}
 
-  // Lists the keys with a non-zero P for some head of the group (sparse-P).
+// ---- The gates as policies: what happens between a tile's scores and its P V. -------------
+
+struct SoftmaxGate {
+  static constexpr bool kLoadValuesWithKeys = true;  // every V row is needed
+  float softcap;
+
   template <int kGroup>
-  __device__ void gate_chunk(DecodeSmem<kGroup>& sm, int chunk_begin, int chunk_end, int halo,
-                             unsigned long long* nonzero) {
+  struct State {
+    float max[kGroup], sum[kGroup];
+  };
+  template <int kGroup>
+  __device__ void start(State<kGroup>& st) const {
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) st.max[h] = -FLT_MAX, st.sum[h] = 0.0f;
+  }
+  template <int kHeadDim, int kGroup, typename Smem>
+  __device__ void start_warp(Smem&, const SeqCache&, const bf16*, const float (&)[kGroup][8], int,
+                             int) const {}
+
+  template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
+  __device__ void finish(State<kGroup>&, Smem&, const Bf16x8 (&)[kUnroll], float (&)[kGroup][8]) const {}
+
+  // Online softmax over the tile, then o += P V with the values loaded alongside the keys.
+  template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
+  __device__ void tile(State<kGroup>& st, Smem&, float (&s)[kUnroll][kGroup],
+                       const Bf16x8 (&v)[kUnroll], float (&o)[kGroup][8], const SeqCache&,
+                       const bf16*, int first_key, int end, unsigned long long (&counts)[2]) const {
+    using L = Layout<kHeadDim, kGroup>;
     const int lane = threadIdx.x & 31;
-    int local_nonzero = 0;
-    for (int base = chunk_begin; base < chunk_end; base += kThreads) {
-      const int j = base + int(threadIdx.x);
-      float p[kGroup];
-      bool any = false;
-      if (j < chunk_end) {
-        const int idx = j - chunk_begin + halo;  // index into scores
+    const int my_key = first_key + lane / L::kLanesPerKey;
+    float tile_max[kGroup];
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      tile_max[h] = -FLT_MAX;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        s[u][h] = my_key + u * L::kKeysPerLoad < end ? softcap_score(s[u][h], softcap) : -FLT_MAX;
+        tile_max[h] = fmaxf(tile_max[h], s[u][h]);
+      }
+#pragma unroll
+      for (int off = L::kLanesPerKey; off < 32; off <<= 1)
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFull, tile_max[h], off));
+      const float new_max = fmaxf(st.max[h], tile_max[h]);
+      const float rescale = __expf(st.max[h] - new_max);
+      st.max[h] = new_max;
+      st.sum[h] *= rescale;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[h][e] *= rescale;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float vf[8];
+      to_float8(v[u], vf);
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) {
+        const float p = __expf(s[u][h] - st.max[h]);
+        st.sum[h] += p;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[h][e] = fmaf(p, vf[e], o[h][e]);
+      }
+    }
+    if (lane == 0) {
+      const int valid = min(L::kTile, end - first_key);
+      counts[0] += (unsigned long long)valid * kGroup;
+      counts[1] += (unsigned long long)valid;
+    }
+  }
+};
+
+struct AsyncGate {
+  static constexpr bool kLoadValuesWithKeys = false;  // V rows wait for P: only non-zero ones
+  int window;
+  const float *alpha, *sigma, *gamma;  // per query head, device
+
+  template <int kGroup>
+  struct State {
+    float alpha[kGroup], sigma[kGroup], gamma[kGroup];
+    int pending = 0;  // keys listed by the previous tile, whose V rows are in flight
+    int buffer = 0;   // which list buffer the previous tile filled
+  };
+  template <int kGroup>
+  __device__ void start(State<kGroup>&) const {}
+  template <int kGroup>
+  __device__ void load_params(State<kGroup>& st, int first_head) const {
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      st.alpha[h] = alpha[first_head + h];
+      st.sigma[h] = sigma[first_head + h];
+      st.gamma[h] = gamma[first_head + h];
+    }
+  }
+
+  // The halo: the scores of the W-1 keys before the warp's first key (zero left of key 0,
+  // where the definition puts R = 0), recomputed rather than carried across warps or splits.
+  template <int kHeadDim, int kGroup, typename Smem>
+  __device__ void start_warp(Smem& sm, const SeqCache& cache, const bf16* key_cache,
+                             const float (&q)[kGroup][8], int begin, int) const {
+    using L = Layout<kHeadDim, kGroup>;
+    const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey;
+    for (int i = lane; i < kGroup * kMaxHalo; i += 32) sm.scores[i / kMaxHalo][i % kMaxHalo] = 0.0f;
+    __syncwarp();
+    const int halo = min(window - 1, begin);
+    for (int base = 0; base < halo; base += L::kKeysPerLoad) {  // warp-uniform bounds
+      const int i = base + lane / L::kLanesPerKey;
+      const int pos = begin - halo + i;
+      Bf16x8 k[1] = {};
+      if (i < halo) k[0] = load_stream(key_cache + cache.offset(pos) + slice * 8);
+      float s[1][kGroup];
+      tile_scores<L::kLanesPerKey, kGroup, 1>(q, k, s);
+      if (slice == 0 && i < halo)
+#pragma unroll
+        for (int h = 0; h < kGroup; ++h) sm.scores[h][kMaxHalo - halo + i] = s[0][h];
+    }
+    __syncwarp();
+  }
+
+  // o += P V for the previous tile's list, whose V rows were loaded one tile ago.
+  template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
+  __device__ void finish(State<kGroup>& st, Smem& sm, const Bf16x8 (&v)[kUnroll],
+                         float (&o)[kGroup][8]) const {
+    using L = Layout<kHeadDim, kGroup>;
+    const int key_lane = (threadIdx.x & 31) / L::kLanesPerKey;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = u * L::kKeysPerLoad + key_lane;
+      if (u * L::kKeysPerLoad >= st.pending) break;  // warp-uniform
+      if (i < st.pending) {
+        float vf[8];
+        to_float8(v[u], vf);
 #pragma unroll
         for (int h = 0; h < kGroup; ++h) {
-          float pooled = 0.0f;
-          for (int t = 0; t < window && j - t >= 0; ++t) pooled += fmaxf(sm.scores[h][idx - t], 0.0f);
-          pooled /= float(window);
-          p[h] = async_gate(sm.scores[h][idx], pooled, alpha[h], sigma[h], gamma[h]);
-          any |= p[h] != 0.0f;
-          local_nonzero += p[h] != 0.0f;
+          const float w = sm.weights[st.buffer][i][h];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) o[h][e] = fmaf(w, vf[e], o[h][e]);
         }
       }
-      // Append this warp's listed keys: one shared atomic per warp, ballot for the order.
-      const unsigned mask = __ballot_sync(0xffffffffu, any);
-      int warp_base = 0;
-      if (lane == 0 && mask) warp_base = atomicAdd(&sm.list_size, __popc(mask));
-      warp_base = __shfl_sync(0xffffffffu, warp_base, 0);
-      if (any) {
-        const int slot = warp_base + __popc(mask & ((1u << lane) - 1u));
-        sm.keys[slot] = j;
+    }
+    st.pending = 0;
+  }
+
+  // The previous tile's P V; then this tile's P from the pooled scores, the list of keys with a
+  // non-zero P for some head, and the loads of only their V rows (used by the next call).
+  template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
+  __device__ void tile(State<kGroup>& st, Smem& sm, float (&s)[kUnroll][kGroup],
+                       Bf16x8 (&v)[kUnroll], float (&o)[kGroup][8], const SeqCache& cache,
+                       const bf16* value_cache, int first_key, int end,
+                       unsigned long long (&counts)[2]) const {
+    using L = Layout<kHeadDim, kGroup>;
+    const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey;
+    const int key_lane = lane / L::kLanesPerKey;  // which key of each load this lane serves
+    finish<kHeadDim, kGroup>(st, sm, v, o);
+    const int buffer = st.buffer ^ 1;
+    // 1. This tile's scores after the carried halo.
+    if (slice == 0)
 #pragma unroll
-        for (int h = 0; h < kGroup; ++h) sm.weights[h][slot] = p[h];
+      for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+        for (int h = 0; h < kGroup; ++h) sm.scores[h][kMaxHalo + u * L::kKeysPerLoad + key_lane] = s[u][h];
+    __syncwarp();
+    // 2. The gate, and the compacted list of keys whose P is non-zero for some head.
+    int listed = 0;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = u * L::kKeysPerLoad + key_lane;  // index in the tile
+      const bool valid = first_key + t < end;
+      float p[kGroup];
+      bool any = false;
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) {
+        float pooled = 0.0f;
+        for (int w = 0; w < window; ++w) pooled += fmaxf(sm.scores[h][kMaxHalo + t - w], 0.0f);
+        pooled /= float(window);
+        p[h] = valid ? async_gate(s[u][h], pooled, st.alpha[h], st.sigma[h], st.gamma[h]) : 0.0f;
+        any |= p[h] != 0.0f;
+        if (slice == 0) counts[0] += p[h] != 0.0f;
       }
+      const unsigned leaders = __ballot_sync(kFull, any && slice == 0);
+      if (any && slice == 0) {
+        const int slot = listed + __popc(leaders & ((1u << lane) - 1u));
+        sm.offsets[buffer][slot] = cache.offset(first_key + t);
+#pragma unroll
+        for (int h = 0; h < kGroup; ++h) sm.weights[buffer][slot][h] = p[h];
+      }
+      listed += __popc(leaders);
     }
-    if (nonzero && local_nonzero) atomicAdd(nonzero, (unsigned long long)local_nonzero);
-  }
-  template <int kGroup>
-  __device__ void rescale(float (&)[kGroup][8], float (&)[kGroup]) const {}
-};
-
-struct SoftmaxPolicy {
-  static constexpr bool kSparse = false;
-  float softcap;
-  float running_max[8];  // per head, the same in every thread
-  float chunk_scale[8];  // exp(old max - new max) for this chunk
-
-  template <int kGroup>
-  __device__ void init(const GateArgs&, int) {
+    // Carry the last kMaxHalo scores to the front for the next tile.
+    constexpr int kCarried = kGroup * kMaxHalo, kPerLane = (kCarried + 31) / 32;
+    float carry[kPerLane];
+    __syncwarp();
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h) running_max[h] = -FLT_MAX;
-  }
-  __device__ int halo() const { return 0; }
-  __device__ float score(float s) const { return softcap_score(s, softcap); }
-
-  template <int kGroup>
-  __device__ void gate_chunk(DecodeSmem<kGroup>& sm, int chunk_begin, int chunk_end, int,
-                             unsigned long long* nonzero) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int n = chunk_end - chunk_begin;
-    // The chunk's max per head, then the new running max.
-    float local[kGroup];
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      local[h] = -FLT_MAX;
-      for (int i = threadIdx.x; i < n; i += kThreads) local[h] = fmaxf(local[h], sm.scores[h][i]);
-      for (int o = 16; o; o >>= 1) local[h] = fmaxf(local[h], __shfl_xor_sync(0xffffffffu, local[h], o));
-      if (lane == 0) sm.reduce[warp][h] = local[h];
+    for (int j = 0; j < kPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (i < kCarried) carry[j] = sm.scores[i / kMaxHalo][L::kTile + i % kMaxHalo];
     }
-    __syncthreads();
+    __syncwarp();
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      float m = running_max[h];
-      for (int w = 0; w < kThreads / 32; ++w) m = fmaxf(m, sm.reduce[w][h]);
-      chunk_scale[h] = __expf(running_max[h] - m);
-      running_max[h] = m;
+    for (int j = 0; j < kPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (i < kCarried) sm.scores[i / kMaxHalo][i % kMaxHalo] = carry[j];
     }
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      sm.keys[i] = chunk_begin + i;
+    // 3. Only the listed keys' V rows: in flight until the next tile (or finish) uses them.
 #pragma unroll
-      for (int h = 0; h < kGroup; ++h) sm.weights[h][i] = __expf(sm.scores[h][i] - running_max[h]);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = u * L::kKeysPerLoad + key_lane;
+      if (u * L::kKeysPerLoad < listed && i < listed)
+        v[u] = load_stream(value_cache + sm.offsets[buffer][i] + slice * 8);
     }
-    if (threadIdx.x == 0) sm.list_size = n;
-    if (nonzero && threadIdx.x == 0) atomicAdd(nonzero, (unsigned long long)n * kGroup);
-  }
-  // Brings the running output and denominator to the new max.
-  template <int kGroup>
-  __device__ void rescale(float (&o)[kGroup][8], float (&l)[kGroup]) const {
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      l[h] *= chunk_scale[h];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[h][e] *= chunk_scale[h];
-    }
+    if (lane == 0) counts[1] += listed;
+    st.pending = listed;
+    st.buffer = buffer;
   }
 };
 
-// ---- Stage 1 --------------------------------------------------------------------------------
+// ---- Stage 1: one CTA per (KV head, sequence, split) -----------------------------------------
 
 struct Stage1Args {
   DecodeParams p;
   int keys_per_split;
+  int block_shift;
+  int heads_per_cta;  // KV heads whose warps share a CTA (see kv_heads_per_cta)
   float scale;
   float* partial_out;  // [splits, seqs, Hq, D] (null when one split)
   float* partial_max;  // [splits, seqs, Hq] softmax only
   float* partial_sum;
 };
 
-template <int kHeadDim, int kGroup, typename Policy>
-__global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a, Policy policy) {
-  constexpr int kGroupThreads = kHeadDim / 8;  // threads sharing one key's dot product
-  constexpr int kKeyGroups = kThreads / kGroupThreads;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<DecodeSmem<kGroup>*>(smem_raw);
-
+template <int kHeadDim, int kGroup, typename Gate>
+__global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a, Gate gate) {
+  using L = Layout<kHeadDim, kGroup>;
+  constexpr bool kSoftmax = Gate::kLoadValuesWithKeys;
+  __shared__ DecodeSmem<kHeadDim, kGroup> sm;
   const DecodeParams& p = a.p;
-  const int kv_head = blockIdx.x, seq = blockIdx.y, split = blockIdx.z;
-  // Clamped to what the block table can address, so a bad length cannot read past it.
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
+  // Warp -> (KV head, run of keys): the CTA's warps serve neighbouring KV heads over the same
+  // keys, so together they read whole stretches of each token's K/V row (the cache interleaves
+  // the heads of a token); with fewer heads than warps, the heads' keys are split into runs.
+  const int head_slot = warp % a.heads_per_cta, run = warp / a.heads_per_cta;
+  const int runs = kWarps / a.heads_per_cta;
+  const int kv_head = blockIdx.x * a.heads_per_cta + head_slot, seq = blockIdx.y, split = blockIdx.z;
+  const int first_head = kv_head * kGroup;
+
+  // This split's keys, clamped to what the block table can address, then this warp's run.
   const int kv_len = min(p.kv_lens[seq], p.kv.max_blocks_per_seq * p.kv.block_size);
   const int split_begin = split * a.keys_per_split;
   const int split_end = min(kv_len, split_begin + a.keys_per_split);
-  const int key_group = threadIdx.x / kGroupThreads;
-  const int slice = threadIdx.x % kGroupThreads;  // which 8 elements of head_dim
-  const std::int32_t* table = p.kv.block_table + (long long)seq * p.kv.max_blocks_per_seq;
-  const int first_head = kv_head * kGroup;
-  policy.template init<kGroup>(p.gate, first_head);
+  const int split_len = max(0, split_end - split_begin);
+  const int warp_len = (split_len + runs * L::kTile - 1) / (runs * L::kTile) * L::kTile;
+  const int begin = split_begin + run * warp_len;
+  const int end = min(split_end, begin + warp_len);
 
-  // This thread's 8 elements of each query head, pre-scaled.
+  const SeqCache cache{p.kv.block_table + (long long)seq * p.kv.max_blocks_per_seq, a.block_shift,
+                       p.kv.block_size - 1, p.kv.num_kv_heads * kHeadDim, kv_head * kHeadDim};
+
+  // This lane's 8 elements of each query head, pre-scaled.
   float q[kGroup][8];
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
-    to_float8(load_bf16x8(p.query + ((long long)seq * p.num_q_heads + first_head + h) * kHeadDim +
-                          slice * 8), q[h]);
+    to_float8(load_bf16x8(p.query + ((long long)seq * p.num_q_heads + first_head + h) * kHeadDim + slice * 8), q[h]);
 #pragma unroll
     for (int e = 0; e < 8; ++e) q[h][e] *= a.scale;
   }
+  typename Gate::template State<kGroup> state;
+  gate.template start<kGroup>(state);
+  if constexpr (!kSoftmax) gate.template load_params<kGroup>(state, first_head);
   float o[kGroup][8] = {};
-  float l[kGroup] = {};
-  unsigned long long* nonzero = p.counters;
-  int rows_loaded = 0;
+  unsigned long long counts[2] = {0, 0};  // non-zero P entries, V rows loaded
 
-  for (int chunk_begin = split_begin; chunk_begin < split_end; chunk_begin += kChunk) {
-    const int chunk_end = min(split_end, chunk_begin + kChunk);
-    const int halo = min(policy.halo(), chunk_begin);  // recomputed, never carried
-    const int first = chunk_begin - halo;
-    const int count = chunk_end - first;
-    if (threadIdx.x == 0) sm.list_size = 0;
-
-    // Phase 1: scores of keys first .. chunk_end-1.
-    // The loop bounds are the same for every thread: the shuffles below need whole warps.
-    for (int base = 0; base < count; base += kKeyGroups * kUnroll) {
-      Bf16x8 k[kUnroll] = {};
+  if (begin < end) {
+    gate.template start_warp<kHeadDim, kGroup>(sm.warp[warp], cache, p.kv.key_cache, q, begin, end);
+    Bf16x8 k[L::kUnroll], v[L::kUnroll];
+    auto load_rows = [&](Bf16x8(&dst)[L::kUnroll], const bf16* base, int first_key) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = base + key_group + u * kKeyGroups;
-        if (i < count)
-          k[u] = load_stream(p.kv.key_cache + kv_row(p.kv, table, first + i, kv_head) * kHeadDim + slice * 8);
+      for (int u = 0; u < L::kUnroll; ++u) {
+        const int key = first_key + u * L::kKeysPerLoad + key_lane;
+        dst[u] = key < end ? load_stream(base + cache.offset(key) + slice * 8) : Bf16x8{};
       }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = base + key_group + u * kKeyGroups;
-        float kf[8];
-        to_float8(k[u], kf);
-#pragma unroll
-        for (int h = 0; h < kGroup; ++h) {
-          float dot = 0.0f;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) dot = fmaf(q[h][e], kf[e], dot);
-#pragma unroll
-          for (int off = kGroupThreads / 2; off; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-          if (slice == 0 && i < count) sm.scores[h][i] = policy.score(dot);
-        }
-      }
+    };
+    load_rows(k, p.kv.key_cache, begin);
+    if constexpr (kSoftmax) load_rows(v, p.kv.value_cache, begin);
+    for (int first_key = begin; first_key < end; first_key += L::kTile) {
+      float s[L::kUnroll][kGroup];
+      tile_scores<L::kLanesPerKey, kGroup, L::kUnroll>(q, k, s);
+      const int next = first_key + L::kTile;
+      if (next < end) load_rows(k, p.kv.key_cache, next);  // in flight during gate and P V
+      gate.template tile<kHeadDim, kGroup>(state, sm.warp[warp], s, v, o, cache, p.kv.value_cache,
+                                           first_key, end, counts);
+      if constexpr (kSoftmax)
+        if (next < end) load_rows(v, p.kv.value_cache, next);
     }
-    __syncthreads();
-
-    // Phase 2: the gate.
-    policy.gate_chunk(sm, chunk_begin, chunk_end, halo, nonzero);
-    __syncthreads();
-    policy.rescale(o, l);
-
-    // Phase 3: P V over the listed keys.
-    const int listed = sm.list_size;
-    rows_loaded += listed;
-    for (int base = 0; base < listed; base += kKeyGroups * kUnroll) {
-      Bf16x8 v[kUnroll] = {};
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = base + key_group + u * kKeyGroups;
-        if (i < listed)
-          v[u] = load_stream(p.kv.value_cache + kv_row(p.kv, table, sm.keys[i], kv_head) * kHeadDim + slice * 8);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int i = base + key_group + u * kKeyGroups;
-        if (i >= listed) break;
-        float vf[8];
-        to_float8(v[u], vf);
-#pragma unroll
-        for (int h = 0; h < kGroup; ++h) {
-          const float w = sm.weights[h][i];
-          if (!Policy::kSparse && slice == 0) l[h] += w;
-#pragma unroll
-          for (int e = 0; e < 8; ++e) o[h][e] = fmaf(w, vf[e], o[h][e]);
-        }
-      }
-    }
-    __syncthreads();  // the next chunk overwrites the lists
+    gate.template finish<kHeadDim, kGroup>(state, sm.warp[warp], v, o);
   }
-  if (p.counters && threadIdx.x == 0) atomicAdd(p.counters + 1, (unsigned long long)rows_loaded);
+  if (p.counters) {  // counts live in the lanes that own a key (non-zero P) and in lane 0
+    if (counts[0]) atomicAdd(p.counters, counts[0]);
+    if (counts[1]) atomicAdd(p.counters + 1, counts[1]);
+  }
 
-  // Sum the key groups' partial outputs (and softmax denominators) through shared memory.
-  float* acc = reinterpret_cast<float*>(smem_raw);  // [kKeyGroups][kGroup][kHeadDim]
-  float* sums = acc + kKeyGroups * kGroup * kHeadDim;  // [kKeyGroups][kGroup]
-  float* maxes = sums + kKeyGroups * kGroup;           // [kGroup], softmax's running max
+  // The warp's partial output: sum over the lane groups that served different keys.
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[(key_group * kGroup + h) * kHeadDim + slice * 8 + e] = o[h][e];
-    if (slice == 0) sums[key_group * kGroup + h] = l[h];
-    if constexpr (!Policy::kSparse) {
-      if (threadIdx.x == 0) maxes[h] = policy.running_max[h];
+    for (int off = L::kLanesPerKey; off < 32; off <<= 1) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[h][e] += __shfl_xor_sync(kFull, o[h][e], off);
+      if constexpr (kSoftmax) state.sum[h] += __shfl_xor_sync(kFull, state.sum[h], off);
+    }
+  }
+  __syncthreads();  // the warps' scratch becomes the merge buffer
+  if (key_lane == 0) {
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sm.merge.out[warp][h][slice * 8 + e] = o[h][e];
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      if constexpr (kSoftmax) {
+        sm.merge.max[warp][h] = state.max[h];
+        sm.merge.sum[warp][h] = state.sum[h];
+      }
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kGroup * kHeadDim; idx += kThreads) {
-    const int h = idx / kHeadDim, d = idx % kHeadDim;
-    float total = 0.0f, denom = 0.0f;
-    for (int g = 0; g < kKeyGroups; ++g) {
-      total += acc[(g * kGroup + h) * kHeadDim + d];
-      denom += sums[g * kGroup + h];
+
+  // The CTA's outputs: per KV head, its runs' parts added (softmax: brought to a common max).
+  for (int idx = threadIdx.x; idx < a.heads_per_cta * kGroup * kHeadDim; idx += kThreads) {
+    const int slot = idx / (kGroup * kHeadDim), h = idx / kHeadDim % kGroup, d = idx % kHeadDim;
+    float total = 0.0f, denom = 0.0f, cta_max = -FLT_MAX;
+    if constexpr (kSoftmax) {
+      for (int w = slot; w < kWarps; w += a.heads_per_cta) cta_max = fmaxf(cta_max, sm.merge.max[w][h]);
+      for (int w = slot; w < kWarps; w += a.heads_per_cta) {
+        const float weight = __expf(sm.merge.max[w][h] - cta_max);  // empty runs have sum 0
+        total += weight * sm.merge.out[w][h][d];
+        denom += weight * sm.merge.sum[w][h];
+      }
+    } else {
+      for (int w = slot; w < kWarps; w += a.heads_per_cta) total += sm.merge.out[w][h][d];
     }
-    const long long row = (long long)seq * p.num_q_heads + first_head + h;
+    const long long row = (long long)seq * p.num_q_heads + (blockIdx.x * a.heads_per_cta + slot) * kGroup + h;
     if (a.partial_out == nullptr) {  // one split: finish here
-      if (!Policy::kSparse) total = denom > 0.0f ? total / denom : 0.0f;
+      if constexpr (kSoftmax) total = denom > 0.0f ? total / denom : 0.0f;
       p.out[row * kHeadDim + d] = __float2bfloat16(total);
     } else {
       const long long prow = (long long)split * p.num_seqs * p.num_q_heads + row;
       a.partial_out[prow * kHeadDim + d] = total;
-      if constexpr (!Policy::kSparse) {
-        if (d == 0) {
-          a.partial_max[prow] = split_begin < split_end ? maxes[h] : -FLT_MAX;
-          a.partial_sum[prow] = denom;
-        }
+      if (kSoftmax && d == 0) {
+        a.partial_max[prow] = cta_max;
+        a.partial_sum[prow] = denom;
       }
     }
   }
@@ -351,50 +489,70 @@ __global__ void decode_stage2(const float* partial_out, const float* partial_max
   }
 }
 
-template <int kHeadDim, int kGroup, typename Policy>
-void launch_with(const Stage1Args& a, const Policy& policy, int splits, cudaStream_t stream) {
-  const std::size_t reduction = sizeof(float) * ((kThreads / (kHeadDim / 8)) * kGroup * (kHeadDim + 1) + kGroup);
-  const std::size_t smem = std::max(sizeof(DecodeSmem<kGroup>), reduction);
-  allow_dynamic_smem<decode_stage1<kHeadDim, kGroup, Policy>>(int(smem));
-  dim3 grid(a.p.kv.num_kv_heads, a.p.num_seqs, splits);
-  decode_stage1<kHeadDim, kGroup, Policy><<<grid, kThreads, smem, stream>>>(a, policy);
+template <int kHeadDim, int kGroup, typename Gate>
+void launch_with(const Stage1Args& a, const Gate& gate, int splits, cudaStream_t stream) {
+  dim3 grid(a.p.kv.num_kv_heads / a.heads_per_cta, a.p.num_seqs, splits);
+  decode_stage1<kHeadDim, kGroup, Gate><<<grid, kThreads, 0, stream>>>(a, gate);
   check_launch("decode_stage1");
 }
 
-template <int kHeadDim, typename Policy>
-void dispatch_group(int group, const Stage1Args& a, const Policy& policy, int splits,
+template <int kHeadDim, typename Gate>
+void dispatch_group(int group, const Stage1Args& a, const Gate& gate, int splits,
                     cudaStream_t stream) {
   switch (group) {
-    case 1: return launch_with<kHeadDim, 1>(a, policy, splits, stream);
-    case 2: return launch_with<kHeadDim, 2>(a, policy, splits, stream);
-    case 4: return launch_with<kHeadDim, 4>(a, policy, splits, stream);
-    case 8: return launch_with<kHeadDim, 8>(a, policy, splits, stream);
+    case 1: return launch_with<kHeadDim, 1>(a, gate, splits, stream);
+    case 2: return launch_with<kHeadDim, 2>(a, gate, splits, stream);
+    case 4: return launch_with<kHeadDim, 4>(a, gate, splits, stream);
+    case 8: return launch_with<kHeadDim, 8>(a, gate, splits, stream);
   }
   check(false, "decode: ", group, " query heads per KV head; supported: 1, 2, 4, 8");
 }
 
-template <typename Policy>
-void dispatch(int head_dim, int group, const Stage1Args& a, const Policy& policy, int splits,
+template <typename Gate>
+void dispatch(int head_dim, int group, const Stage1Args& a, const Gate& gate, int splits,
               cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return dispatch_group<64>(group, a, policy, splits, stream);
-    case 128: return dispatch_group<128>(group, a, policy, splits, stream);
-    case 256: return dispatch_group<256>(group, a, policy, splits, stream);
+    case 64: return dispatch_group<64>(group, a, gate, splits, stream);
+    case 128: return dispatch_group<128>(group, a, gate, splits, stream);
+    case 256: return dispatch_group<256>(group, a, gate, splits, stream);
   }
   check(false, "decode: head_dim ", head_dim, " not supported (64, 128, 256)");
 }
 
 int ceil_div(long long a, long long b) { return int((a + b - 1) / b); }
 
+// How many KV heads one CTA serves: the most (4, 2 or 1: one per warp, or one per run of warps)
+// that divides the head count.
+int kv_heads_per_cta(int num_kv_heads) {
+  for (int n = kWarps; n > 1; n /= 2)
+    if (num_kv_heads % n == 0) return n;
+  return 1;
+}
+
+int multiprocessor_count() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
+    ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms;
+  }();
+  return count;
+}
+
 }  // namespace
 
 int decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int sm_count) {
-  // Aim for about four CTAs per multiprocessor (enough bytes in flight to cover HBM latency),
-  // but keep each split at least 256 keys long so the halo and stage 2 stay cheap.
-  const long long ctas = (long long)num_seqs * num_kv_heads;
-  const int wanted = ceil_div(4LL * sm_count, ctas);
-  const int most = std::max(1, ceil_div(max_kv_len, 256));
-  return std::clamp(wanted, 1, std::min(most, 256));
+  // One wave: as many CTAs as fit on the GPU at once (about three 4-warp CTAs per
+  // multiprocessor at the register use of the group-2 kernels), each streaming an equal share
+  // of the keys. More CTAs than that only add a ragged second wave; fewer leave bandwidth idle.
+  // Each warp keeps at least 64 keys so that the halo and stage 2 stay cheap.
+  constexpr int kResidentPerSm = 3;
+  const int heads_per_cta = kv_heads_per_cta(num_kv_heads);
+  const long long ctas = (long long)num_seqs * (num_kv_heads / heads_per_cta);
+  const long long wanted = std::max(1LL, (long long)kResidentPerSm * sm_count / ctas);
+  const int runs = kWarps / heads_per_cta;
+  const int most = std::max(1, ceil_div(max_kv_len, 64 * runs));
+  return int(std::min<long long>({wanted, most, 256}));
 }
 
 std::size_t decode_workspace_bytes(const DecodeParams& p, int num_splits) {
@@ -412,18 +570,17 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
         " query heads are not a multiple of ", p.kv.num_kv_heads, " KV heads");
   check(p.max_kv_len >= 1 && p.max_kv_len <= p.kv.max_blocks_per_seq * p.kv.block_size,
         "decode: max_kv_len ", p.max_kv_len, " outside 1..", p.kv.max_blocks_per_seq * p.kv.block_size);
+  check(p.gate.kind == GateKind::Softmax || p.gate.pool_window - 1 <= kMaxHalo, "decode: pool window ",
+        p.gate.pool_window, " above the supported ", kMaxHalo + 1);
   const int group = p.num_q_heads / p.kv.num_kv_heads;
 
   int splits = p.num_splits;
-  if (splits <= 0) {
-    int device = 0, sms = 0;
-    ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
-    ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    splits = decode_num_splits(p.num_seqs, p.kv.num_kv_heads, p.max_kv_len, sms);
-  }
+  if (splits <= 0) splits = decode_num_splits(p.num_seqs, p.kv.num_kv_heads, p.max_kv_len, multiprocessor_count());
   splits = std::min(splits, p.max_kv_len);
 
-  Stage1Args a{p, ceil_div(p.max_kv_len, splits), 0.0f, nullptr, nullptr, nullptr};
+  Stage1Args a{p, ceil_div(p.max_kv_len, splits), 0, kv_heads_per_cta(p.kv.num_kv_heads), 0.0f,
+               nullptr, nullptr, nullptr};
+  while ((1 << a.block_shift) < p.kv.block_size) ++a.block_shift;
   a.scale = p.scale != 0.0f ? p.scale : float(1.0 / std::sqrt(double(p.kv.head_dim)));
   if (splits > 1) {
     check(p.workspace != nullptr, "decode: ", splits, " splits need a workspace of ",
@@ -435,15 +592,11 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   }
 
   const bool softmax = p.gate.kind == GateKind::Softmax;
-  if (softmax) {
-    SoftmaxPolicy policy{};
-    policy.softcap = p.gate.softcap;
-    dispatch(p.kv.head_dim, group, a, policy, splits, stream);
-  } else {
-    AsyncPolicy policy{};  // per-head parameters are read by each CTA (init)
-    policy.window = p.gate.pool_window;
-    dispatch(p.kv.head_dim, group, a, policy, splits, stream);
-  }
+  if (softmax)
+    dispatch(p.kv.head_dim, group, a, SoftmaxGate{p.gate.softcap}, splits, stream);
+  else
+    dispatch(p.kv.head_dim, group, a, AsyncGate{p.gate.pool_window, p.gate.alpha, p.gate.sigma, p.gate.gamma},
+             splits, stream);
   if (splits > 1) {
     const int rows = p.num_seqs * p.num_q_heads;
     if (softmax)

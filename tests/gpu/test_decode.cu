@@ -100,6 +100,7 @@ void check_decode(const DecodeShape& shape, std::uint64_t seed) {
   AttentionCase c(rng, seqs, shape.hq, shape.hkv, shape.head_dim, /*bf16_exact=*/true);
   auto paged = c.paged(rng, shape.block_size);
   std::vector<Gate> gates = {random_async_gate(rng, shape.hq, 3), random_async_gate(rng, shape.hq, 1),
+                             random_async_gate(rng, shape.hq, 8),
                              random_async_gate(rng, shape.hq, 2), Gate::make_async(shape.hq, 3),
                              Gate::make_softmax(), Gate::make_softmax(10.0f)};
   for (const Gate& gate : gates) {

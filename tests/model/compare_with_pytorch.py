@@ -4,7 +4,12 @@ python/asynct_reference. Compares the first generated token's logits (relative F
 and the greedy tokens of several prompts for 32 steps.
 - CPU engine against PyTorch in float32 on the CPU: logits within 1e-4 (both compute in float32
   or better from the same bf16-exact weights).
-- CUDA engine (when PyTorch sees a GPU) against PyTorch in bf16 on the GPU: logits within 2e-2.
+- CUDA engine (when PyTorch sees a GPU, bf16 activations) against the same float32 PyTorch on the
+  GPU: logits within 1e-2.
+Greedy tokens must agree for all 32 steps, with one allowance: the CUDA engine rounds to bf16, so
+where the float32 reference's top two logits are closer than the engine's own logit error
+(TIE_FACTOR x the RMS logit error measured on the first token) it may pick the other one. The
+first such divergence ends the comparison of that prompt and is reported with its margin.
 
 Needs PyTorch and transformers (CTest label "torch"; not part of CI).
 Usage: python3 tests/model/compare_with_pytorch.py --asynct build/release/src/asynct
@@ -21,9 +26,10 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [200, 17], [9] * 20 + [31, 64, 5]]
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [200, 17], [9] * 20 + [31, 64, 5], [255, 0, 128, 64], list(range(40, 100, 3))]
 STEPS = 32
-LOGIT_TOLERANCE = {"cpu": 1e-4, "cuda": 2e-2}
+LOGIT_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-2}
+TIE_FACTOR = 4.0
 
 
 def engine_run(binary, checkpoint, workdir, device):
@@ -38,7 +44,7 @@ def engine_run(binary, checkpoint, workdir, device):
 
 
 def load_pytorch(arch, checkpoint, device):
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    dtype = torch.float32  # the truth the engine's bf16 path is measured against
     if arch == "qwen3":
         from transformers import Qwen3ForCausalLM
         return Qwen3ForCausalLM.from_pretrained(checkpoint, torch_dtype=dtype).to(device).eval()
@@ -65,15 +71,21 @@ def compare(binary, arch, workdir, device):
         ref = logits_of(model, prompt)
         got = torch.tensor(result["first_logits"], dtype=torch.float64, device=ref.device)
         err = ((got - ref).norm() / ref.norm()).item()
-        ids, tokens = list(prompt), []
-        for _ in range(STEPS):
-            tokens.append(int(logits_of(model, ids).argmax()))
-            ids.append(tokens[-1])
-        same = next((i for i, (a, b) in enumerate(zip(tokens, result["tokens"])) if a != b), STEPS)
-        ok = err <= LOGIT_TOLERANCE[device] and same == STEPS
+        tie = TIE_FACTOR * (got - ref).norm().item() / len(ref) ** 0.5 if device == "cuda" else 0.0
+        ids, same, note = list(prompt), 0, ""
+        for engine_token in result["tokens"][:STEPS]:
+            logits = logits_of(model, ids)
+            token = int(logits.argmax())
+            if token != engine_token:
+                margin = (logits[token] - logits[engine_token]).item()
+                note = f", then a {'near-tie' if margin <= tie else 'real'} divergence (margin {margin:.4f}, tie {tie:.4f})"
+                break
+            same += 1
+            ids.append(token)
+        ok = err <= LOGIT_TOLERANCE[device] and (same == STEPS or "near-tie" in note)
         failures += not ok
         print(f"{device:4} {arch:7} prompt of {len(prompt):2} tokens: logits rel err {err:.2e}, "
-              f"greedy tokens agree for {same}/{STEPS} steps {'ok' if ok else 'FAIL'}")
+              f"greedy tokens agree for {same}/{STEPS} steps{note} {'ok' if ok else 'FAIL'}")
     return failures
 
 

@@ -45,6 +45,7 @@ struct Layout {
   // hold 8 floats per query head).
   static constexpr int kUnroll = kGroup <= 2 ? 8 : (kGroup == 4 ? 4 : 2);
   static constexpr int kTile = kKeysPerLoad * kUnroll;       // keys per warp iteration
+  static_assert(kTile <= 32, "the async list gives each key of a tile one lane");
 };
 
 __device__ __forceinline__ Bf16x8 load_stream(const bf16* p) {
@@ -79,6 +80,7 @@ union DecodeSmem {
     float scores[kGroup][kMaxHalo + L::kTile];  // async: carried halo, then this tile
     // async: P of the listed keys and where their V rows are; two buffers, because a tile's
     // V rows are used one tile later, while the next list is being built.
+    float tile_p[L::kTile][kGroup];  // async: P of this tile, before compaction
     float weights[2][L::kTile][kGroup];
     long long offsets[2][L::kTile];
   } warp[kWarps];
@@ -185,7 +187,7 @@ struct AsyncGate {
 
   template <int kGroup>
   struct State {
-    float alpha[kGroup], sigma[kGroup], gamma[kGroup];
+    float alpha, sigma, gamma;  // of the query head this lane gates (see tile)
     int pending = 0;  // keys listed by the previous tile, whose V rows are in flight
     int buffer = 0;   // which list buffer the previous tile filled
   };
@@ -193,12 +195,10 @@ struct AsyncGate {
   __device__ void start(State<kGroup>&) const {}
   template <int kGroup>
   __device__ void load_params(State<kGroup>& st, int first_head) const {
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      st.alpha[h] = alpha[first_head + h];
-      st.sigma[h] = sigma[first_head + h];
-      st.gamma[h] = gamma[first_head + h];
-    }
+    const int head = first_head + int(threadIdx.x & 31) % kGroup;
+    st.alpha = alpha[head];
+    st.sigma = sigma[head];
+    st.gamma = gamma[head];
   }
 
   // The halo: the scores of the W-1 keys before the warp's first key (zero left of key 0,
@@ -268,32 +268,35 @@ struct AsyncGate {
 #pragma unroll
         for (int h = 0; h < kGroup; ++h) sm.scores[h][kMaxHalo + u * L::kKeysPerLoad + key_lane] = s[u][h];
     __syncwarp();
-    // 2. The gate, and the compacted list of keys whose P is non-zero for some head.
-    int listed = 0;
+    // 2. P of each (key, head) pair of the tile, computed once: lane i takes pairs i, i+32, ...,
+    //    all of the same head (lane % kGroup, as 32 is a multiple of kGroup).
+    constexpr int kPairs = L::kTile * kGroup;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int t = u * L::kKeysPerLoad + key_lane;  // index in the tile
-      const bool valid = first_key + t < end;
-      float p[kGroup];
-      bool any = false;
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) {
-        float pooled = 0.0f;
-        for (int w = 0; w < window; ++w) pooled += fmaxf(sm.scores[h][kMaxHalo + t - w], 0.0f);
-        pooled /= float(window);
-        p[h] = valid ? async_gate(s[u][h], pooled, st.alpha[h], st.sigma[h], st.gamma[h]) : 0.0f;
-        any |= p[h] != 0.0f;
-        if (slice == 0) counts[0] += p[h] != 0.0f;
-      }
-      const unsigned leaders = __ballot_sync(kFull, any && slice == 0);
-      if (any && slice == 0) {
-        const int slot = listed + __popc(leaders & ((1u << lane) - 1u));
-        sm.offsets[buffer][slot] = cache.offset(first_key + t);
-#pragma unroll
-        for (int h = 0; h < kGroup; ++h) sm.weights[buffer][slot][h] = p[h];
-      }
-      listed += __popc(leaders);
+    for (int i = lane; i < kPairs; i += 32) {
+      const int t = i / kGroup, h = i % kGroup;
+      float pooled = 0.0f;
+      for (int w = 0; w < window; ++w) pooled += fmaxf(sm.scores[h][kMaxHalo + t - w], 0.0f);
+      pooled /= float(window);
+      const float p = first_key + t < end
+                          ? async_gate(sm.scores[h][kMaxHalo + t], pooled, st.alpha, st.sigma, st.gamma)
+                          : 0.0f;
+      sm.tile_p[t][h] = p;
+      counts[0] += p != 0.0f;
     }
+    __syncwarp();
+    // 3. The compacted list (sparse-P): lane t lists key t when some head's P is non-zero.
+    bool any = false;
+    if (lane < L::kTile)
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) any |= sm.tile_p[lane][h] != 0.0f;
+    const unsigned listed_keys = __ballot_sync(kFull, any);
+    if (any) {
+      const int slot = __popc(listed_keys & ((1u << lane) - 1u));
+      sm.offsets[buffer][slot] = cache.offset(first_key + lane);
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) sm.weights[buffer][slot][h] = sm.tile_p[lane][h];
+    }
+    const int listed = __popc(listed_keys);
     // Carry the last kMaxHalo scores to the front for the next tile.
     constexpr int kCarried = kGroup * kMaxHalo, kPerLane = (kCarried + 31) / 32;
     float carry[kPerLane];
@@ -309,7 +312,7 @@ struct AsyncGate {
       const int i = lane + 32 * j;
       if (i < kCarried) sm.scores[i / kMaxHalo][i % kMaxHalo] = carry[j];
     }
-    // 3. Only the listed keys' V rows: in flight until the next tile (or finish) uses them.
+    // 4. Only the listed keys' V rows: in flight until the next tile (or finish) uses them.
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = u * L::kKeysPerLoad + key_lane;
@@ -464,27 +467,60 @@ __global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a, Gate gat
 }
 
 // ---- Stage 2: combine the splits. -----------------------------------------------------------
+// One CTA per output row. Long contexts use up to 256 splits, so the splits are spread over the
+// threads too (a serial walk over them would be a chain of dependent L2 round trips): each
+// thread sums one column of head_dim over every kStage2Parts-th split, then the parts add up.
+
+constexpr int kStage2Threads = 512;
+constexpr int kMaxSplits = 256;
 
 template <bool kSoftmax>
-__global__ void decode_stage2(const float* partial_out, const float* partial_max,
-                              const float* partial_sum, bf16* out, int splits, int rows,
-                              int head_dim) {
-  const int row = blockIdx.x;
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float total = 0.0f;
-    if constexpr (!kSoftmax) {  // additivity: the parts just add up
-      for (int s = 0; s < splits; ++s) total += partial_out[((long long)s * rows + row) * head_dim + d];
-    } else {
-      float m = -FLT_MAX;
-      for (int s = 0; s < splits; ++s) m = fmaxf(m, partial_max[(long long)s * rows + row]);
-      float denom = 0.0f;
-      for (int s = 0; s < splits; ++s) {
-        const float w = __expf(partial_max[(long long)s * rows + row] - m);
-        denom += w * partial_sum[(long long)s * rows + row];
-        total += w * partial_out[((long long)s * rows + row) * head_dim + d];
-      }
-      total = denom > 0.0f ? total / denom : 0.0f;
+__global__ void __launch_bounds__(kStage2Threads) decode_stage2(const float* partial_out,
+                                                                const float* partial_max,
+                                                                const float* partial_sum, bf16* out,
+                                                                int splits, int rows, int head_dim) {
+  __shared__ float weight[kMaxSplits];  // softmax: exp(split max - row max) / denominator
+  __shared__ float reduce[kStage2Threads];
+  const int row = blockIdx.x, tid = threadIdx.x;
+  if constexpr (kSoftmax) {
+    float m = -FLT_MAX;
+    for (int s = tid; s < splits; s += kStage2Threads) m = fmaxf(m, partial_max[(long long)s * rows + row]);
+    reduce[tid] = m;
+    __syncthreads();
+    for (int n = kStage2Threads / 2; n; n >>= 1) {
+      if (tid < n) reduce[tid] = fmaxf(reduce[tid], reduce[tid + n]);
+      __syncthreads();
     }
+    m = reduce[0];
+    __syncthreads();
+    float denom = 0.0f;
+    for (int s = tid; s < splits; s += kStage2Threads) {
+      weight[s] = __expf(partial_max[(long long)s * rows + row] - m);
+      denom += weight[s] * partial_sum[(long long)s * rows + row];
+    }
+    reduce[tid] = denom;
+    __syncthreads();
+    for (int n = kStage2Threads / 2; n; n >>= 1) {
+      if (tid < n) reduce[tid] += reduce[tid + n];
+      __syncthreads();
+    }
+    denom = reduce[0];
+    __syncthreads();
+    for (int s = tid; s < splits; s += kStage2Threads) weight[s] = denom > 0.0f ? weight[s] / denom : 0.0f;
+    __syncthreads();
+  }
+  const int parts = kStage2Threads / head_dim;  // head_dim divides 512
+  const int d = tid % head_dim, part = tid / head_dim;
+  float total = 0.0f;
+#pragma unroll 4
+  for (int s = part; s < splits; s += parts) {
+    const float value = partial_out[((long long)s * rows + row) * head_dim + d];
+    total += kSoftmax ? weight[s] * value : value;  // async: additivity, the parts just add up
+  }
+  reduce[tid] = total;
+  __syncthreads();
+  if (part == 0) {
+    for (int q = 1; q < parts; ++q) total += reduce[q * head_dim + d];
     out[(long long)row * head_dim + d] = __float2bfloat16(total);
   }
 }
@@ -552,7 +588,7 @@ int decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int sm_cou
   const long long wanted = std::max(1LL, (long long)kResidentPerSm * sm_count / ctas);
   const int runs = kWarps / heads_per_cta;
   const int most = std::max(1, ceil_div(max_kv_len, 64 * runs));
-  return int(std::min<long long>({wanted, most, 256}));
+  return int(std::min<long long>({wanted, most, kMaxSplits}));
 }
 
 std::size_t decode_workspace_bytes(const DecodeParams& p, int num_splits) {
@@ -576,7 +612,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
 
   int splits = p.num_splits;
   if (splits <= 0) splits = decode_num_splits(p.num_seqs, p.kv.num_kv_heads, p.max_kv_len, multiprocessor_count());
-  splits = std::min(splits, p.max_kv_len);
+  splits = std::min({splits, p.max_kv_len, kMaxSplits});
 
   Stage1Args a{p, ceil_div(p.max_kv_len, splits), 0, kv_heads_per_cta(p.kv.num_kv_heads), 0.0f,
                nullptr, nullptr, nullptr};
@@ -600,10 +636,10 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (splits > 1) {
     const int rows = p.num_seqs * p.num_q_heads;
     if (softmax)
-      decode_stage2<true><<<rows, 128, 0, stream>>>(a.partial_out, a.partial_max, a.partial_sum,
+      decode_stage2<true><<<rows, kStage2Threads, 0, stream>>>(a.partial_out, a.partial_max, a.partial_sum,
                                                     p.out, splits, rows, p.kv.head_dim);
     else
-      decode_stage2<false><<<rows, 128, 0, stream>>>(a.partial_out, nullptr, nullptr, p.out,
+      decode_stage2<false><<<rows, kStage2Threads, 0, stream>>>(a.partial_out, nullptr, nullptr, p.out,
                                                      splits, rows, p.kv.head_dim);
     check_launch("decode_stage2");
   }

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "core/error.h"
@@ -47,8 +48,14 @@ void Engine::preempt(Sequence* seq) {
   running_.erase(it);
 }
 
-std::vector<Engine::Scheduled> Engine::schedule() {
-  std::vector<Scheduled> out;
+void Engine::reset_stats() {
+  stats_ = {};
+  runner_->reset_phase_times();
+}
+
+void Engine::schedule() {
+  std::vector<Scheduled>& out = scheduled_;
+  out.clear();
   int budget = options_.max_num_batched_tokens;
   // Running sequences first (decodes and unfinished prefill chunks), oldest first; the newest
   // running sequences give up their blocks when the older ones need more.
@@ -82,7 +89,6 @@ std::vector<Engine::Scheduled> Engine::schedule() {
   }
   // One-token sequences first: a backend can hand that leading run to its decode kernel.
   std::stable_partition(out.begin(), out.end(), [](const Scheduled& s) { return s.num_tokens == 1; });
-  return out;
 }
 
 bool Engine::finished(const Sequence& seq, std::string* reason) const {
@@ -98,45 +104,76 @@ bool Engine::finished(const Sequence& seq, std::string* reason) const {
   return false;
 }
 
-std::vector<RequestOutput> Engine::step() {
-  std::vector<Scheduled> scheduled = schedule();
-  check(!scheduled.empty() || !has_unfinished(), "engine: no request could be scheduled");
-  std::vector<RequestOutput> done;
-  if (scheduled.empty()) return done;
-
-  StepBatch batch;
-  batch.cu_seqlens_q.push_back(0);
-  std::vector<int> sample_row(scheduled.size(), -1);
+// The batch of the scheduled sequences' new tokens. Its vectors keep their capacity from step
+// to step, so a steady decode loop allocates nothing here.
+void Engine::build_batch() {
+  StepBatch& b = batch_;
+  b.tokens.clear();
+  b.positions.clear();
+  b.slot_mapping.clear();
+  b.kv_lens.clear();
+  b.logit_rows.clear();
+  b.full_logits.clear();
+  b.cu_seqlens_q.assign(1, 0);
+  b.block_tables.resize(scheduled_.size());
+  sample_row_.assign(scheduled_.size(), -1);
   const int bs = blocks_.block_size();
-  for (std::size_t i = 0; i < scheduled.size(); ++i) {
-    const Sequence& seq = *scheduled[i].seq;
-    const int begin = seq.num_computed, end = begin + scheduled[i].num_tokens;
+  for (std::size_t i = 0; i < scheduled_.size(); ++i) {
+    const Sequence& seq = *scheduled_[i].seq;
+    const int begin = seq.num_computed, end = begin + scheduled_[i].num_tokens;
     for (int pos = begin; pos < end; ++pos) {
-      batch.tokens.push_back(seq.tokens[std::size_t(pos)]);
-      batch.positions.push_back(pos);
-      batch.slot_mapping.push_back(std::int64_t(seq.block_table[std::size_t(pos / bs)]) * bs + pos % bs);
+      b.tokens.push_back(seq.tokens[std::size_t(pos)]);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(std::int64_t(seq.block_table[std::size_t(pos / bs)]) * bs + pos % bs);
     }
-    batch.cu_seqlens_q.push_back(batch.num_tokens());
-    batch.kv_lens.push_back(end);
-    batch.block_tables.push_back(seq.block_table);
+    b.cu_seqlens_q.push_back(b.num_tokens());
+    b.kv_lens.push_back(end);
+    b.block_tables[i].assign(seq.block_table.begin(), seq.block_table.end());
     if (end == int(seq.tokens.size())) {  // the whole sequence is in the cache: sample
-      sample_row[i] = int(batch.logit_rows.size());
-      batch.logit_rows.push_back(batch.num_tokens() - 1);
+      sample_row_[i] = int(b.logit_rows.size());
+      b.logit_rows.push_back(b.num_tokens() - 1);
+      // Greedy rows need only their argmax, which the runner gives for every row.
+      const bool record = options_.record_first_logits && seq.num_generated == 0;
+      b.full_logits.push_back(seq.request.sampling.temperature > 0.0f || record ? 1 : 0);
     }
-    (scheduled[i].num_tokens == 1 && begin > 0 ? stats_.decode_tokens : stats_.prefill_tokens) +=
-        scheduled[i].num_tokens;
+    (scheduled_[i].num_tokens == 1 && begin > 0 ? stats_.decode_tokens : stats_.prefill_tokens) +=
+        scheduled_[i].num_tokens;
   }
-  Tensor logits = runner_->forward(batch);
-  ++stats_.steps;
+}
 
-  for (std::size_t i = 0; i < scheduled.size(); ++i) {
-    Sequence& seq = *scheduled[i].seq;
-    seq.num_computed += scheduled[i].num_tokens;
-    if (sample_row[i] < 0) continue;
-    const float* row = logits.data_as<float>() + std::int64_t(sample_row[i]) * vocab_size_;
-    const std::vector<float> values(row, row + vocab_size_);
-    if (options_.record_first_logits && seq.num_generated == 0) seq.first_logits = values;
-    seq.tokens.push_back(sample_token(values, seq.request.sampling, std::uint64_t(seq.num_generated)));
+std::vector<RequestOutput> Engine::step() {
+  using Clock = std::chrono::steady_clock;
+  const auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
+  auto t = Clock::now();
+  schedule();
+  check(!scheduled_.empty() || !has_unfinished(), "engine: no request could be scheduled");
+  std::vector<RequestOutput> done;
+  if (scheduled_.empty()) return done;
+  build_batch();
+  stats_.schedule_ms += ms_since(t);
+
+  t = Clock::now();
+  const StepOutput& out = runner_->forward(batch_);
+  stats_.forward_ms += ms_since(t);
+  ++stats_.steps;
+  check(out.summaries.size() == batch_.logit_rows.size() && out.logits.size() == batch_.logit_rows.size(),
+        "engine: the runner returned ", out.summaries.size(), " rows for ", batch_.logit_rows.size(), " logit rows");
+
+  t = Clock::now();
+  for (std::size_t i = 0; i < scheduled_.size(); ++i) {
+    Sequence& seq = *scheduled_[i].seq;
+    seq.num_computed += scheduled_[i].num_tokens;
+    const int row = sample_row_[i];
+    if (row < 0) continue;
+    const LogitSummary& summary = out.summaries[std::size_t(row)];
+    check_finite(summary);  // greedy or not, a NaN or infinity is an error
+    const float* logits = out.logits[std::size_t(row)];
+    check(!batch_.full_logits[std::size_t(row)] || logits, "engine: the runner did not return logit row ", row);
+    if (options_.record_first_logits && seq.num_generated == 0) seq.first_logits.assign(logits, logits + vocab_size_);
+    const SamplingParams& sampling = seq.request.sampling;
+    seq.tokens.push_back(sampling.temperature == 0.0f
+                             ? summary.greedy
+                             : sample_token(logits, std::size_t(vocab_size_), sampling, std::uint64_t(seq.num_generated)));
     ++seq.num_generated;
     std::string reason;
     if (finished(seq, &reason)) {
@@ -152,6 +189,7 @@ std::vector<RequestOutput> Engine::step() {
       running_.erase(it);
     }
   }
+  stats_.sample_ms += ms_since(t);
   return done;
 }
 

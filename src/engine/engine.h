@@ -41,6 +41,9 @@ struct RequestOutput {
 
 struct EngineStats {
   std::int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0;
+  // Host wall-clock time of the parts of step(), in milliseconds: scheduling and building the
+  // batch; the runner's forward(); sampling and bookkeeping after it.
+  double schedule_ms = 0, forward_ms = 0, sample_ms = 0;
 };
 
 class Engine {
@@ -56,6 +59,8 @@ class Engine {
   // Runs until every queued request finishes; outputs in the order the requests were added.
   std::vector<RequestOutput> run_to_completion(const std::function<void(const EngineStats&)>& progress = {});
   const EngineStats& stats() const { return stats_; }
+  // Zeroes the statistics and the runner's phase times (e.g. after a warm-up).
+  void reset_stats();
   const ModelRunner& runner() const { return *runner_; }
 
  private:
@@ -74,7 +79,8 @@ class Engine {
     int num_tokens;  // new tokens this step
   };
 
-  std::vector<Scheduled> schedule();
+  void schedule();  // fills scheduled_
+  void build_batch();  // fills batch_ and sample_row_ from scheduled_
   void preempt(Sequence* seq);
   bool finished(const Sequence& seq, std::string* reason) const;
 
@@ -86,6 +92,10 @@ class Engine {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::deque<std::unique_ptr<Sequence>> running_;
   EngineStats stats_;
+  // Per-step working state, kept so that a step reuses its allocations.
+  std::vector<Scheduled> scheduled_;
+  StepBatch batch_;
+  std::vector<int> sample_row_;  // [scheduled] row of batch_.logit_rows, or -1
 };
 
 }  // namespace asynct

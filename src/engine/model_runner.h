@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "reference/sampling.h"  // LogitSummary
 
 namespace asynct {
 
@@ -20,22 +21,34 @@ struct StepBatch {
   std::vector<std::vector<int>> block_tables;  // [S] physical blocks of each sequence
   std::vector<std::int64_t> slot_mapping;      // [T] cache slot of each new token
   std::vector<int> logit_rows;           // flattened rows whose next-token logits are wanted
+  // [logit_rows.size()] non-zero where the engine reads that row's full logits (sampling with
+  // a temperature, or recording them); every other row only needs its greedy token, which a
+  // backend can find without moving the vocabulary-wide row anywhere.
+  std::vector<std::uint8_t> full_logits;
 
   int num_seqs() const { return int(kv_lens.size()); }
   int num_tokens() const { return int(tokens.size()); }
 };
 
+// What a step gives back for each row of StepBatch::logit_rows. It belongs to the runner and
+// stays valid (logits included) until the next forward().
+struct StepOutput {
+  std::vector<LogitSummary> summaries;  // [rows] greedy token and first non-finite logit
+  std::vector<const float*> logits;     // [rows] float32 [vocab] where full_logits asked, else null
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
-  // Runs the model on the batch, writing the new tokens' K/V into the cache; returns float32
-  // logits [logit_rows.size(), vocab].
-  virtual Tensor forward(const StepBatch& batch) = 0;
+  // Runs the model on the batch, writing the new tokens' K/V into the cache.
+  virtual const StepOutput& forward(const StepBatch& batch) = 0;
   virtual int num_blocks() const = 0;
   virtual int block_size() const = 0;
-  // Time spent so far per phase of the forward pass (e.g. "gemm", "attention", "norms"), in
-  // milliseconds, when the backend measures it; empty otherwise.
+  // Time spent so far per phase of a step, in milliseconds, when the backend measures it; empty
+  // otherwise. GPU phases (e.g. "gemm", "attention") are device time between events; phases
+  // named "host_*" are host wall-clock time inside forward().
   virtual std::map<std::string, double> phase_times_ms() const { return {}; }
+  virtual void reset_phase_times() {}
 };
 
 }  // namespace asynct

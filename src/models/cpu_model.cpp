@@ -5,6 +5,7 @@
 #include "reference/attention.h"
 #include "reference/layers.h"
 #include "reference/rope.h"
+#include "reference/sampling.h"
 
 namespace asynct {
 
@@ -59,7 +60,7 @@ Tensor CpuModelRunner::mlp_block(int layer, const Tensor& x) {
   return linear(swiglu(gate_up), w.down_proj);
 }
 
-Tensor CpuModelRunner::forward(const StepBatch& batch) {
+const StepOutput& CpuModelRunner::forward(const StepBatch& batch) {
   const ModelConfig& c = weights_.config;
   check(batch.num_tokens() >= 1, "forward: empty batch");
   check(int(batch.positions.size()) == batch.num_tokens() && int(batch.slot_mapping.size()) == batch.num_tokens(),
@@ -97,7 +98,19 @@ Tensor CpuModelRunner::forward(const StepBatch& batch) {
     std::copy_n(x.data_as<float>() + std::int64_t(row) * c.hidden_size, c.hidden_size,
                 last.data_as<float>() + std::int64_t(i) * c.hidden_size);
   }
-  return linear(norm(last, weights_.norm, norm_), weights_.lm_head);
+  logits_ = linear(norm(last, weights_.norm, norm_), weights_.lm_head);
+
+  // Every row is on the host already: summarise each, and hand out the ones asked for.
+  const std::size_t rows = batch.logit_rows.size(), vocab = std::size_t(c.vocab_size);
+  check(batch.full_logits.size() == rows, "forward: full_logits needs one flag per logit row");
+  output_.summaries.resize(rows);
+  output_.logits.assign(rows, nullptr);
+  for (std::size_t i = 0; i < rows; ++i) {
+    const float* row = logits_.data_as<float>() + i * vocab;
+    output_.summaries[i] = summarize_logits(row, vocab);
+    if (batch.full_logits[i]) output_.logits[i] = row;
+  }
+  return output_;
 }
 
 }  // namespace asynct

@@ -15,7 +15,7 @@ class CpuModelRunner : public ModelRunner {
  public:
   CpuModelRunner(ModelWeights weights, int num_blocks, int block_size);
 
-  Tensor forward(const StepBatch& batch) override;
+  const StepOutput& forward(const StepBatch& batch) override;
   int num_blocks() const override { return num_blocks_; }
   int block_size() const override { return block_size_; }
   const ModelConfig& config() const { return weights_.config; }
@@ -29,6 +29,8 @@ class CpuModelRunner : public ModelRunner {
   NormConfig norm_;
   std::vector<Gate> gates_;  // per layer
   std::vector<Tensor> key_cache_, value_cache_;  // per layer [blocks, block_size, Hkv, D]
+  Tensor logits_;       // the last step's [rows, vocab], which output_ points into
+  StepOutput output_;
 };
 
 }  // namespace asynct

@@ -1,8 +1,10 @@
 #include "models/cuda_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "kernels/decode.h"
@@ -10,12 +12,15 @@
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/norms.h"
+#include "kernels/pinned_array.h"
 #include "kernels/prefill.h"
+#include "kernels/sampling.h"
 
 namespace asynct {
 
 using kernels::bf16;
 using kernels::DeviceArray;
+using kernels::PinnedArray;
 
 bool cuda_device_available() {
   int count = 0;
@@ -91,6 +96,61 @@ class PhaseTimer {
   std::size_t used_ = 0;
 };
 
+// Host wall-clock time of forward()'s parts, in milliseconds (what the GPU phases cannot see:
+// a step whose GPU work is short may still be slow to prepare or to launch).
+struct HostTimes {
+  double prepare = 0;  // validation, writing the step metadata, buffers grown
+  double launch = 0;   // enqueueing the upload, the step (eager launches or one graph
+                       // launch; a graph capture when there is one) and the copies back
+  double wait = 0;     // blocked in the stream synchronisation, waiting for the GPU
+  double finish = 0;   // reading event timings (profiling), unpacking the results
+};
+
+// A step's metadata (token ids, positions, cache slots, sequence offsets, KV lengths, block
+// table, sampling rows) laid out in one pinned host buffer and uploaded with one copy into one
+// device buffer, instead of one pageable copy per array. Sections are carved in order at
+// offsets that depend only on their sizes, so a decode graph replayed for the same shape finds
+// its metadata at the device addresses it was captured with.
+class StepMetadata {
+ public:
+  void clear() { bytes_ = 0; }
+  // Adds a section of `count` T; returns its offset.
+  template <typename T>
+  std::size_t add(std::size_t count) {
+    const std::size_t offset = (bytes_ + 15) / 16 * 16;
+    bytes_ = offset + count * sizeof(T);
+    return offset;
+  }
+  // After the sections are added: room for them (buffers move only when they grow).
+  void reserve() {
+    host_.reserve(bytes_);
+    device_.reserve(bytes_);
+  }
+  template <typename T>
+  T* host(std::size_t offset) const { return reinterpret_cast<T*>(host_.get() + offset); }
+  template <typename T>
+  const T* device(std::size_t offset) const { return reinterpret_cast<const T*>(device_.get() + offset); }
+  void upload(cudaStream_t stream) {
+    if (bytes_) ASYNCT_CUDA_CHECK(cudaMemcpyAsync(device_.get(), host_.get(), bytes_, cudaMemcpyHostToDevice, stream));
+  }
+
+ private:
+  std::size_t bytes_ = 0;
+  PinnedArray<std::uint8_t> host_;
+  DeviceArray<std::uint8_t> device_;
+};
+
+// Where this step's metadata is on the device.
+struct StepPointers {
+  const std::int32_t* tokens = nullptr;
+  const std::int64_t* positions = nullptr;
+  const std::int64_t* slots = nullptr;
+  const std::int32_t* prefill_cu_seqlens = nullptr;  // the prefill part's, starting at 0
+  const std::int32_t* kv_lens = nullptr;
+  const std::int32_t* block_table = nullptr;          // [seqs, max_blocks]
+  const std::int32_t* logit_rows = nullptr;
+};
+
 // How a step's attention is split between the kernels, and the bounds each one needs.
 struct StepShape {
   int tokens = 0, seqs = 0;
@@ -126,21 +186,27 @@ struct CudaModelRunner::Impl {
   std::size_t capacity = 0;
   DeviceArray<bf16> residual, hidden, q, k, v, attn, attn_out, gate_up, act, mlp_out, last;
   DeviceArray<float> logits;  // [rows that sample, vocab]
+  DeviceArray<LogitSummary> summaries;  // [rows that sample]: greedy token, finiteness
   DeviceArray<std::uint8_t> decode_workspace;
-  // Step metadata.
-  DeviceArray<std::int32_t> tokens, prefill_cu_seqlens, kv_lens, block_table, logit_rows;
-  DeviceArray<std::int64_t> positions, slots;
+  StepMetadata metadata;
+  StepPointers step;
 
-  // CUDA graphs of decode steps, by (sequences, block-table width). A graph holds the buffer
-  // addresses it was captured with; `addresses` fingerprints them so a moved buffer means a
-  // new capture.
-  bool use_graphs = false;
+  // What goes back to the host, in pinned buffers reused from step to step.
+  PinnedArray<LogitSummary> summaries_host;
+  PinnedArray<float> logits_host;  // [rows whose full logits the engine asked for, vocab]
+  StepOutput output;
+  HostTimes host;
+
+  // CUDA graphs of decode steps, by (sequences, block-table width, sampling rows). A graph
+  // holds the buffer addresses it was captured with; `addresses` fingerprints them so a moved
+  // buffer means a new capture.
+  bool use_graphs = true;
   struct CapturedStep {
     cudaGraphExec_t exec = nullptr;
     std::uint64_t addresses = 0;
     bool seen = false;  // the first step of a shape runs eagerly (plans, kernel attributes)
   };
-  std::map<std::pair<int, int>, CapturedStep> graphs;
+  std::map<std::tuple<int, int, int>, CapturedStep> graphs;
 
   ~Impl() {
     for (auto& [key, g] : graphs)
@@ -153,34 +219,43 @@ struct CudaModelRunner::Impl {
                             (const void*)k.get(), (const void*)v.get(), (const void*)attn.get(),
                             (const void*)attn_out.get(), (const void*)gate_up.get(), (const void*)act.get(),
                             (const void*)mlp_out.get(), (const void*)last.get(), (const void*)logits.get(),
-                            (const void*)decode_workspace.get(), (const void*)tokens.get(),
-                            (const void*)prefill_cu_seqlens.get(), (const void*)kv_lens.get(),
-                            (const void*)block_table.get(), (const void*)logit_rows.get(),
-                            (const void*)positions.get(), (const void*)slots.get()})
+                            (const void*)summaries.get(), (const void*)decode_workspace.get(),
+                            (const void*)step.tokens, (const void*)step.positions, (const void*)step.slots,
+                            (const void*)step.prefill_cu_seqlens, (const void*)step.kv_lens,
+                            (const void*)step.block_table, (const void*)step.logit_rows})
       h = (h ^ std::uint64_t(reinterpret_cast<std::uintptr_t>(ptr))) * 1099511628211ull;
     return h;
   }
 
   void run_model(const StepShape& shape, int rows);
 
-  // Launches the decode step's graph, capturing it first when the shape is new or a buffer moved.
-  void replay_or_capture(const StepShape& shape, int rows) {
-    CapturedStep& g = graphs[{shape.seqs, shape.max_blocks}];
-    const std::uint64_t addresses = buffer_addresses();
-    if (g.exec && g.addresses == addresses) {
-      ASYNCT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+  void write_metadata(const StepBatch& b, const StepShape& shape);
+
+  // Runs an all-decode step from its CUDA graph: the first step of a shape runs eagerly (it
+  // creates the GEMM plans and loads the kernels), the second captures the graph, and from
+  // then on a step is one launch. Timed as one phase, "decode_graph"; a capture shows as
+  // "capture" (the GPU waits for it).
+  void run_graph(const StepShape& shape, int rows) {
+    CapturedStep& g = graphs[{shape.seqs, shape.max_blocks, rows}];
+    if (!g.seen) {
+      g.seen = true;
+      run_model(shape, rows);
       return;
     }
+    const std::uint64_t addresses = buffer_addresses();
+    if (!g.exec || g.addresses != addresses) {
+      capture(g, shape, rows, addresses);
+      timer.mark("capture");
+    }
+    ASYNCT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+    timer.mark("decode_graph");
+  }
+
+  void capture(CapturedStep& g, const StepShape& shape, int rows, std::uint64_t addresses) {
     if (g.exec) ASYNCT_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
     g.exec = nullptr;
     const bool timing = timer.enabled;  // events are not recorded inside graphs
     timer.enabled = false;
-    if (!g.seen) {
-      g.seen = true;
-      run_model(shape, rows);
-      timer.enabled = timing;
-      return;
-    }
     cudaGraph_t graph = nullptr;
     ASYNCT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
     try {
@@ -191,13 +266,50 @@ struct CudaModelRunner::Impl {
       timer.enabled = timing;
       throw;
     }
+    timer.enabled = timing;
     ASYNCT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
     const cudaError_t instantiated = cudaGraphInstantiate(&g.exec, graph, 0);
     cudaGraphDestroy(graph);
-    timer.enabled = timing;
     ASYNCT_CUDA_CHECK(instantiated);
     g.addresses = addresses;
-    ASYNCT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
+  }
+
+  // Queues the copies of the results to the host: every row's summary, and the full logits of
+  // the rows the engine asked for (consecutive rows in one copy).
+  void download_results(const StepBatch& b, int rows) {
+    const std::size_t vocab = std::size_t(c.vocab_size);
+    summaries_host.reserve(std::size_t(std::max(rows, 1)));
+    if (rows > 0)
+      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(summaries_host.get(), summaries.get(), std::size_t(rows) * sizeof(LogitSummary),
+                                        cudaMemcpyDeviceToHost, stream));
+    std::size_t wanted = 0;
+    for (std::uint8_t f : b.full_logits) wanted += f ? 1 : 0;
+    if (wanted == 0) return;
+    logits_host.reserve(wanted * vocab);
+    std::size_t to = 0;
+    for (int i = 0; i < rows;) {
+      if (!b.full_logits[std::size_t(i)]) {
+        ++i;
+        continue;
+      }
+      int end = i;
+      while (end < rows && b.full_logits[std::size_t(end)]) ++end;
+      const std::size_t n = std::size_t(end - i) * vocab;
+      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(logits_host.get() + to, logits.get() + std::size_t(i) * vocab, n * sizeof(float),
+                                        cudaMemcpyDeviceToHost, stream));
+      to += n;
+      i = end;
+    }
+  }
+
+  // After the stream is synchronised: the StepOutput over the pinned results.
+  void unpack_results(const StepBatch& b, int rows) {
+    const std::size_t vocab = std::size_t(c.vocab_size);
+    output.summaries.assign(summaries_host.get(), summaries_host.get() + rows);
+    output.logits.assign(std::size_t(rows), nullptr);
+    std::size_t next = 0;
+    for (int i = 0; i < rows; ++i)
+      if (b.full_logits[std::size_t(i)]) output.logits[std::size_t(i)] = logits_host.get() + vocab * next++;
   }
 
   void reserve(std::size_t t) {
@@ -222,7 +334,7 @@ struct CudaModelRunner::Impl {
     kernels::PagedKv kv;
     kv.key_cache = l.key_cache.get();
     kv.value_cache = l.value_cache.get();
-    kv.block_table = block_table.get();
+    kv.block_table = step.block_table;
     kv.max_blocks_per_seq = max_blocks;
     kv.num_blocks = num_blocks;
     kv.block_size = block_size;
@@ -249,7 +361,7 @@ struct CudaModelRunner::Impl {
     kernels::DecodeParams p;
     p.query = q.get();
     p.out = attn.get();
-    p.kv_lens = kv_lens.get();
+    p.kv_lens = step.kv_lens;
     p.num_seqs = s;
     p.num_q_heads = c.num_attention_heads;
     p.max_kv_len = max_kv_len;
@@ -277,15 +389,15 @@ struct CudaModelRunner::Impl {
     p.key = k.get() + d * kvd;  // normalised and rotated in place by the qk-norm kernel
     p.value = v.get() + d * kvd;
     p.out = attn.get() + d * qd;
-    p.cu_seqlens_q = prefill_cu_seqlens.get();
-    p.kv_lens = kv_lens.get() + d;
+    p.cu_seqlens_q = step.prefill_cu_seqlens;
+    p.kv_lens = step.kv_lens + d;
     p.num_seqs = shape.seqs - shape.decodes;
     p.total_q = shape.tokens - shape.decodes;
     p.max_q_len = shape.prefill_q_len;
     p.max_kv_len = shape.prefill_kv_len;
     p.num_q_heads = c.num_attention_heads;
     p.kv = paged(l, shape.max_blocks);
-    p.kv.block_table = block_table.get() + d * std::size_t(shape.max_blocks);
+    p.kv.block_table = step.block_table + d * std::size_t(shape.max_blocks);
     p.gate = gate(l);
     kernels::launch_prefill(p, stream);
   }
@@ -355,7 +467,19 @@ CudaModelRunner::~CudaModelRunner() {
 int CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
 void CudaModelRunner::set_profiling(bool on) { impl_->timer.enabled = on; }
 void CudaModelRunner::set_cuda_graphs(bool on) { impl_->use_graphs = on; }
-std::map<std::string, double> CudaModelRunner::phase_times_ms() const { return impl_->timer.totals; }
+std::map<std::string, double> CudaModelRunner::phase_times_ms() const {
+  std::map<std::string, double> phases = impl_->timer.totals;
+  const HostTimes& h = impl_->host;
+  phases["host_prepare"] = h.prepare;
+  phases["host_launch"] = h.launch;
+  phases["host_wait"] = h.wait;
+  phases["host_finish"] = h.finish;
+  return phases;
+}
+void CudaModelRunner::reset_phase_times() {
+  impl_->timer.totals.clear();
+  impl_->host = {};
+}
 int CudaModelRunner::block_size() const { return impl_->block_size; }
 
 
@@ -366,7 +490,7 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
   const int t = shape.tokens;
   const int h = c.hidden_size, qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
   const int inter = c.intermediate_size;
-  kernels::launch_gather_rows(embed_tokens.get(), tokens.get(), residual.get(), t, c.vocab_size, h, stream);
+  kernels::launch_gather_rows(embed_tokens.get(), step.tokens, residual.get(), t, c.vocab_size, h, stream);
   kernels::launch_norm(residual.get(), layers[0].input_layernorm.get(), hidden.get(), t, h, norm, stream);
   timer.mark("other");
 
@@ -382,8 +506,8 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
     qk.v = v.get();
     qk.q_weight = layer.q_norm.get();
     qk.k_weight = layer.k_norm.get();
-    qk.positions = positions.get();
-    qk.slot_mapping = slots.get();
+    qk.positions = step.positions;
+    qk.slot_mapping = step.slots;
     if (shape.decodes > 0) {  // the decode kernel reads the cache: write it here (prefill writes its own)
       qk.key_cache = layer.key_cache.get();
       qk.value_cache = layer.value_cache.get();
@@ -425,27 +549,77 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
   }
 
   if (rows > 0) {
-    kernels::launch_gather_rows(hidden.get(), logit_rows.get(), last.get(), rows, t, h, stream);
+    kernels::launch_gather_rows(hidden.get(), step.logit_rows, last.get(), rows, t, h, stream);
     gemm.linear(last.get(), lm_head, logits.get(), rows, h, c.vocab_size, true, stream);
     timer.mark("lm_head");
+    kernels::launch_summarize_logits(logits.get(), rows, c.vocab_size, summaries.get(), stream);
+    timer.mark("sample");
   }
 }
 
-Tensor CudaModelRunner::forward(const StepBatch& b) {
+// Validates the batch while writing it into the pinned metadata buffer (the block table padded
+// with block 0, which is never read past a sequence's length); `step` gets the device
+// addresses the upload will fill.
+void CudaModelRunner::Impl::write_metadata(const StepBatch& b, const StepShape& shape) {
+  const std::size_t t = std::size_t(shape.tokens), s = std::size_t(shape.seqs), width = std::size_t(shape.max_blocks);
+  const std::size_t decodes = std::size_t(shape.decodes), rows = b.logit_rows.size();
+  StepMetadata& md = metadata;
+  md.clear();
+  const std::size_t o_tokens = md.add<std::int32_t>(t), o_positions = md.add<std::int64_t>(t),
+                    o_slots = md.add<std::int64_t>(t), o_cu = md.add<std::int32_t>(s - decodes + 1),
+                    o_kv_lens = md.add<std::int32_t>(s), o_table = md.add<std::int32_t>(s * width),
+                    o_rows = md.add<std::int32_t>(rows);
+  md.reserve();
+
+  std::int32_t* tokens = md.host<std::int32_t>(o_tokens);
+  std::int64_t* positions = md.host<std::int64_t>(o_positions);
+  std::int64_t* slots = md.host<std::int64_t>(o_slots);
+  const std::int64_t cache_slots = std::int64_t(num_blocks) * block_size;
+  for (std::size_t i = 0; i < t; ++i) {
+    const std::int32_t id = b.tokens[i];
+    const std::int64_t p = b.positions[i], slot = b.slot_mapping[i];
+    check(id >= 0 && id < c.vocab_size, "forward: token id ", id, " outside the vocabulary");
+    check(p >= 0 && p < c.max_position_embeddings, "forward: position ", p, " outside 0..", c.max_position_embeddings - 1);
+    check(slot >= 0 && slot < cache_slots, "forward: slot ", slot, " outside the cache");
+    tokens[i] = id;
+    positions[i] = p;
+    slots[i] = slot;
+  }
+  std::int32_t* cu = md.host<std::int32_t>(o_cu);  // the prefill part's, starting at 0
+  for (std::size_t i = decodes; i <= s; ++i) cu[i - decodes] = b.cu_seqlens_q[i] - std::int32_t(decodes);
+  std::copy(b.kv_lens.begin(), b.kv_lens.end(), md.host<std::int32_t>(o_kv_lens));
+  std::int32_t* table = md.host<std::int32_t>(o_table);
+  for (std::size_t i = 0; i < s; ++i) {
+    const std::vector<int>& blocks = b.block_tables[i];
+    for (std::size_t j = 0; j < blocks.size(); ++j) {
+      check(blocks[j] >= 0 && blocks[j] < num_blocks, "forward: block ", blocks[j], " is not in the cache");
+      table[i * width + j] = blocks[j];
+    }
+    std::fill(table + i * width + blocks.size(), table + (i + 1) * width, 0);
+  }
+  std::int32_t* logit_rows = md.host<std::int32_t>(o_rows);
+  for (std::size_t i = 0; i < rows; ++i) {
+    check(b.logit_rows[i] >= 0 && b.logit_rows[i] < std::int32_t(t), "forward: logit row ", b.logit_rows[i], " out of range");
+    logit_rows[i] = b.logit_rows[i];
+  }
+  step = {md.device<std::int32_t>(o_tokens), md.device<std::int64_t>(o_positions), md.device<std::int64_t>(o_slots),
+          md.device<std::int32_t>(o_cu),     md.device<std::int32_t>(o_kv_lens),     md.device<std::int32_t>(o_table),
+          md.device<std::int32_t>(o_rows)};
+}
+
+const StepOutput& CudaModelRunner::forward(const StepBatch& b) {
+  using Clock = std::chrono::steady_clock;
+  auto lap = [last = Clock::now()](double& total) mutable {
+    const auto now = Clock::now();
+    total += std::chrono::duration<double, std::milli>(now - last).count();
+    last = now;
+  };
   Impl& m = *impl_;
-  const ModelConfig& c = m.c;
   const int t = b.num_tokens(), s = b.num_seqs(), rows = int(b.logit_rows.size());
   check(t >= 1 && s >= 1, "forward: empty batch");
   check(int(b.positions.size()) == t && int(b.slot_mapping.size()) == t && int(b.cu_seqlens_q.size()) == s + 1 &&
-            int(b.block_tables.size()) == s,
+            int(b.kv_lens.size()) == s && int(b.block_tables.size()) == s && int(b.full_logits.size()) == rows,
         "forward: inconsistent batch");
-  for (std::int32_t id : b.tokens)
-    check(id >= 0 && id < c.vocab_size, "forward: token id ", id, " outside the vocabulary");
-  for (std::int64_t p : b.positions)
-    check(p >= 0 && p < c.max_position_embeddings, "forward: position ", p, " outside 0..", c.max_position_embeddings - 1);
-  for (std::int64_t slot : b.slot_mapping)
-    check(slot >= 0 && slot < std::int64_t(m.num_blocks) * m.block_size, "forward: slot ", slot, " outside the cache");
-  for (int r : b.logit_rows) check(r >= 0 && r < t, "forward: logit row ", r, " out of range");
 
   // Split the step: leading one-token sequences to the decode kernel, the rest to prefill.
   StepShape shape;
@@ -466,9 +640,10 @@ Tensor CudaModelRunner::forward(const StepBatch& b) {
       shape.prefill_kv_len = std::max(shape.prefill_kv_len, kv_len);
     }
   }
-  // All-decode steps replay CUDA graphs keyed by (sequences, block-table width); the width is
-  // rounded up to a power of two so that a growing context re-captures rarely, and the decode
-  // kernel's splits are sized from that width's capacity, not this step's longest context.
+  check(b.cu_seqlens_q[0] == 0 && b.cu_seqlens_q[std::size_t(s)] == t, "forward: cu_seqlens_q must run from 0 to ", t);
+  // All-decode steps replay CUDA graphs keyed by (sequences, block-table width, rows); the
+  // width is rounded up to a power of two so that a growing context re-captures rarely, and the
+  // decode kernel's splits are sized from that width's capacity, not this step's longest context.
   const bool graph = m.use_graphs && shape.decodes == s;
   if (graph) {
     int width = 1;
@@ -477,41 +652,35 @@ Tensor CudaModelRunner::forward(const StepBatch& b) {
     shape.decode_kv_len = width * m.block_size;
   }
 
-  // Step metadata into the device buffers (the block table padded with block 0, which is never
-  // read past a sequence's length).
-  std::vector<std::int32_t> table(std::size_t(s) * std::size_t(shape.max_blocks), 0);
-  for (int i = 0; i < s; ++i)
-    for (std::size_t j = 0; j < b.block_tables[std::size_t(i)].size(); ++j) {
-      const int block = b.block_tables[std::size_t(i)][j];
-      check(block >= 0 && block < m.num_blocks, "forward: block ", block, " is not in the cache");
-      table[std::size_t(i) * std::size_t(shape.max_blocks) + j] = block;
-    }
-  std::vector<std::int32_t> prefill_cu_seqlens;  // the prefill part's, starting at 0
-  for (int i = shape.decodes; i <= s; ++i) prefill_cu_seqlens.push_back(b.cu_seqlens_q[std::size_t(i)] - shape.decodes);
   m.reserve(std::size_t(t));
-  m.logits.reserve(std::size_t(std::max(rows, 1)) * std::size_t(c.vocab_size));  // rows that sample only
-  m.tokens.upload(b.tokens, m.stream);
-  m.positions.upload(b.positions, m.stream);
-  m.slots.upload(b.slot_mapping, m.stream);
-  m.prefill_cu_seqlens.upload(prefill_cu_seqlens, m.stream);
-  m.kv_lens.upload(b.kv_lens, m.stream);
-  m.block_table.upload(table, m.stream);
-  m.logit_rows.upload(b.logit_rows, m.stream);
+  m.logits.reserve(std::size_t(std::max(rows, 1)) * std::size_t(m.c.vocab_size));  // rows that sample only
+  m.summaries.reserve(std::size_t(std::max(rows, 1)));
+  m.write_metadata(b, shape);
   if (graph) {
     const kernels::DecodeParams probe = m.decode_params(m.layers[0], s, shape.max_blocks, shape.decode_kv_len);
     m.decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(probe, probe.num_splits)));
-    m.replay_or_capture(shape, rows);
-  } else {
-    m.timer.begin(m.stream);
-    m.run_model(shape, rows);
   }
+  lap(m.host.prepare);
 
-  Tensor logits = Tensor::empty(DType::F32, {rows, c.vocab_size});
-  if (rows > 0)
-    ASYNCT_CUDA_CHECK(cudaMemcpyAsync(logits.data(), m.logits.get(), logits.nbytes(), cudaMemcpyDeviceToHost, m.stream));
+  // The GPU phases cover the step from the metadata upload to the last copy back.
+  m.timer.begin(m.stream);
+  m.metadata.upload(m.stream);
+  m.timer.mark("h2d");
+  if (graph)
+    m.run_graph(shape, rows);
+  else
+    m.run_model(shape, rows);
+  m.download_results(b, rows);
+  m.timer.mark("d2h");
+  lap(m.host.launch);
+
   ASYNCT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
-  if (!graph) m.timer.collect();
-  return logits;
+  lap(m.host.wait);
+
+  m.timer.collect();
+  m.unpack_results(b, rows);
+  lap(m.host.finish);
+  return m.output;
 }
 
 }  // namespace asynct

@@ -26,26 +26,48 @@ double uniform_draw(std::uint64_t seed, std::uint64_t step) {
   return double(bits >> 11) * 0x1.0p-53;  // 53 random bits
 }
 
-int sample_token(const std::vector<float>& logits, const SamplingParams& params,
-                 std::uint64_t step) {
-  validate_sampling(params);
-  check(!logits.empty(), "sampling: empty logits");
-  for (std::size_t i = 0; i < logits.size(); ++i)
-    check(std::isfinite(logits[i]), "sampling: logit ", i, " is not finite (", logits[i], ")");
+LogitSummary summarize_logits(const float* logits, std::size_t vocab) {
+  LogitSummary s;
+  float best = 0.0f;
+  for (std::size_t i = 0; i < vocab; ++i) {
+    const float v = logits[i];
+    if (!std::isfinite(v)) {
+      s.nonfinite = std::int32_t(i);
+      s.nonfinite_value = v;
+      return s;
+    }
+    if (i == 0 || v > best) {  // strictly greater: the lowest id wins ties (as std::max_element)
+      best = v;
+      s.greedy = std::int32_t(i);
+    }
+  }
+  return s;
+}
 
-  if (params.temperature == 0.0f)
-    return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+void check_finite(const LogitSummary& s) {
+  check(s.nonfinite < 0, "sampling: logit ", s.nonfinite, " is not finite (", s.nonfinite_value, ")");
+}
+
+int sample_token(const std::vector<float>& logits, const SamplingParams& params, std::uint64_t step) {
+  return sample_token(logits.data(), logits.size(), params, step);
+}
+
+int sample_token(const float* logits, std::size_t vocab, const SamplingParams& params, std::uint64_t step) {
+  validate_sampling(params);
+  check(vocab > 0, "sampling: empty logits");
+  const LogitSummary summary = summarize_logits(logits, vocab);
+  check_finite(summary);
+  if (params.temperature == 0.0f) return summary.greedy;
 
   // Tokens by decreasing logit (ties: lower id first), with their probabilities.
-  std::vector<int> order(logits.size());
+  std::vector<int> order(vocab);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return logits[std::size_t(a)] > logits[std::size_t(b)]; });
-  const double max_logit = logits[std::size_t(order.front())];
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  const double max_logit = logits[order.front()];
   std::vector<double> prob(order.size());
   double total = 0.0;
   for (std::size_t r = 0; r < order.size(); ++r) {
-    prob[r] = std::exp((double(logits[std::size_t(order[r])]) - max_logit) / params.temperature);
+    prob[r] = std::exp((double(logits[order[r]]) - max_logit) / params.temperature);
     total += prob[r];
   }
   for (double& p : prob) p /= total;

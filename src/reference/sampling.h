@@ -2,6 +2,7 @@
 // so that a (seed, step) pair always draws the same number on any machine or backend.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -20,8 +21,22 @@ void validate_sampling(const SamplingParams& params);
 // A uniform number in [0, 1) that depends only on (seed, step): splitmix64 of the pair.
 double uniform_draw(std::uint64_t seed, std::uint64_t step);
 
+// What greedy sampling needs from one row of logits, in one pass: the argmax (lowest id on
+// ties) and the lowest id whose logit is not finite. The CUDA runner computes the same on the
+// device (kernels/sampling.h) so that greedy rows never leave the GPU; the layout is shared.
+struct LogitSummary {
+  std::int32_t greedy = 0;         // argmax, lowest id on ties (meaningless when nonfinite >= 0)
+  std::int32_t nonfinite = -1;     // lowest id with a NaN or infinite logit; -1: all finite
+  float nonfinite_value = 0.0f;    // that logit
+};
+LogitSummary summarize_logits(const float* logits, std::size_t vocab);
+
+// Throws Error "sampling: logit <id> is not finite (<value>)" when the summary has one.
+void check_finite(const LogitSummary& summary);
+
 // Picks a token from logits ([vocab], finite) for generation step `step` of a request.
 // Order: temperature, then top-k, then top-p on what is left, then one draw.
+int sample_token(const float* logits, std::size_t vocab, const SamplingParams& params, std::uint64_t step);
 int sample_token(const std::vector<float>& logits, const SamplingParams& params,
                  std::uint64_t step);
 

@@ -1,5 +1,8 @@
 // The engine on the CPU backend with the tiny AsyncT and Qwen3 models: batching, chunked
 // prefill and preemption must not change what a request generates; bad requests get errors.
+#include <algorithm>
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
@@ -112,6 +115,41 @@ TEST(Engine, StopsAtEosUnlessIgnored) {
   const auto first = std::find(full.begin(), full.end(), full[3]) - full.begin();
   EXPECT_EQ(out[0].finish_reason, "eos");
   EXPECT_EQ(std::int64_t(out[0].tokens.size()), first + 1);
+}
+
+// Greedy rows come back from the runner as their argmax only; rows that record their logits
+// come back whole, and their greedy token is the argmax of what was recorded.
+TEST(Engine, RecordedFirstLogitsGiveTheFirstGreedyToken) {
+  for (Architecture arch : {Architecture::AsyncT, Architecture::Qwen3}) {
+    ModelWeights w = random_weights(tiny_config(arch), 7);
+    const int vocab = w.config.vocab_size;
+    EngineOptions o;
+    o.record_first_logits = true;
+    Engine e(std::make_unique<CpuModelRunner>(std::move(w), 64, 16), vocab, o);
+    std::vector<Request> rs = requests(0.0f);
+    for (const Request& r : rs) e.add_request(r);
+    const auto out = e.run_to_completion();
+    const auto plain = generate({arch}, rs);
+    ASSERT_EQ(out.size(), rs.size());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      EXPECT_EQ(out[i].tokens, plain[i]) << "request " << i;  // recording changes nothing
+      ASSERT_EQ(int(out[i].first_logits.size()), vocab);
+      const auto& l = out[i].first_logits;
+      EXPECT_EQ(std::max_element(l.begin(), l.end()) - l.begin(), out[i].tokens[0]) << "request " << i;
+    }
+  }
+}
+
+TEST(Engine, NonFiniteLogitsGiveAClearError) {
+  for (float temperature : {0.0f, 0.8f}) {
+    ModelWeights w = random_weights(tiny_config(Architecture::Qwen3), 7);
+    const int vocab = w.config.vocab_size, hidden = w.config.hidden_size;
+    w.lm_head.data_as<float>()[5 * hidden] = NAN;  // token 5's logit is NaN, the others finite
+    Engine e(std::make_unique<CpuModelRunner>(std::move(w), 64, 16), vocab, {});
+    Request r = requests(temperature)[0];
+    e.add_request(r);
+    expect_error([&] { e.run_to_completion(); }, "sampling: logit 5 is not finite (nan)");
+  }
 }
 
 TEST(Engine, BadRequestsGiveClearErrors) {

@@ -40,6 +40,21 @@ TEST(Sampling, GreedyTakesTheArgmaxAndTheLowestIdOnTies) {
   EXPECT_EQ(sample_token({0.1f, 3.0f, -1.0f, 3.0f}, {}, 0), 1);
 }
 
+TEST(Sampling, SummaryHasTheArgmaxAndTheFirstNonFiniteLogit) {
+  const std::vector<float> ties = {0.1f, 3.0f, -1.0f, 3.0f};
+  LogitSummary s = summarize_logits(ties.data(), ties.size());
+  EXPECT_EQ(s.greedy, 1);
+  EXPECT_EQ(s.nonfinite, -1);
+  const std::vector<float> zeros = {-1.0f, -0.0f, 0.0f};  // -0 and +0 are equal: the lower id
+  EXPECT_EQ(summarize_logits(zeros.data(), zeros.size()).greedy, 1);
+  const std::vector<float> bad = {1.0f, INFINITY, NAN, 2.0f};
+  s = summarize_logits(bad.data(), bad.size());
+  EXPECT_EQ(s.nonfinite, 1);
+  EXPECT_EQ(s.nonfinite_value, INFINITY);
+  expect_error([&] { check_finite(s); }, "sampling: logit 1 is not finite (inf)");
+  EXPECT_EQ(sample_token(ties.data(), ties.size(), {}, 0), 1);
+}
+
 TEST(Sampling, SameSeedAndStepSameToken) {
   std::vector<float> logits(100);
   for (int i = 0; i < 100; ++i) logits[std::size_t(i)] = float(std::sin(i * 0.7));

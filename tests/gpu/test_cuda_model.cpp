@@ -1,7 +1,12 @@
 // The CUDA model runner against the CPU runner on the same tiny models and the same steps:
 // a prefill step, an all-decode step (the decode kernel) and a mixed step (the prefill kernel
 // with a cached prefix). bf16 weights and activations on the GPU against float on the CPU:
-// relative Frobenius error of the logits within 3e-2 (measured values are printed).
+// relative Frobenius error of the logits within 3e-2 (measured values are printed). The greedy
+// tokens the runner finds on the device are the host argmax of the logits it returns.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
@@ -9,6 +14,7 @@
 #include "models/cpu_model.h"
 #include "models/cuda_model.h"
 #include "support/compare.h"
+#include "support/expect_error.h"
 
 namespace asynct {
 namespace {
@@ -30,6 +36,28 @@ void add_sequence(StepBatch& b, const std::vector<std::int32_t>& tokens, int beg
   b.kv_lens.push_back(end);
   b.block_tables.push_back(table);
   b.logit_rows.push_back(b.num_tokens() - 1);
+  b.full_logits.push_back(1);
+}
+
+// The full logits a step returned, as a [rows, vocab] tensor (all rows must have been asked for).
+Tensor logits_of(const StepOutput& out, int vocab) {
+  Tensor t = Tensor::empty(DType::F32, {std::int64_t(out.logits.size()), vocab});
+  for (std::size_t r = 0; r < out.logits.size(); ++r) {
+    check(out.logits[r] != nullptr, "row ", r, " has no logits");
+    std::copy_n(out.logits[r], vocab, t.data_as<float>() + std::int64_t(r) * vocab);
+  }
+  return t;
+}
+
+// Every row's device summary against summarize_logits over the logits that came back.
+void expect_summaries_match(const StepOutput& out, int vocab, const char* what) {
+  ASSERT_EQ(out.summaries.size(), out.logits.size()) << what;
+  for (std::size_t r = 0; r < out.logits.size(); ++r) {
+    const LogitSummary host = summarize_logits(out.logits[r], std::size_t(vocab));
+    EXPECT_EQ(host.nonfinite, -1) << what << ", row " << r;
+    EXPECT_EQ(out.summaries[r].nonfinite, -1) << what << ", row " << r;
+    EXPECT_EQ(out.summaries[r].greedy, host.greedy) << what << ", row " << r;
+  }
 }
 
 class CudaModel : public ::testing::TestWithParam<Architecture> {};
@@ -47,11 +75,14 @@ TEST_P(CudaModel, MatchesTheCpuRunnerOnPrefillDecodeAndMixedSteps) {
   // Shuffled, disjoint block tables of 8 blocks (128 tokens) each.
   std::vector<std::vector<int>> tables = {{3, 17, 0, 22, 9, 31, 5, 12}, {1, 30, 4, 19, 26, 7, 14, 39},
                                           {2, 8, 35, 11, 24, 6, 33, 16}};
+  const int vocab = w.config.vocab_size;
   auto compare_step = [&](const StepBatch& b, const char* what) {
-    Tensor expected = cpu.forward(b), got = gpu.forward(b);
-    auto result = close_to(got, expected, kLogitTolerance);
+    Tensor expected = logits_of(cpu.forward(b), vocab);
+    const StepOutput& out = gpu.forward(b);
+    auto result = close_to(logits_of(out, vocab), expected, kLogitTolerance);
     EXPECT_TRUE(result) << what;
     std::printf("  %s: %s\n", what, result.message());
+    expect_summaries_match(out, vocab, what);
   };
 
   StepBatch prefill;  // lengths 37, 1 and 100: odd, single, crossing blocks
@@ -124,6 +155,67 @@ TEST_P(CudaModel, CudaGraphsOnEqualsOff) {
     EXPECT_EQ(on[i].tokens, off[i].tokens) << "request " << i;
     EXPECT_TRUE(close_to(on[i].first_logits, off[i].first_logits, 1e-3)) << "request " << i;
   }
+}
+
+// Greedy rows stay on the device: a runner asked for no full logits gives the same greedy
+// tokens as one asked for all of them (which match the host argmax of what came back), and
+// hands out no logits. Prefill, eager decode, captured decode and replayed decode steps.
+TEST_P(CudaModel, DeviceGreedyTokensAreTheHostArgmax) {
+  testing::require_gpu();
+  const int block_size = 16;
+  ModelWeights w = random_weights(tiny_config(GetParam()), 24);
+  const int vocab = w.config.vocab_size;
+  CudaModelRunner full(w, 24, block_size, 64), greedy(w, 24, block_size, 64);
+  std::vector<std::vector<std::int32_t>> seqs(3);
+  std::vector<std::vector<int>> tables = {{5, 0, 17, 9, 2, 21}, {11, 3, 14, 7, 19, 1}, {4, 22, 8, 15, 6, 12}};
+  for (int s = 0; s < 3; ++s)
+    for (int t = 0; t < 20 + 9 * s; ++t) seqs[std::size_t(s)].push_back((t * 29 + s * 5 + 3) % vocab);
+  StepBatch b;
+  for (int s = 0; s < 3; ++s) add_sequence(b, seqs[std::size_t(s)], 0, int(seqs[std::size_t(s)].size()), tables[std::size_t(s)], block_size);
+  for (int step = 0; step < 6; ++step) {
+    StepBatch none = b;
+    std::fill(none.full_logits.begin(), none.full_logits.end(), std::uint8_t(0));
+    const StepOutput& a = full.forward(b);
+    const StepOutput& g = greedy.forward(none);
+    const std::string what = "step " + std::to_string(step);
+    expect_summaries_match(a, vocab, what.c_str());
+    ASSERT_EQ(g.summaries.size(), a.summaries.size());
+    for (std::size_t r = 0; r < a.summaries.size(); ++r) {
+      EXPECT_EQ(g.summaries[r].greedy, a.summaries[r].greedy) << what << ", row " << r;
+      EXPECT_EQ(g.summaries[r].nonfinite, -1) << what << ", row " << r;
+      EXPECT_EQ(g.logits[r], nullptr) << what << ", row " << r;
+    }
+    // The next step decodes the greedy tokens, one per sequence.
+    StepBatch next;
+    for (int s = 0; s < 3; ++s) {
+      auto& seq = seqs[std::size_t(s)];
+      seq.push_back(a.summaries[std::size_t(s)].greedy);
+      add_sequence(next, seq, int(seq.size()) - 1, int(seq.size()), tables[std::size_t(s)], block_size);
+    }
+    b = next;
+  }
+}
+
+// A NaN logit found on the device is the engine's usual sampling error, greedy or not, in a
+// prefill-kernel step and in a decode-kernel step, with graphs on or off.
+TEST_P(CudaModel, NonFiniteLogitsGiveTheSamplingError) {
+  testing::require_gpu();
+  for (bool graphs : {false, true})
+    for (int prompt : {7, 1}) {  // a 1-token prompt makes the first step a decode-kernel step
+      for (float temperature : {0.0f, 0.8f}) {
+        ModelWeights w = random_weights(tiny_config(GetParam()), 25);
+        const int vocab = w.config.vocab_size, hidden = w.config.hidden_size;
+        w.lm_head.data_as<float>()[5 * hidden] = NAN;  // token 5's logit is NaN
+        auto runner = std::make_unique<CudaModelRunner>(w, 8, 16, 32);
+        runner->set_cuda_graphs(graphs);
+        Engine e(std::move(runner), vocab, {});
+        Request r;
+        for (int t = 0; t < prompt; ++t) r.prompt.push_back(10 + t);
+        r.sampling.temperature = temperature;
+        e.add_request(r);
+        testing::expect_error([&] { e.run_to_completion(); }, "sampling: logit 5 is not finite");
+      }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaModel, ::testing::Values(Architecture::AsyncT, Architecture::Qwen3));

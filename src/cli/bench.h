@@ -17,7 +17,8 @@ struct BenchOptions {
   int max_batched_tokens = 8192;
   std::string device = "auto";  // auto, cpu or cuda
   bool profile = true;          // per-phase GPU times (events; no extra synchronisation)
-  bool cuda_graphs = false;     // replay decode steps as CUDA graphs (their steps are not timed)
+  bool cuda_graphs = true;      // replay decode steps as CUDA graphs (timed as "decode_graph")
+  bool warmup = true;           // an untimed short run on each engine before the timed one
 };
 
 int run_bench(const BenchOptions& options);

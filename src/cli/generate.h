@@ -22,7 +22,7 @@ struct GenerateOptions {
   bool ignore_eos = true;
   int eos_token = -1;
   std::string device = "auto";           // auto, cpu or cuda
-  bool cuda_graphs = false;              // replay decode steps as CUDA graphs
+  bool cuda_graphs = true;               // replay decode steps as CUDA graphs (CUDA backend)
   std::string logits_path;               // write each request's first-token logits (JSON)
 };
 

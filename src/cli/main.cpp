@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 20));
   gen_cmd->add_option("--eos", gen.eos_token, "stop at this token id (with --no-ignore-eos)");
   gen_cmd->add_flag("!--no-ignore-eos", gen.ignore_eos, "stop at --eos");
-  gen_cmd->add_flag("--cuda-graphs", gen.cuda_graphs, "replay decode steps as CUDA graphs");
+  gen_cmd->add_flag("!--no-cuda-graphs", gen.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
   gen_cmd->add_option("--device", gen.device, "auto (a GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   gen_cmd->add_option("--logits", gen.logits_path, "write the tokens and each request's first-token logits as JSON");
@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--json", bench.json_path, "where to write the results");
   bench_cmd->add_option("--seed", bench.seed, "weights and prompts seed");
   bench_cmd->add_flag("!--no-profile", bench.profile, "do not time the phases of each step");
-  bench_cmd->add_flag("--cuda-graphs", bench.cuda_graphs, "replay decode steps as CUDA graphs");
+  bench_cmd->add_flag("!--no-cuda-graphs", bench.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
+  bench_cmd->add_flag("!--no-warmup", bench.warmup, "time each scenario's first run on a fresh engine");
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
   CLI11_PARSE(app, argc, argv);

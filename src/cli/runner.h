@@ -20,7 +20,7 @@ struct RunnerOptions {
   int block_size = 16;
   int max_tokens_per_step = 2048;
   bool profile = false;          // time the phases of each step (CUDA backend)
-  bool cuda_graphs = false;      // replay decode steps as CUDA graphs (CUDA backend)
+  bool cuda_graphs = true;       // replay decode steps as CUDA graphs (CUDA backend)
 };
 
 // Throws Error when "cuda" is asked for and not available; *chosen says which backend runs.

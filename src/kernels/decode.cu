@@ -34,6 +34,13 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
+// CTAs resident per multiprocessor: the register budget (launch bounds) and the split heuristic
+// both follow it (for groups of up to 2 query heads; bigger groups need more registers). 3 fits
+// the group-2 kernels without spills; 4 makes them spill a little.
+#ifndef ASYNCT_DECODE_CTAS_PER_SM
+#define ASYNCT_DECODE_CTAS_PER_SM 3
+#endif
+constexpr int kCtasPerSm = ASYNCT_DECODE_CTAS_PER_SM;
 constexpr int kMaxHalo = 7;  // pool window <= 8
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -339,7 +346,7 @@ struct Stage1Args {
 };
 
 template <int kHeadDim, int kGroup, typename Gate>
-__global__ void __launch_bounds__(kThreads) decode_stage1(Stage1Args a, Gate gate) {
+__global__ void __launch_bounds__(kThreads, kGroup <= 2 ? kCtasPerSm : 1) decode_stage1(Stage1Args a, Gate gate) {
   using L = Layout<kHeadDim, kGroup>;
   constexpr bool kSoftmax = Gate::kLoadValuesWithKeys;
   __shared__ DecodeSmem<kHeadDim, kGroup> sm;
@@ -578,11 +585,11 @@ int multiprocessor_count() {
 }  // namespace
 
 int decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int sm_count) {
-  // One wave: as many CTAs as fit on the GPU at once (about three 4-warp CTAs per
-  // multiprocessor at the register use of the group-2 kernels), each streaming an equal share
-  // of the keys. More CTAs than that only add a ragged second wave; fewer leave bandwidth idle.
-  // Each warp keeps at least 64 keys so that the halo and stage 2 stay cheap.
-  constexpr int kResidentPerSm = 3;
+  // One wave: as many CTAs as fit on the GPU at once (kCtasPerSm per multiprocessor), each
+  // streaming an equal share of the keys. More CTAs than that only add a ragged second wave;
+  // fewer leave bandwidth idle. Each warp keeps at least 64 keys so that the halo and stage 2
+  // stay cheap.
+  constexpr int kResidentPerSm = kCtasPerSm;
   const int heads_per_cta = kv_heads_per_cta(num_kv_heads);
   const long long ctas = (long long)num_seqs * (num_kv_heads / heads_per_cta);
   const long long wanted = std::max(1LL, (long long)kResidentPerSm * sm_count / ctas);

@@ -1,8 +1,11 @@
 #include "kernels/gemm.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "kernels/cuda_check.h"
+#include "kernels/skinny_gemm.h"
 
 namespace asynct::kernels {
 namespace {
@@ -26,11 +29,19 @@ struct Gemm::Plan {
 Gemm::Gemm() {
   lt_check(cublasLtCreate(&handle_), "create");
   ASYNCT_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+  const char* skinny = std::getenv("ASYNCT_SKINNY_GEMM");
+  use_skinny_ = !(skinny && std::strcmp(skinny, "0") == 0);
+  if (use_skinny_) {
+    skinny_workspace_bytes_ = skinny_gemm_max_workspace_bytes();
+    ASYNCT_CUDA_CHECK(cudaMalloc(&skinny_workspace_, skinny_workspace_bytes_));
+    ASYNCT_CUDA_CHECK(cudaMemset(skinny_workspace_, 0, skinny_workspace_bytes_));  // tile counters
+  }
 }
 
 Gemm::~Gemm() {
   plans_.clear();
   if (workspace_) cudaFree(workspace_);
+  if (skinny_workspace_) cudaFree(skinny_workspace_);
   if (handle_) cublasLtDestroy(handle_);
 }
 
@@ -66,6 +77,9 @@ Gemm::Plan& Gemm::plan(int rows, int in, int out, bool out_fp32) {
 void Gemm::linear(const bf16* x, const bf16* weight, void* y, int rows, int in, int out, bool out_fp32,
                   cudaStream_t stream) {
   check(rows >= 1 && in >= 1 && out >= 1, "linear: empty product [", rows, " x ", in, "] -> ", out);
+  if (use_skinny_ && skinny_gemm_supports(x, weight, rows, in))
+    return launch_skinny_gemm(x, weight, y, rows, in, out, out_fp32, skinny_workspace_, skinny_workspace_bytes_,
+                              stream);
   const Plan& p = plan(rows, in, out, out_fp32);
   const float one = 1.0f, zero = 0.0f;
   lt_check(cublasLtMatmul(handle_, p.desc, &one, weight, p.a, x, p.b, &zero, y, p.c, y, p.c, &p.algo, workspace_,

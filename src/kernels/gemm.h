@@ -1,5 +1,8 @@
-// Dense layers on the GPU through cuBLASLt: y[rows, out] = x[rows, in] W^T with W [out, in]
-// row-major (PyTorch's nn.Linear layout), bf16 inputs, fp32 accumulation, bf16 or fp32 output.
+// Dense layers on the GPU: y[rows, out] = x[rows, in] W^T with W [out, in] row-major (PyTorch's
+// nn.Linear layout), bf16 inputs, fp32 accumulation, bf16 or fp32 output. Products of up to 64
+// rows (decode steps) go to the skinny kernel (skinny_gemm.h), which reads the weights near the
+// memory's rate; the rest to cuBLASLt. ASYNCT_SKINNY_GEMM=0 in the environment sends every
+// product to cuBLASLt (for comparisons).
 #pragma once
 
 #include <cstddef>
@@ -31,6 +34,9 @@ class Gemm {
   Plan& plan(int rows, int in, int out, bool out_fp32);
 
   cublasLtHandle_t handle_ = nullptr;
+  bool use_skinny_ = true;
+  void* skinny_workspace_ = nullptr;  // allocated once: graphs keep its address
+  std::size_t skinny_workspace_bytes_ = 0;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 32u << 20;
   std::map<Key, std::unique_ptr<Plan>> plans_;

@@ -1,5 +1,5 @@
-// The dense pieces of the CUDA model runner against the CPU reference: cuBLASLt linear
-// (bf16 in, bf16 or fp32 out), row gathers (embedding lookup) and SwiGLU. Inputs are
+// The dense pieces of the CUDA model runner against the CPU reference: linear (the skinny
+// kernel and cuBLASLt; bf16 in, bf16 or fp32 out), row gathers (embedding lookup) and SwiGLU. Inputs are
 // bf16-exact; tolerance 1e-2 relative Frobenius error (bf16 output rounding is ~4e-3).
 #include <gtest/gtest.h>
 
@@ -20,15 +20,17 @@ using testing::Random;
 
 constexpr double kTolerance = 1e-2;
 
-TEST(Gemm, LinearMatchesReferenceOnAwkwardShapes) {
+// Up to 64 rows with `in` a multiple of 8 go to the skinny kernel; each shape runs twice (fp32
+// then bf16 out) on one Gemm, which also checks that the skinny kernel's split counters reset.
+void check_linear(std::initializer_list<std::tuple<int, int, int>> shapes) {
   testing::require_gpu();
   Random rng(1);
   kernels::Gemm gemm;
-  for (auto [rows, in, out] : {std::tuple{1, 64, 8}, {3, 136, 200}, {32, 2048, 4096}, {37, 512, 1000}}) {
+  for (auto [rows, in, out] : shapes) {
     Tensor x = rng.normal({rows, in}, 1.0f, true), w = rng.normal({out, in}, 0.05f, true);
     Tensor expected = linear(x, w);
     DeviceBuffer dx = DeviceBuffer::upload(x, DType::BF16), dw = DeviceBuffer::upload(w, DType::BF16);
-    for (bool fp32 : {false, true}) {
+    for (bool fp32 : {true, false}) {
       DeviceBuffer dy(fp32 ? DType::F32 : DType::BF16, {rows, out});
       dy.poison();
       gemm.linear(dx.as<bf16>(), dw.as<bf16>(), dy.data(), rows, in, out, fp32, nullptr);
@@ -37,6 +39,16 @@ TEST(Gemm, LinearMatchesReferenceOnAwkwardShapes) {
           << rows << " x " << in << " -> " << out << (fp32 ? " fp32" : " bf16");
     }
   }
+}
+
+// Small enough for compute-sanitizer: one and three row tiles, partial tiles in every
+// direction, one split and eight.
+TEST(Gemm, SmallSkinnyShapes) { check_linear({{1, 64, 8}, {3, 136, 200}, {48, 72, 70}, {5, 1024, 64}}); }
+
+// Decode-sized products (many splits: the down projection's shape), odd ones, and products
+// that go to cuBLASLt (100 rows; in = 100 is not a multiple of 8).
+TEST(Gemm, LinearMatchesReferenceOnAwkwardShapes) {
+  check_linear({{32, 2048, 4096}, {37, 512, 1000}, {64, 6144, 2048}, {5, 1000, 333}, {100, 264, 300}, {7, 100, 50}});
 }
 
 TEST(Elementwise, SmallGatherRowsLooksUpAndZeroesBadIds) {

@@ -30,7 +30,7 @@ Gemm::Gemm() {
   lt_check(cublasLtCreate(&handle_), "create");
   ASYNCT_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
   const char* skinny = std::getenv("ASYNCT_SKINNY_GEMM");
-  use_skinny_ = !(skinny && std::strcmp(skinny, "0") == 0);
+  use_skinny_ = skinny && std::strcmp(skinny, "1") == 0;
   if (use_skinny_) {
     skinny_workspace_bytes_ = skinny_gemm_max_workspace_bytes();
     ASYNCT_CUDA_CHECK(cudaMalloc(&skinny_workspace_, skinny_workspace_bytes_));

@@ -1,8 +1,9 @@
 // Dense layers on the GPU: y[rows, out] = x[rows, in] W^T with W [out, in] row-major (PyTorch's
-// nn.Linear layout), bf16 inputs, fp32 accumulation, bf16 or fp32 output. Products of up to 64
-// rows (decode steps) go to the skinny kernel (skinny_gemm.h), which reads the weights near the
-// memory's rate; the rest to cuBLASLt. ASYNCT_SKINNY_GEMM=0 in the environment sends every
-// product to cuBLASLt (for comparisons).
+// nn.Linear layout), bf16 inputs, fp32 accumulation, bf16 or fp32 output, through cuBLASLt.
+// ASYNCT_SKINNY_GEMM=1 in the environment sends products of up to 64 rows (decode steps) to
+// the skinny kernel (skinny_gemm.h) instead. It is correct (tested) but not yet faster: on the
+// H200 it made the 1.7B decode step at 32 sequences 4.9 ms against cuBLASLt's 3.1 ms (see
+// bench/RESULTS.md), so it stays opt-in until it is tuned.
 #pragma once
 
 #include <cstddef>
@@ -34,7 +35,7 @@ class Gemm {
   Plan& plan(int rows, int in, int out, bool out_fp32);
 
   cublasLtHandle_t handle_ = nullptr;
-  bool use_skinny_ = true;
+  bool use_skinny_ = false;
   void* skinny_workspace_ = nullptr;  // allocated once: graphs keep its address
   std::size_t skinny_workspace_bytes_ = 0;
   void* workspace_ = nullptr;

@@ -3,6 +3,9 @@
 // bf16-exact; tolerance 1e-2 relative Frobenius error (bf16 output rounding is ~4e-3).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "gpu/device_buffer.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
@@ -20,10 +23,10 @@ using testing::Random;
 
 constexpr double kTolerance = 1e-2;
 
-// Up to 64 rows with `in` a multiple of 8 go to the skinny kernel; each shape runs twice (fp32
-// then bf16 out) on one Gemm, which also checks that the skinny kernel's split counters reset.
-void check_linear(std::initializer_list<std::tuple<int, int, int>> shapes) {
-  testing::require_gpu();
+// With ASYNCT_SKINNY_GEMM=1, up to 64 rows with `in` a multiple of 8 go to the skinny kernel;
+// each shape runs twice (fp32 then bf16 out) on one Gemm, which also checks that the skinny
+// kernel's split counters reset.
+void check_linear_once(std::initializer_list<std::tuple<int, int, int>> shapes) {
   Random rng(1);
   kernels::Gemm gemm;
   for (auto [rows, in, out] : shapes) {
@@ -39,6 +42,17 @@ void check_linear(std::initializer_list<std::tuple<int, int, int>> shapes) {
           << rows << " x " << in << " -> " << out << (fp32 ? " fp32" : " bf16");
     }
   }
+}
+
+// Both paths are checked: the Gemm built with ASYNCT_SKINNY_GEMM=1 and the default one.
+void check_linear(std::initializer_list<std::tuple<int, int, int>> shapes) {
+  testing::require_gpu();
+  for (const char* skinny : {"1", "0"}) {
+    SCOPED_TRACE(std::string("ASYNCT_SKINNY_GEMM=") + skinny);
+    setenv("ASYNCT_SKINNY_GEMM", skinny, 1);
+    check_linear_once(shapes);
+  }
+  unsetenv("ASYNCT_SKINNY_GEMM");
 }
 
 // Small enough for compute-sanitizer: one and three row tiles, partial tiles in every

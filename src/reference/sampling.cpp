@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "core/error.h"
 
@@ -59,41 +58,84 @@ int sample_token(const float* logits, std::size_t vocab, const SamplingParams& p
   check_finite(summary);
   if (params.temperature == 0.0f) return summary.greedy;
 
-  // Tokens by decreasing logit (ties: lower id first), with their probabilities.
-  std::vector<int> order(vocab);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
-  const double max_logit = logits[order.front()];
-  std::vector<double> prob(order.size());
-  double total = 0.0;
-  for (std::size_t r = 0; r < order.size(); ++r) {
-    prob[r] = std::exp((double(logits[order[r]]) - max_logit) / params.temperature);
-    total += prob[r];
+  // Weights proportional to the tempered probabilities; normalising is not needed, since every
+  // test below compares a mass with a fraction of another mass.
+  const double max_logit = logits[summary.greedy];
+  const auto tempered = [&](int id) { return std::exp((double(logits[id]) - max_logit) / params.temperature); };
+  std::vector<double> weights;  // of the whole vocabulary, when its mass is needed
+  if (params.top_k == 0) {
+    weights.resize(vocab);
+    for (std::size_t i = 0; i < vocab; ++i) weights[i] = tempered(int(i));
   }
-  for (double& p : prob) p /= total;
+  const auto weight = [&](int id) { return weights.empty() ? tempered(id) : weights[std::size_t(id)]; };
+  const double target_unit = uniform_draw(params.seed, step);
 
-  std::size_t keep = order.size();
-  if (params.top_k > 0) keep = std::min(keep, std::size_t(params.top_k));
+  if (params.top_k == 0 && params.top_p >= 1.0f) {
+    // Nothing is cut: draw from the whole vocabulary in id order (no sort needed).
+    double total = 0.0;
+    for (std::size_t i = 0; i < vocab; ++i) total += weight(int(i));
+    const double target = target_unit * total;
+    double cumulative = 0.0;
+    for (std::size_t i = 0; i < vocab; ++i) {
+      cumulative += weight(int(i));
+      if (target < cumulative) return int(i);
+    }
+    return int(vocab - 1);
+  }
+
+  // The candidates by decreasing logit (ties: lower id first). Only the head of that order is
+  // ever needed, so it is sorted in growing prefixes rather than all of it (a 152K vocabulary
+  // sorted per token costs milliseconds).
+  struct Candidate {
+    float logit;
+    int id;
+  };
+  const auto before = [](const Candidate& a, const Candidate& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+  };
+  std::vector<Candidate> order(vocab);
+  for (std::size_t i = 0; i < vocab; ++i) order[i] = {logits[i], int(i)};
+  std::size_t sorted = 0;
+  const auto sort_prefix = [&](std::size_t n) {
+    n = n > vocab / 16 ? vocab : n;  // a long head: one full sort is cheaper than more rounds
+    if (n <= sorted) return;
+    if (n == vocab)
+      std::sort(order.begin() + std::ptrdiff_t(sorted), order.end(), before);
+    else
+      std::partial_sort(order.begin() + std::ptrdiff_t(sorted), order.begin() + std::ptrdiff_t(n), order.end(), before);
+    sorted = n;
+  };
+
+  std::size_t keep = params.top_k > 0 ? std::min(vocab, std::size_t(params.top_k)) : vocab;
+  double kept_mass = 0.0;  // the mass of the first `keep` candidates
+  if (params.top_k > 0) {
+    sort_prefix(keep);
+    for (std::size_t r = 0; r < keep; ++r) kept_mass += weight(order[r].id);
+  } else {
+    for (std::size_t i = 0; i < vocab; ++i) kept_mass += weight(int(i));
+  }
   if (params.top_p < 1.0f) {
-    // top-p applies to the distribution renormalised over what top-k kept.
-    const double kept_mass = std::accumulate(prob.begin(), prob.begin() + std::ptrdiff_t(keep), 0.0);
+    // top-p applies to the distribution renormalised over what top-k kept: the smallest head
+    // whose mass reaches top_p of the kept mass.
+    const double needed = double(params.top_p) * kept_mass;
     double mass = 0.0;
     std::size_t n = 0;
     while (n < keep) {
-      mass += prob[n++];
-      if (mass >= double(params.top_p) * kept_mass) break;
+      if (n == sorted) sort_prefix(std::max<std::size_t>(64, 4 * sorted));
+      mass += weight(order[n++].id);
+      if (mass >= needed) break;
     }
     keep = n;
+    kept_mass = mass;
   }
 
-  const double kept = std::accumulate(prob.begin(), prob.begin() + std::ptrdiff_t(keep), 0.0);
-  const double target = uniform_draw(params.seed, step) * kept;
+  const double target = target_unit * kept_mass;
   double cumulative = 0.0;
   for (std::size_t r = 0; r < keep; ++r) {
-    cumulative += prob[r];
-    if (target < cumulative) return order[r];
+    cumulative += weight(order[r].id);
+    if (target < cumulative) return order[r].id;
   }
-  return order[keep - 1];
+  return order[keep - 1].id;
 }
 
 }  // namespace asynct

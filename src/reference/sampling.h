@@ -35,7 +35,9 @@ LogitSummary summarize_logits(const float* logits, std::size_t vocab);
 void check_finite(const LogitSummary& summary);
 
 // Picks a token from logits ([vocab], finite) for generation step `step` of a request.
-// Order: temperature, then top-k, then top-p on what is left, then one draw.
+// Order: temperature, then top-k, then top-p on what is left, then one draw, walking the kept
+// tokens by decreasing logit (lowest id first on ties); with neither top-k nor top-p, walking
+// the whole vocabulary in id order. Only the head of the order that top-k/top-p keeps is sorted.
 int sample_token(const float* logits, std::size_t vocab, const SamplingParams& params, std::uint64_t step);
 int sample_token(const std::vector<float>& logits, const SamplingParams& params,
                  std::uint64_t step);

@@ -1,7 +1,9 @@
 // Embedding, linear, SwiGLU and sampling against hand cases; sampling's determinism and
 // distribution; clear errors for bad ids and parameters.
 #include <cmath>
+#include <algorithm>
 #include <map>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -88,6 +90,37 @@ TEST(Sampling, FrequenciesFollowTheTemperedDistribution) {
   EXPECT_EQ(counts[0] + counts[1], 0);
   EXPECT_NEAR(counts[3] / double(n), 4.0 / 7.0, 0.015);
   for (int step = 0; step < 200; ++step) EXPECT_EQ(sample_token(logits, {1.0f, 2, 0.5f, 5}, std::uint64_t(step)), 3);
+}
+
+TEST(Sampling, TopPOnALargeVocabularyKeepsExactlyTheNucleus) {
+  // 5000 tokens with repeated logits (ties) and a nucleus of a few hundred, larger than the
+  // first sorted prefix: the sampler sorts only a growing head of the order; the nucleus it
+  // keeps must be the one a full sort gives.
+  const int vocab = 5000;
+  std::vector<float> logits(vocab);
+  for (int i = 0; i < vocab; ++i) logits[std::size_t(i)] = float((i * 7919) % 997) / 100.0f;
+  const float temperature = 2.0f, top_p = 0.3f;
+  std::vector<int> order(vocab);
+  for (int i = 0; i < vocab; ++i) order[std::size_t(i)] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[std::size_t(a)] > logits[std::size_t(b)]; });
+  std::vector<double> w(vocab);
+  double total = 0.0;
+  for (int i = 0; i < vocab; ++i) total += w[std::size_t(i)] = std::exp((logits[std::size_t(i)] - logits[std::size_t(order[0])]) / temperature);
+  std::set<int> nucleus;
+  double mass = 0.0;
+  for (int id : order) {
+    nucleus.insert(id);
+    mass += w[std::size_t(id)];
+    if (mass >= top_p * total) break;
+  }
+  ASSERT_GT(nucleus.size(), 64u);
+  std::set<int> seen;
+  for (int step = 0; step < 4000; ++step) {
+    const int token = sample_token(logits, {temperature, 0, top_p, 3}, std::uint64_t(step));
+    ASSERT_TRUE(nucleus.count(token)) << "token " << token << " at step " << step << " is outside the nucleus";
+    seen.insert(token);
+  }
+  EXPECT_GT(seen.size(), nucleus.size() / 2);
 }
 
 TEST(Sampling, BadParametersAndLogitsGiveClearErrors) {

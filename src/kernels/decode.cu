@@ -336,7 +336,6 @@ struct AsyncGate {
 
 struct Stage1Args {
   DecodeParams p;
-  int keys_per_split;
   int block_shift;
   int heads_per_cta;  // KV heads whose warps share a CTA (see kv_heads_per_cta)
   float scale;
@@ -363,8 +362,12 @@ __global__ void __launch_bounds__(kThreads, kGroup <= 2 ? kCtasPerSm : 1) decode
 
   // This split's keys, clamped to what the block table can address, then this warp's run.
   const int kv_len = min(p.kv_lens[seq], p.kv.max_blocks_per_seq * p.kv.block_size);
-  const int split_begin = split * a.keys_per_split;
-  const int split_end = min(kv_len, split_begin + a.keys_per_split);
+  // The splits share each sequence's own length (not the batch's longest, nor the capacity a
+  // CUDA graph was captured for), so every split of every sequence has work.
+  const int splits = int(gridDim.z);
+  const int keys_per_split = (max(kv_len, 0) + splits - 1) / splits;
+  const int split_begin = split * keys_per_split;
+  const int split_end = min(kv_len, split_begin + keys_per_split);
   const int split_len = max(0, split_end - split_begin);
   const int warp_len = (split_len + runs * L::kTile - 1) / (runs * L::kTile) * L::kTile;
   const int begin = split_begin + run * warp_len;
@@ -621,8 +624,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (splits <= 0) splits = decode_num_splits(p.num_seqs, p.kv.num_kv_heads, p.max_kv_len, multiprocessor_count());
   splits = std::min({splits, p.max_kv_len, kMaxSplits});
 
-  Stage1Args a{p, ceil_div(p.max_kv_len, splits), 0, kv_heads_per_cta(p.kv.num_kv_heads), 0.0f,
-               nullptr, nullptr, nullptr};
+  Stage1Args a{p, 0, kv_heads_per_cta(p.kv.num_kv_heads), 0.0f, nullptr, nullptr, nullptr};
   while ((1 << a.block_shift) < p.kv.block_size) ++a.block_shift;
   a.scale = p.scale != 0.0f ? p.scale : float(1.0 / std::sqrt(double(p.kv.head_dim)));
   if (splits > 1) {

@@ -7,8 +7,9 @@
 # STAGES picks what runs (default: all, in this order):
 #   build tests sanitizer torch bench scenarios
 # e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings.
-# GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters) and BENCHES (e.g. "decode norms") narrow
-# further. Needs the Debian packages of scripts/device_deps.sh in .deps/ when the machine
+# GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
+# (e.g. "decode norms"), SCENARIO_SCALE and SCENARIO_REPEAT (runs per model, median reported)
+# narrow or widen further. Needs the Debian packages of scripts/device_deps.sh in .deps/ when the machine
 # lacks GoogleTest, nlohmann-json and CLI11.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -66,7 +67,7 @@ fi
 
 if want scenarios; then
   echo "== the four scenarios, 1.7B, AsyncT against Qwen3 =="
-  timeout 500 build/gpu/src/asynct bench --config 1.7b --scale "${SCENARIO_SCALE:-1}" --device cuda \
+  timeout 500 build/gpu/src/asynct bench --config 1.7b --scale "${SCENARIO_SCALE:-1}" --repeat "${SCENARIO_REPEAT:-1}" --device cuda \
     --json "$out/scenarios.json" 2>"$out/scenarios.log" || status=1
 fi
 exit $status

@@ -162,6 +162,20 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
   return run;
 }
 
+// The run whose time is the median of the runs (the lower middle one for an even count).
+const Run& median_run(const std::vector<Run>& runs) {
+  std::vector<const Run*> sorted;
+  for (const Run& r : runs) sorted.push_back(&r);
+  std::sort(sorted.begin(), sorted.end(), [](const Run* x, const Run* y) { return x->seconds < y->seconds; });
+  return *sorted[(sorted.size() - 1) / 2];
+}
+
+std::vector<double> seconds_of(const std::vector<Run>& runs) {
+  std::vector<double> seconds;
+  for (const Run& r : runs) seconds.push_back(r.seconds);
+  return seconds;
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& options) {
@@ -174,7 +188,9 @@ int run_bench(const BenchOptions& options) {
   if (o.scale == 0) o.scale = gpu ? 1 : 64;
   check(o.config == "tiny" || o.config == "1.7b", "bench: --config must be tiny, 1.7b or auto");
   check(o.scale >= 1, "bench: --scale must be >= 1");
-  std::printf("asynct bench: %s config, lengths / %d, device %s\n", o.config.c_str(), o.scale, o.device.c_str());
+  check(o.repeat >= 1, "bench: --repeat must be >= 1");
+  std::printf("asynct bench: %s config, lengths / %d, device %s, median of %d run%s per model\n", o.config.c_str(),
+              o.scale, o.device.c_str(), o.repeat, o.repeat == 1 ? "" : "s");
   nlohmann::json results = nlohmann::json::array();
   std::printf("\n%-18s %10s %10s %10s %12s %12s\n", "scenario", "asynct s", "qwen3 s", "ratio",
               "asynct tok/s", "qwen3 tok/s");
@@ -183,8 +199,20 @@ int run_bench(const BenchOptions& options) {
   for (const Scenario& s : kScenarios) {
     if (!o.only.empty() && o.only != s.name) continue;
     ran = true;
-    const Run a = run_scenario(s, Architecture::AsyncT, o);
-    const Run q = run_scenario(s, Architecture::Qwen3, o);
+    // Each model `repeat` times, the order alternating so that neither always runs first;
+    // the run with the median time stands for the model.
+    std::vector<Run> asynct_runs, qwen3_runs;
+    for (int r = 0; r < o.repeat; ++r) {
+      if (r % 2 == 0) {
+        asynct_runs.push_back(run_scenario(s, Architecture::AsyncT, o));
+        qwen3_runs.push_back(run_scenario(s, Architecture::Qwen3, o));
+      } else {
+        qwen3_runs.push_back(run_scenario(s, Architecture::Qwen3, o));
+        asynct_runs.push_back(run_scenario(s, Architecture::AsyncT, o));
+      }
+    }
+    const Run& a = median_run(asynct_runs);
+    const Run& q = median_run(qwen3_runs);
     char line[256];
     std::snprintf(line, sizeof line, "%-18s %10.3f %10.3f %9.3fx %12.1f %12.1f", s.name, a.seconds, q.seconds,
                   a.seconds / q.seconds, double(a.tokens) / a.seconds, double(q.tokens) / q.seconds);
@@ -193,7 +221,9 @@ int run_bench(const BenchOptions& options) {
                        {"ratio", a.seconds / q.seconds}, {"tokens", a.tokens}, {"asynct_steps", a.steps},
                        {"qwen3_steps", q.steps}, {"asynct_step_ms", a.seconds * 1e3 / double(std::max<std::int64_t>(a.steps, 1))},
                        {"qwen3_step_ms", q.seconds * 1e3 / double(std::max<std::int64_t>(q.steps, 1))},
-                       {"asynct_phase_ms", a.phase_ms}, {"qwen3_phase_ms", q.phase_ms}});
+                       {"asynct_phase_ms", a.phase_ms}, {"qwen3_phase_ms", q.phase_ms},
+                       {"asynct_seconds_each_run", seconds_of(asynct_runs)},
+                       {"qwen3_seconds_each_run", seconds_of(qwen3_runs)}});
     for (const auto& [label, run] : {std::pair{"asynct", &a}, std::pair{"qwen3", &q}})
       lines.push_back(breakdown(s.name, label, *run));
   }

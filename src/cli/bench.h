@@ -19,6 +19,8 @@ struct BenchOptions {
   bool profile = true;          // per-phase GPU times (events; no extra synchronisation)
   bool cuda_graphs = true;      // replay decode steps as CUDA graphs (timed as "decode_graph")
   bool warmup = true;           // an untimed short run on each engine before the timed one
+  int repeat = 1;               // timed runs per scenario and model (median reported; the
+                                // order of the two models alternates between runs)
 };
 
 int run_bench(const BenchOptions& options);

@@ -71,6 +71,8 @@ int main(int argc, char** argv) {
   bench_cmd->add_flag("!--no-profile", bench.profile, "do not time the phases of each step");
   bench_cmd->add_flag("!--no-cuda-graphs", bench.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
   bench_cmd->add_flag("!--no-warmup", bench.warmup, "time each scenario's first run on a fresh engine");
+  bench_cmd->add_option("--repeat", bench.repeat, "timed runs per scenario and model; the median is reported")
+      ->check(CLI::Range(1, 100));
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
   CLI11_PARSE(app, argc, argv);

@@ -7,12 +7,11 @@
 #include <tuple>
 #include <utility>
 
+#include "kernels/cuda_array.h"
 #include "kernels/decode.h"
-#include "kernels/device_array.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/norms.h"
-#include "kernels/pinned_array.h"
 #include "kernels/prefill.h"
 #include "kernels/sampling.h"
 

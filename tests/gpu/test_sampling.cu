@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/device_buffer.h"
-#include "kernels/device_array.h"
+#include "kernels/cuda_array.h"
 #include "kernels/sampling.h"
 #include "support/random.h"
 

@@ -128,8 +128,9 @@ struct SoftmaxGate {
   struct State {
     float max[kGroup], sum[kGroup];
   };
+  // The state before the first key, for the query heads first_head .. first_head+kGroup-1.
   template <int kGroup>
-  __device__ void start(State<kGroup>& st) const {
+  __device__ void start(State<kGroup>& st, int /*first_head*/) const {
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) st.max[h] = -FLT_MAX, st.sum[h] = 0.0f;
   }
@@ -199,9 +200,7 @@ struct AsyncGate {
     int buffer = 0;   // which list buffer the previous tile filled
   };
   template <int kGroup>
-  __device__ void start(State<kGroup>&) const {}
-  template <int kGroup>
-  __device__ void load_params(State<kGroup>& st, int first_head) const {
+  __device__ void start(State<kGroup>& st, int first_head) const {
     const int head = first_head + int(threadIdx.x & 31) % kGroup;
     st.alpha = alpha[head];
     st.sigma = sigma[head];
@@ -385,8 +384,7 @@ __global__ void __launch_bounds__(kThreads, kGroup <= 2 ? kCtasPerSm : 1) decode
     for (int e = 0; e < 8; ++e) q[h][e] *= a.scale;
   }
   typename Gate::template State<kGroup> state;
-  gate.template start<kGroup>(state);
-  if constexpr (!kSoftmax) gate.template load_params<kGroup>(state, first_head);
+  gate.template start<kGroup>(state, first_head);
   float o[kGroup][8] = {};
   unsigned long long counts[2] = {0, 0};  // non-zero P entries, V rows loaded
 

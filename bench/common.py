@@ -77,9 +77,12 @@ def write_json(out_dir, name, payload):
         json.dump(payload, f, indent=2)
 
 
-def parse_args(doc, block_size=False):
-    """The arguments every kernel benchmark takes; also points python/asynct at --lib."""
+def parse_args(doc, block_size=False, extra=None):
+    """The arguments every kernel benchmark takes (extra(parser) adds a script's own); also points
+    python/asynct at --lib."""
     parser = argparse.ArgumentParser(description=doc)
+    if extra:
+        extra(parser)
     parser.add_argument("--lib", required=True, help="build directory holding lib/libasynct.so")
     parser.add_argument("--out", required=True, help="output folder (holds ceilings.json)")
     if block_size:

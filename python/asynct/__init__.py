@@ -12,7 +12,7 @@ import os
 import torch
 
 __all__ = ["KernelError", "Gate", "decode", "decode_num_splits", "prefill", "norm",
-           "fused_add_norm", "post_attn_pre_mlp", "library"]
+           "fused_add_norm", "post_attn_pre_mlp", "linear", "library"]
 
 
 class KernelError(RuntimeError):
@@ -183,4 +183,27 @@ def post_attn_pre_mlp(attn_out, residual, out_weight, next_weight, eps=1e-6, cli
     _call("asynct_post_attn_pre_mlp", _ptr(attn_out), _ptr(residual), _ptr(out_weight),
           _ptr(next_weight), _ptr(out), attn_out.shape[0], attn_out.shape[1],
           *_norm_args(eps, clip), _stream())
+    return out
+
+
+_GEMM_PATHS = {"default": 0, "cublaslt": 1, "tuned": 2, "skinny": 3}
+
+
+def linear(x, weight, out=None, out_fp32=False, path="default"):
+    """x [rows, in] @ weight[out, in]^T (nn.Linear without bias), bf16 or fp32 (out_fp32) out.
+
+    path: "default" (the engine's), "cublaslt", "tuned" (cuBLASLt's fastest candidate, timed on
+    the first call of a shape) or "skinny" (the split-K kernel for up to 64 rows).
+    """
+    _expect(x, torch.bfloat16, 2, "x")
+    _expect(weight, torch.bfloat16, 2, "weight")
+    if x.shape[1] != weight.shape[1]:
+        raise KernelError(f"linear: x has {x.shape[1]} features, weight expects {weight.shape[1]}")
+    if path not in _GEMM_PATHS:
+        raise KernelError(f"linear: unknown path {path!r}, expected one of {sorted(_GEMM_PATHS)}")
+    rows, n = x.shape[0], weight.shape[0]
+    if out is None:
+        out = torch.empty(rows, n, device=x.device, dtype=torch.float32 if out_fp32 else torch.bfloat16)
+    _call("asynct_linear", _ptr(x), _ptr(weight), _ptr(out), rows, x.shape[1], n, int(out_fp32),
+          _GEMM_PATHS[path], _stream())
     return out

@@ -1,10 +1,17 @@
 // The C ABI: converts C structs to the kernels' parameter structs and exceptions to codes.
 #include "capi/asynct_c.h"
 
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
+#include <cuda_runtime_api.h>
+
 #include "core/error.h"
+#include "kernels/cuda_check.h"
 #include "kernels/decode.h"
+#include "kernels/gemm.h"
 #include "kernels/norms.h"
 #include "kernels/prefill.h"
 
@@ -52,6 +59,10 @@ asynct::kernels::GateArgs to_kernel(const asynct_gate& g) {
 }
 
 cudaStream_t stream_of(void* s) { return static_cast<cudaStream_t>(s); }
+
+// The GEMM contexts, one per device, made on first use and kept for the process.
+std::mutex gemm_mutex;
+std::map<int, std::unique_ptr<asynct::kernels::Gemm>> gemms;
 
 }  // namespace
 
@@ -143,6 +154,21 @@ int asynct_post_attn_pre_mlp(const void* attn_out, void* residual, const void* o
         static_cast<const bf16*>(attn_out), static_cast<bf16*>(residual),
         static_cast<const bf16*>(out_weight), static_cast<const bf16*>(next_weight),
         static_cast<bf16*>(mlp_in), rows, hidden, {eps, clip}, stream_of(stream));
+  });
+}
+
+int asynct_linear(const void* x, const void* weight, void* y, int rows, int in, int out,
+                  int out_fp32, int path, void* stream) {
+  return guarded([&] {
+    using asynct::kernels::GemmPath;
+    asynct::check(path >= 0 && path <= 3, "linear: path must be 0..3, got ", path);
+    int device = 0;
+    ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
+    std::lock_guard<std::mutex> lock(gemm_mutex);
+    auto& gemm = gemms[device];
+    if (!gemm) gemm = std::make_unique<asynct::kernels::Gemm>();
+    gemm->linear(static_cast<const bf16*>(x), static_cast<const bf16*>(weight), y, rows, in, out, out_fp32 != 0,
+                 stream_of(stream), static_cast<GemmPath>(path));
   });
 }
 

@@ -50,6 +50,13 @@ int asynct_post_attn_pre_mlp(const void* attn_out, void* residual, const void* o
                              const void* next_weight, void* mlp_in, int rows, int hidden,
                              float eps, float clip, void* stream);
 
+/* Dense layer y[rows, out] = x[rows, in] W^T, W [out, in] row-major, bf16 in, bf16 or fp32
+ * (out_fp32) out. path: 0 the engine's default, 1 cuBLASLt's heuristic choice, 2 cuBLASLt
+ * tuned per shape, 3 the skinny split-K kernel (src/kernels/gemm.h). One GEMM context (cuBLASLt
+ * handle, plans, workspace) per device, shared by the calling threads. */
+int asynct_linear(const void* x, const void* weight, void* y, int rows, int in, int out,
+                  int out_fp32, int path, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

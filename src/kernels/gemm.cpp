@@ -1,8 +1,10 @@
 #include "kernels/gemm.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda_check.h"
 #include "kernels/skinny_gemm.h"
@@ -14,10 +16,20 @@ void lt_check(cublasStatus_t status, const char* what) {
 }
 }  // namespace
 
+GemmPath gemm_path_from_name(const char* name) {
+  const std::string n = name;
+  if (n == "cublaslt") return GemmPath::CublasLt;
+  if (n == "tuned") return GemmPath::CublasLtTuned;
+  if (n == "skinny") return GemmPath::Skinny;
+  throw Error(detail::concat("unknown GEMM path '", n, "': expected cublaslt, tuned or skinny"));
+}
+
 struct Gemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> candidates;  // the heuristic's, best guess first
+  cublasLtMatmulAlgo_t algo{};                    // the one in use
+  bool tuned = false;
   ~Plan() {
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -29,13 +41,10 @@ struct Gemm::Plan {
 Gemm::Gemm() {
   lt_check(cublasLtCreate(&handle_), "create");
   ASYNCT_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
-  const char* skinny = std::getenv("ASYNCT_SKINNY_GEMM");
-  use_skinny_ = skinny && std::strcmp(skinny, "1") == 0;
-  if (use_skinny_) {
-    skinny_workspace_bytes_ = skinny_gemm_max_workspace_bytes();
-    ASYNCT_CUDA_CHECK(cudaMalloc(&skinny_workspace_, skinny_workspace_bytes_));
-    ASYNCT_CUDA_CHECK(cudaMemset(skinny_workspace_, 0, skinny_workspace_bytes_));  // tile counters
-  }
+  if (const char* path = std::getenv("ASYNCT_GEMM"); path && *path) default_path_ = gemm_path_from_name(path);
+  skinny_workspace_bytes_ = skinny_gemm_max_workspace_bytes();
+  ASYNCT_CUDA_CHECK(cudaMalloc(&skinny_workspace_, skinny_workspace_bytes_));
+  ASYNCT_CUDA_CHECK(cudaMemset(skinny_workspace_, 0, skinny_workspace_bytes_));  // tile counters
 }
 
 Gemm::~Gemm() {
@@ -47,8 +56,8 @@ Gemm::~Gemm() {
 
 // cuBLASLt is column-major. Row-major y = x W^T is column-major y^T = W x^T: A is the weight
 // buffer read as [in, out] and transposed, B the input buffer as [in, rows], C as [out, rows].
-Gemm::Plan& Gemm::plan(int rows, int in, int out, bool out_fp32) {
-  auto& slot = plans_[Key{rows, in, out, out_fp32}];
+Gemm::Plan& Gemm::plan(int rows, int in, int out, bool out_fp32, bool tuned) {
+  auto& slot = plans_[Key{rows, in, out, out_fp32, tuned}];
   if (slot) return *slot;
   auto p = std::make_unique<Plan>();
   lt_check(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
@@ -62,29 +71,79 @@ Gemm::Plan& Gemm::plan(int rows, int in, int out, bool out_fp32) {
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
   lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_,
                                                 sizeof workspace_bytes_), "workspace preference");
-  cublasLtMatmulHeuristicResult_t result{};
+  constexpr int kCandidates = 16;
+  cublasLtMatmulHeuristicResult_t results[kCandidates]{};
   int found = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &found);
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->c, pref,
+                                                               kCandidates, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   lt_check(status, "heuristic");
   check(found > 0, "cuBLASLt has no algorithm for a [", rows, " x ", in, "] x [", in, " x ", out, "] product");
-  p->algo = result.algo;
+  for (int i = 0; i < found; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p->candidates.push_back(results[i].algo);
+  check(!p->candidates.empty(), "cuBLASLt's algorithms all fail for a [", rows, " x ", in, "] product");
+  p->algo = p->candidates.front();
   slot = std::move(p);
   return *slot;
 }
 
-void Gemm::linear(const bf16* x, const bf16* weight, void* y, int rows, int in, int out, bool out_fp32,
+void Gemm::matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const bf16* x, const bf16* weight, void* y,
                   cudaStream_t stream) {
-  check(rows >= 1 && in >= 1 && out >= 1, "linear: empty product [", rows, " x ", in, "] -> ", out);
-  if (use_skinny_ && skinny_gemm_supports(x, weight, rows, in))
-    return launch_skinny_gemm(x, weight, y, rows, in, out, out_fp32, skinny_workspace_, skinny_workspace_bytes_,
-                              stream);
-  const Plan& p = plan(rows, in, out, out_fp32);
   const float one = 1.0f, zero = 0.0f;
-  lt_check(cublasLtMatmul(handle_, p.desc, &one, weight, p.a, x, p.b, &zero, y, p.c, y, p.c, &p.algo, workspace_,
+  lt_check(cublasLtMatmul(handle_, p.desc, &one, weight, p.a, x, p.b, &zero, y, p.c, y, p.c, &algo, workspace_,
                           workspace_bytes_, stream),
            "matmul");
+}
+
+// Times every candidate on the call's own operands (y is overwritten by the real call that
+// follows) and keeps the fastest: the median of a few runs after one untimed run.
+void Gemm::tune(Plan& p, const bf16* x, const bf16* weight, void* y, cudaStream_t stream) {
+  p.tuned = true;
+  if (p.candidates.size() < 2) return;
+  cudaEvent_t start, stop;
+  ASYNCT_CUDA_CHECK(cudaEventCreate(&start));
+  ASYNCT_CUDA_CHECK(cudaEventCreate(&stop));
+  float best_ms = 0.0f;
+  for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
+    const float one = 1.0f, zero = 0.0f;
+    if (cublasLtMatmul(handle_, p.desc, &one, weight, p.a, x, p.b, &zero, y, p.c, y, p.c, &algo, workspace_,
+                       workspace_bytes_, stream) != CUBLAS_STATUS_SUCCESS)
+      continue;  // a candidate that cannot run is skipped, not an error
+    std::vector<float> times;
+    for (int rep = 0; rep < 5; ++rep) {
+      ASYNCT_CUDA_CHECK(cudaEventRecord(start, stream));
+      matmul(p, algo, x, weight, y, stream);
+      ASYNCT_CUDA_CHECK(cudaEventRecord(stop, stream));
+      ASYNCT_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0.0f;
+      ASYNCT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      times.push_back(ms);
+    }
+    std::nth_element(times.begin(), times.begin() + 2, times.end());
+    if (best_ms == 0.0f || times[2] < best_ms) {
+      best_ms = times[2];
+      p.algo = algo;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+void Gemm::linear(const bf16* x, const bf16* weight, void* y, int rows, int in, int out, bool out_fp32,
+                  cudaStream_t stream, GemmPath path) {
+  check(rows >= 1 && in >= 1 && out >= 1, "linear: empty product [", rows, " x ", in, "] -> ", out);
+  if (path == GemmPath::Default) path = default_path_;
+  if (path == GemmPath::Skinny && skinny_gemm_supports(x, weight, rows, in))
+    return launch_skinny_gemm(x, weight, y, rows, in, out, out_fp32, skinny_workspace_, skinny_workspace_bytes_,
+                              stream);
+  const bool tuned = path == GemmPath::CublasLtTuned && rows <= kTunedMaxRows;
+  Plan& p = plan(rows, in, out, out_fp32, tuned);
+  if (tuned && !p.tuned) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    ASYNCT_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    if (capturing == cudaStreamCaptureStatusNone) tune(p, x, weight, y, stream);
+  }
+  matmul(p, p.algo, x, weight, y, stream);
 }
 
 }  // namespace asynct::kernels

@@ -1,9 +1,13 @@
 // Dense layers on the GPU: y[rows, out] = x[rows, in] W^T with W [out, in] row-major (PyTorch's
-// nn.Linear layout), bf16 inputs, fp32 accumulation, bf16 or fp32 output, through cuBLASLt.
-// ASYNCT_SKINNY_GEMM=1 in the environment sends products of up to 64 rows (decode steps) to
-// the skinny kernel (skinny_gemm.h) instead. It is correct (tested) but not yet faster: on the
-// H200 it made the 1.7B decode step at 32 sequences 4.9 ms against cuBLASLt's 3.1 ms (see
-// bench/RESULTS.md), so it stays opt-in until it is tuned.
+// nn.Linear layout), bf16 inputs, fp32 accumulation, bf16 or fp32 output. Three ways to run one
+// (GemmPath), compared per shape by bench/bench_gemm.py:
+//   * CublasLt: cuBLASLt's first heuristic choice;
+//   * CublasLtTuned: for few rows (decode steps, where the heuristic's choice reads the weights
+//     far below the memory's rate), the fastest of cuBLASLt's candidates, timed once per shape
+//     on the first eager call (a call inside a graph capture takes the heuristic's choice);
+//   * Skinny: the split-K kernel of skinny_gemm.h, for up to 64 rows.
+// Default is what the engine uses; ASYNCT_GEMM=cublaslt|tuned|skinny in the environment
+// overrides it.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +22,11 @@
 
 namespace asynct::kernels {
 
+enum class GemmPath { Default, CublasLt, CublasLtTuned, Skinny };
+
+// The path named by `name` (cublaslt, tuned, skinny); an unknown name is an error.
+GemmPath gemm_path_from_name(const char* name);
+
 class Gemm {
  public:
   Gemm();
@@ -26,16 +35,23 @@ class Gemm {
   Gemm& operator=(const Gemm&) = delete;
 
   // out_fp32 selects a float output (the LM head's logits); otherwise bf16.
+  // A path the product cannot take (Skinny beyond 64 rows) falls back to CublasLt.
   void linear(const bf16* x, const bf16* weight, void* y, int rows, int in, int out, bool out_fp32,
-              cudaStream_t stream);
+              cudaStream_t stream, GemmPath path = GemmPath::Default);
+
+  // Products of at most this many rows are tuned on the CublasLtTuned path.
+  static constexpr int kTunedMaxRows = 256;
 
  private:
   struct Plan;  // descriptors and the chosen algorithm for one shape
-  using Key = std::tuple<int, int, int, bool>;
-  Plan& plan(int rows, int in, int out, bool out_fp32);
+  using Key = std::tuple<int, int, int, bool, bool>;  // rows, in, out, out_fp32, tuned
+  Plan& plan(int rows, int in, int out, bool out_fp32, bool tuned);
+  void tune(Plan& p, const bf16* x, const bf16* weight, void* y, cudaStream_t stream);
+  void matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const bf16* x, const bf16* weight, void* y,
+              cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
-  bool use_skinny_ = false;
+  GemmPath default_path_ = GemmPath::CublasLt;
   void* skinny_workspace_ = nullptr;  // allocated once: graphs keep its address
   std::size_t skinny_workspace_bytes_ = 0;
   void* workspace_ = nullptr;

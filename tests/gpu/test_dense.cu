@@ -3,7 +3,6 @@
 // bf16-exact; tolerance 1e-2 relative Frobenius error (bf16 output rounding is ~4e-3).
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "gpu/device_buffer.h"
@@ -23,36 +22,38 @@ using testing::Random;
 
 constexpr double kTolerance = 1e-2;
 
-// With ASYNCT_SKINNY_GEMM=1, up to 64 rows with `in` a multiple of 8 go to the skinny kernel;
-// each shape runs twice (fp32 then bf16 out) on one Gemm, which also checks that the skinny
-// kernel's split counters reset.
-void check_linear_once(std::initializer_list<std::tuple<int, int, int>> shapes) {
-  Random rng(1);
-  kernels::Gemm gemm;
-  for (auto [rows, in, out] : shapes) {
-    Tensor x = rng.normal({rows, in}, 1.0f, true), w = rng.normal({out, in}, 0.05f, true);
-    Tensor expected = linear(x, w);
-    DeviceBuffer dx = DeviceBuffer::upload(x, DType::BF16), dw = DeviceBuffer::upload(w, DType::BF16);
-    for (bool fp32 : {true, false}) {
-      DeviceBuffer dy(fp32 ? DType::F32 : DType::BF16, {rows, out});
-      dy.poison();
-      gemm.linear(dx.as<bf16>(), dw.as<bf16>(), dy.data(), rows, in, out, fp32, nullptr);
-      testing::check_launch("gemm");
-      EXPECT_TRUE(close_to(dy.download_float(), expected, fp32 ? 1e-3 : kTolerance))
-          << rows << " x " << in << " -> " << out << (fp32 ? " fp32" : " bf16");
+// Every path on every shape: the skinny kernel takes up to 64 rows with `in` a multiple of 8
+// (the others fall back to cuBLASLt), the tuned path times cuBLASLt's candidates on its first
+// call. Each shape runs twice (fp32 then bf16 out) on one Gemm, which also checks that the
+// skinny kernel's split counters reset and that a tuned plan is reused.
+void check_linear(std::initializer_list<std::tuple<int, int, int>> shapes) {
+  testing::require_gpu();
+  using kernels::GemmPath;
+  for (GemmPath path : {GemmPath::Skinny, GemmPath::CublasLt, GemmPath::CublasLtTuned}) {
+    SCOPED_TRACE("GEMM path " + std::to_string(int(path)));
+    Random rng(1);
+    kernels::Gemm gemm;
+    for (auto [rows, in, out] : shapes) {
+      Tensor x = rng.normal({rows, in}, 1.0f, true), w = rng.normal({out, in}, 0.05f, true);
+      Tensor expected = linear(x, w);
+      DeviceBuffer dx = DeviceBuffer::upload(x, DType::BF16), dw = DeviceBuffer::upload(w, DType::BF16);
+      for (bool fp32 : {true, false}) {
+        DeviceBuffer dy(fp32 ? DType::F32 : DType::BF16, {rows, out});
+        dy.poison();
+        gemm.linear(dx.as<bf16>(), dw.as<bf16>(), dy.data(), rows, in, out, fp32, nullptr, path);
+        testing::check_launch("gemm");
+        EXPECT_TRUE(close_to(dy.download_float(), expected, fp32 ? 1e-3 : kTolerance))
+            << rows << " x " << in << " -> " << out << (fp32 ? " fp32" : " bf16");
+      }
     }
   }
 }
 
-// Both paths are checked: the Gemm built with ASYNCT_SKINNY_GEMM=1 and the default one.
-void check_linear(std::initializer_list<std::tuple<int, int, int>> shapes) {
-  testing::require_gpu();
-  for (const char* skinny : {"1", "0"}) {
-    SCOPED_TRACE(std::string("ASYNCT_SKINNY_GEMM=") + skinny);
-    setenv("ASYNCT_SKINNY_GEMM", skinny, 1);
-    check_linear_once(shapes);
-  }
-  unsetenv("ASYNCT_SKINNY_GEMM");
+TEST(Gemm, PathNamesParseAndUnknownOnesAreRejected) {
+  EXPECT_EQ(kernels::gemm_path_from_name("skinny"), kernels::GemmPath::Skinny);
+  EXPECT_EQ(kernels::gemm_path_from_name("tuned"), kernels::GemmPath::CublasLtTuned);
+  EXPECT_EQ(kernels::gemm_path_from_name("cublaslt"), kernels::GemmPath::CublasLt);
+  EXPECT_THROW(kernels::gemm_path_from_name("fast"), Error);
 }
 
 // Small enough for compute-sanitizer: one and three row tiles, partial tiles in every

@@ -306,6 +306,8 @@ struct QkParams {
   bf16* q;
   bf16* k;
   const bf16* v;
+  const bf16* qkv;  // fused input or null
+  bf16* v_out;      // with qkv: where v is copied
   const bf16* q_weight;
   const bf16* k_weight;
   const std::int64_t* positions;
@@ -345,8 +347,14 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   float x[8] = {};
   Bf16x8 value{};
   if (active) {
+    // The fused row holds the q heads, then the k heads, then the v heads: `head` indexes it.
+    const std::int64_t fused_row = std::int64_t(token) * (p.num_q_heads + 2 * p.num_kv_heads) * HEAD_DIM;
     if (is_q) {
-      load8(p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
+      load8(p.qkv ? p.qkv + fused_row + head * HEAD_DIM + 8 * lane
+                  : p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
+    } else if (p.qkv) {
+      load8(p.qkv + fused_row + head * HEAD_DIM + 8 * lane, x);
+      value = load_bf16x8(p.qkv + fused_row + (head + p.num_kv_heads) * HEAD_DIM + 8 * lane);
     } else {
       const std::int64_t offset = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
       load8(p.k + offset, x);
@@ -385,7 +393,9 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   if (is_q) {
     store8(p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
   } else {
-    store8(p.k + (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane, x);
+    const std::int64_t dense = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
+    store8(p.k + dense, x);
+    if (p.qkv) store_bf16x8(p.v_out + dense, value);
     if (!write_cache) return;
     const std::int64_t offset = (slot * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
     store8(p.key_cache + offset, x);
@@ -455,8 +465,12 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
   check(std::isfinite(args.rope_theta) && args.rope_theta > 0, who,
         ": rope_theta must be finite and > 0, got ", args.rope_theta);
   check_norm_args(who, args.norm);
-  check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.v, "v"}, {args.q_weight, "q_weight"},
-                       {args.k_weight, "k_weight"}});
+  if (args.qkv)
+    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.qkv, "qkv"}, {args.v_out, "v_out"},
+                         {args.q_weight, "q_weight"}, {args.k_weight, "k_weight"}});
+  else
+    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.v, "v"}, {args.q_weight, "q_weight"},
+                         {args.k_weight, "k_weight"}});
   check(args.positions != nullptr, who, ": positions is null");
   check((args.key_cache == nullptr) == (args.value_cache == nullptr), who,
         ": key_cache and value_cache must both be given or both be null");
@@ -465,7 +479,7 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
     check(args.slot_mapping != nullptr, who, ": slot_mapping is null");
   }
 
-  QkParams p{args.q, args.k, args.v, args.q_weight, args.k_weight, args.positions,
+  QkParams p{args.q, args.k, args.v, args.qkv, args.v_out, args.q_weight, args.k_weight, args.positions,
              args.slot_mapping, args.key_cache, args.value_cache, args.num_q_heads,
              args.num_kv_heads, args.norm.eps, args.norm.clip, {}};
   // Successive powers of theta^(-2/head_dim): one pow per launch (a pow per frequency measured

@@ -43,10 +43,16 @@ void launch_post_attn_pre_mlp(const bf16* attn_out, bf16* residual, const bf16* 
 // q: [tokens, num_q_heads, head_dim]; k, v: [tokens, num_kv_heads, head_dim];
 // slot_mapping[t] = block * block_size + offset (negative: skip the cache write);
 // key_cache/value_cache: [num_blocks, block_size, num_kv_heads, head_dim].
+// Fused input: with qkv set, q, k and v are read from one buffer [tokens, (num_q_heads +
+// 2 num_kv_heads) * head_dim] (each token's q heads, then k, then v: what one GEMM over the
+// concatenated projections writes) and the results go to q, k and v_out, dense as above
+// (v_out gets a copy of v, for the prefill kernel); v is then unused.
 struct QkNormRopeArgs {
   bf16* q = nullptr;
   bf16* k = nullptr;
   const bf16* v = nullptr;
+  const bf16* qkv = nullptr;
+  bf16* v_out = nullptr;
   const bf16* q_weight = nullptr;
   const bf16* k_weight = nullptr;
   const std::int64_t* positions = nullptr;

@@ -4,6 +4,7 @@
 // works in float64. Outputs are bf16, whose rounding alone gives a relative Frobenius error
 // of ~2e-3 (up to ~4e-3 with the residual's own rounding); the bound is kTolerance = 1e-2.
 // Every output buffer is poisoned (NaN) first, so an element the kernel skips fails.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -41,6 +42,20 @@ NormConfig config_for(bool uclip) {
 kernels::NormArgs device_args(const NormConfig& c) { return {c.eps, c.clip}; }
 
 DeviceBuffer to_device(const Tensor& host) { return DeviceBuffer::upload(host, DType::BF16); }
+// q [T, Hq, D], k and v [T, Hkv, D] as one GEMM over the concatenated projections writes them:
+// [T, (Hq + 2 Hkv) D], each token's q heads, then its k heads, then its v heads.
+Tensor concat_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const std::int64_t T = q.size(0), nq = q.numel() / T, nk = k.numel() / T;
+  Tensor out = Tensor::empty(DType::F32, {T, nq + 2 * nk});
+  float* o = out.data_as<float>();
+  for (std::int64_t t = 0; t < T; ++t) {
+    o = std::copy_n(q.data_as<float>() + t * nq, nq, o);
+    o = std::copy_n(k.data_as<float>() + t * nk, nk, o);
+    o = std::copy_n(v.data_as<float>() + t * nk, nk, o);
+  }
+  return out;
+}
+
 DeviceBuffer poisoned(const Shape& shape) {
   DeviceBuffer b(DType::BF16, shape);
   b.poison();
@@ -183,10 +198,12 @@ struct QkResult {
   std::vector<float> key_cache, value_cache;  // downloaded, [num_blocks, block_size, Hkv, D]
   std::vector<float> ref_k, v;                // [tokens, Hkv, D]
   std::vector<float> k;                       // k after the kernel (rewritten in place)
+  std::vector<float> v_out;                   // fused input only: the dense copy of v
 };
 
-// with_cache false: the kernel gets no cache and must only rewrite q and k.
-QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true) {
+// with_cache false: the kernel gets no cache and must only rewrite q and k. fused: q, k and v
+// go in as one [T, (Hq + 2 Hkv) D] buffer and q, k, v_out start poisoned.
+QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, bool fused = false) {
   Random rng(seed);
   const int T = c.tokens, Hq = c.num_q_heads, Hkv = c.num_kv_heads, D = c.head_dim;
   Tensor q = rng.normal({T, Hq, D}, kInputStddev, true);
@@ -203,6 +220,12 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true) {
                                                   ref_value_cache, c.slots);
 
   DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v);
+  DeviceBuffer dqkv = fused ? to_device(concat_heads(q, k, v)) : DeviceBuffer(DType::BF16, {1});
+  if (fused) {
+    dq.poison();
+    dk.poison();
+    dv.poison();
+  }
   DeviceBuffer dqw = to_device(q_weight), dkw = to_device(k_weight);
   DeviceBuffer dpos = DeviceBuffer::upload(Tensor::from_vector(c.positions, {T}), DType::I64);
   DeviceBuffer dslots = DeviceBuffer::upload(Tensor::from_vector(c.slots, {T}), DType::I64);
@@ -211,7 +234,9 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true) {
   kernels::QkNormRopeArgs args;
   args.q = dq.as<bf16>();
   args.k = dk.as<bf16>();
-  args.v = dv.as<bf16>();
+  args.v = fused ? nullptr : dv.as<bf16>();
+  args.qkv = fused ? dqkv.as<bf16>() : nullptr;
+  args.v_out = fused ? dv.as<bf16>() : nullptr;
   args.q_weight = dqw.as<bf16>();
   args.k_weight = dkw.as<bf16>();
   args.positions = dpos.as<std::int64_t>();
@@ -229,7 +254,8 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true) {
 
   return {dq.download_float().to_float_vector(), ref.q.to_float_vector(),
           dkc.download_float().to_float_vector(), dvc.download_float().to_float_vector(),
-          ref.k.to_float_vector(), v.to_float_vector(), dk.download_float().to_float_vector()};
+          ref.k.to_float_vector(), v.to_float_vector(), dk.download_float().to_float_vector(),
+          fused ? dv.download_float().to_float_vector() : std::vector<float>{}};
 }
 
 // Shuffled distinct slots out of num_blocks * block_size, with token `skipped` set to -1.
@@ -241,11 +267,12 @@ std::vector<std::int64_t> shuffled_slots(Random& rng, const QkCase& c, int skipp
 }
 
 // q against the reference; the cache rows of written slots against rope(norm(k)) and v (v is
-// copied, so exactly); every other cache row still the NaN poison.
-void check_qk(const QkCase& c, std::uint64_t seed) {
+// copied, so exactly); every other cache row still the NaN poison. With the fused input, the
+// dense v of the written tokens too.
+void check_qk(const QkCase& c, std::uint64_t seed, bool fused = false) {
   SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << ", head_dim " << c.head_dim
-                                    << (c.uclip ? ", UClip" : ", RMS"));
-  QkResult r = run_qk(c, seed);
+                                    << (c.uclip ? ", UClip" : ", RMS") << (fused ? ", fused qkv" : ""));
+  QkResult r = run_qk(c, seed, /*with_cache=*/true, fused);
   EXPECT_TRUE(close_to(r.q, r.ref_q, kTolerance)) << "q";
 
   const std::int64_t row = std::int64_t(c.num_kv_heads) * c.head_dim;  // one slot
@@ -273,15 +300,20 @@ void check_qk(const QkCase& c, std::uint64_t seed) {
   }
   EXPECT_EQ(untouched_written, 0) << "cache entries written outside the mapped slots";
   // k in place: the written tokens hold rope(norm(k)), the skipped token its input.
-  std::vector<float> k_in_place, k_expected;
+  std::vector<float> k_in_place, k_expected, v_dense, v_expected;
   for (int t = 0; t < c.tokens; ++t) {
     if (c.slots[std::size_t(t)] < 0) continue;
     for (std::int64_t i = 0; i < row; ++i) {
       k_in_place.push_back(r.k[std::size_t(t * row + i)]);
       k_expected.push_back(r.ref_k[std::size_t(t * row + i)]);
+      if (fused) {
+        v_dense.push_back(r.v_out[std::size_t(t * row + i)]);
+        v_expected.push_back(r.v[std::size_t(t * row + i)]);
+      }
     }
   }
   EXPECT_TRUE(close_to(k_in_place, k_expected, kTolerance)) << "k rewritten in place";
+  if (fused) EXPECT_TRUE(close_to(v_dense, v_expected, 0.0)) << "v copied out of the fused input";
   EXPECT_TRUE(close_to(k_out, k_ref, kTolerance)) << "key_cache";
   EXPECT_TRUE(close_to(v_out, v_ref, 0.0)) << "value_cache";
 }
@@ -305,6 +337,13 @@ TEST(QkNormRopeKernel, SmallMatchesReference) {
   Random rng(7);
   check_qk(make_qk_case(rng, 3, 128, true), 7);
   check_qk(make_qk_case(rng, 3, 64, false), 8);
+}
+
+TEST(QkNormRopeKernel, SmallFusedQkvInput) {
+  testing::require_gpu();
+  Random rng(9);
+  check_qk(make_qk_case(rng, 3, 128, true), 9, /*fused=*/true);
+  check_qk(make_qk_case(rng, 4, 64, false), 10, /*fused=*/true);
 }
 
 TEST(QkNormRopeKernel, SmallWithoutCacheRewritesQAndKOnly) {
@@ -336,6 +375,7 @@ TEST(QkNormRopeKernel, MatchesReference) {
           continue;
         }
         check_qk(make_qk_case(rng, tokens, head_dim, uclip), 10);
+        if (tokens == 17) check_qk(make_qk_case(rng, tokens, head_dim, uclip), 11, /*fused=*/true);
       }
 }
 

@@ -42,15 +42,11 @@ Gemm::Gemm() {
   lt_check(cublasLtCreate(&handle_), "create");
   ASYNCT_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
   if (const char* path = std::getenv("ASYNCT_GEMM"); path && *path) default_path_ = gemm_path_from_name(path);
-  skinny_workspace_bytes_ = skinny_gemm_max_workspace_bytes();
-  ASYNCT_CUDA_CHECK(cudaMalloc(&skinny_workspace_, skinny_workspace_bytes_));
-  ASYNCT_CUDA_CHECK(cudaMemset(skinny_workspace_, 0, skinny_workspace_bytes_));  // tile counters
 }
 
 Gemm::~Gemm() {
   plans_.clear();
   if (workspace_) cudaFree(workspace_);
-  if (skinny_workspace_) cudaFree(skinny_workspace_);
   if (handle_) cublasLtDestroy(handle_);
 }
 
@@ -134,8 +130,7 @@ void Gemm::linear(const bf16* x, const bf16* weight, void* y, int rows, int in, 
   check(rows >= 1 && in >= 1 && out >= 1, "linear: empty product [", rows, " x ", in, "] -> ", out);
   if (path == GemmPath::Default) path = default_path_;
   if (path == GemmPath::Skinny && skinny_gemm_supports(x, weight, rows, in))
-    return launch_skinny_gemm(x, weight, y, rows, in, out, out_fp32, skinny_workspace_, skinny_workspace_bytes_,
-                              stream);
+    return launch_skinny_gemm(x, weight, y, rows, in, out, out_fp32, stream);
   const bool tuned = path == GemmPath::CublasLtTuned && rows <= kTunedMaxRows;
   Plan& p = plan(rows, in, out, out_fp32, tuned);
   if (tuned && !p.tuned) {

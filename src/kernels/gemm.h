@@ -52,8 +52,6 @@ class Gemm {
 
   cublasLtHandle_t handle_ = nullptr;
   GemmPath default_path_ = GemmPath::CublasLt;
-  void* skinny_workspace_ = nullptr;  // allocated once: graphs keep its address
-  std::size_t skinny_workspace_bytes_ = 0;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 32u << 20;
   std::map<Key, std::unique_ptr<Plan>> plans_;

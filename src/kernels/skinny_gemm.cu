@@ -3,13 +3,19 @@
 //     warp owns 16 of the columns for all rows (up to 64 = kRowTiles m16 tiles);
 //   * W and x tiles of kTileK go through a kStages-deep cp.async ring in shared memory; the
 //     warps read them with ldmatrix and multiply with mma.sync m16n8k16 (bf16 -> fp32);
-//   * with one split the CTA writes y; with several, each CTA writes its fp32 partial tile to
-//     the workspace, and the last CTA to finish a column tile (a counter per tile) adds the
-//     partials, writes y and resets the counter.
+//   * the splits of one column tile form a thread-block cluster (Hopper): each CTA leaves its
+//     fp32 partial tile in its shared memory and, after a cluster barrier, each adds up a
+//     slice of the tile over every CTA's shared memory (DSMEM) and writes it. No global
+//     scratch, no counters, no second launch; the sum is spread over all CTAs of the cluster
+//     (a first version had the last CTA add partials from global memory alone: its tail grew
+//     with the rows and made the kernel slower than cuBLASLt). Without clusters (before sm_90)
+//     a product runs unsplit.
 #include "kernels/skinny_gemm.h"
 
 #include <algorithm>
 #include <cstdint>
+
+#include <cooperative_groups.h>
 
 #include "core/error.h"
 #include "kernels/cuda_check.h"
@@ -18,6 +24,8 @@
 namespace asynct::kernels {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTileN = 16 * kWarps;  // output columns per CTA
@@ -25,21 +33,33 @@ constexpr int kTileK = 64;
 constexpr int kStages = 4;
 constexpr int kPad = 8;                // bf16 per smem row of padding: ldmatrix without conflicts
 constexpr int kRowStride = kTileK + kPad;
-constexpr int kTargetCtas = 4 * 132;   // about four per multiprocessor on an H200-class GPU
-constexpr std::size_t kCounterBytes = 64 << 10;  // room for 16384 column tiles
+constexpr int kMaxSplits = 8;          // the portable thread-block cluster size
+constexpr int kMinTilesPerSplit = 4;   // shorter splits are all prologue
 
-// How a product is cut: column tiles x splits of K.
+// How a product is cut: column tiles x splits of K (one cluster per column tile).
 struct SkinnyPlan {
   int col_tiles, k_tiles, splits, tiles_per_split;
 };
 
-SkinnyPlan make_plan(int in, int out) {
+// The split count that balances the CTAs over the multiprocessors best: with T CTAs of equal
+// work over S multiprocessors the busiest one runs ceil(T / S) of them, so the efficiency is
+// T / (S ceil(T / S)). Ties go to fewer splits (less partial-sum work).
+SkinnyPlan make_plan(int in, int out, int sm_count, bool clusters) {
   SkinnyPlan p;
   p.col_tiles = (out + kTileN - 1) / kTileN;
   p.k_tiles = (in + kTileK - 1) / kTileK;
-  // Enough CTAs to keep every multiprocessor streaming, each split at least two K tiles long.
-  const int wanted = std::max(1, kTargetCtas / p.col_tiles);
-  p.splits = std::clamp(wanted, 1, std::max(1, p.k_tiles / 2));
+  const int max_splits = clusters ? std::clamp(p.k_tiles / kMinTilesPerSplit, 1, kMaxSplits) : 1;
+  double best = -1.0;
+  p.splits = 1;
+  for (int s = 1; s <= max_splits; ++s) {
+    const long long ctas = (long long)p.col_tiles * s;
+    const long long busiest = (ctas + sm_count - 1) / sm_count;
+    const double efficiency = double(ctas) / double(busiest * sm_count);
+    if (efficiency > best + 0.02) {
+      best = efficiency;
+      p.splits = s;
+    }
+  }
   p.tiles_per_split = (p.k_tiles + p.splits - 1) / p.splits;
   p.splits = (p.k_tiles + p.tiles_per_split - 1) / p.tiles_per_split;  // no empty split
   return p;
@@ -52,8 +72,6 @@ struct SkinnyArgs {
   int rows, in, out;
   bool out_fp32;
   SkinnyPlan plan;
-  unsigned* counters;  // [col_tiles]
-  float* partials;     // [splits, rows, out]
 };
 
 template <int kRowTiles>
@@ -61,9 +79,13 @@ struct SkinnySmem {
   bf16 w[kStages][kTileN][kRowStride];
   bf16 x[kStages][16 * kRowTiles][kRowStride];
 };
+// After the main loop the ring holds each CTA's fp32 partial tile instead.
+template <int kRowTiles>
+constexpr bool kPartialFits = sizeof(float) * 16 * kRowTiles * kTileN <= sizeof(SkinnySmem<kRowTiles>);
 
 template <int kRowTiles>
 __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs a) {
+  static_assert(kPartialFits<kRowTiles>);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<SkinnySmem<kRowTiles>*>(smem_raw);
   constexpr int kRowsPadded = 16 * kRowTiles;
@@ -123,9 +145,16 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs a) {
   }
   cp_async_wait<0>();
 
+  auto store = [&](int row, int col, float value) {
+    const long long at = (long long)row * a.out + col;
+    if (a.out_fp32)
+      static_cast<float*>(a.y)[at] = value;
+    else
+      static_cast<bf16*>(a.y)[at] = __float2bfloat16(value);
+  };
   // The accumulator layout of m16n8: c0,c1 at (row g, cols 2q, 2q+1), c2,c3 at row g+8.
   const int g = lane / 4, q = lane % 4;
-  auto for_each_value = [&](auto&& fn) {
+  if (a.plan.splits == 1) {
 #pragma unroll
     for (int mt = 0; mt < kRowTiles; ++mt)
 #pragma unroll
@@ -134,49 +163,84 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs a) {
         for (int i = 0; i < 4; ++i) {
           const int row = mt * 16 + g + (i / 2) * 8;
           const int col = n0 + warp * 16 + nt * 8 + 2 * q + (i % 2);
-          if (row < a.rows && col < a.out) fn(row, col, acc[mt][nt][i]);
+          if (row < a.rows && col < a.out) store(row, col, acc[mt][nt][i]);
         }
-  };
-  auto store = [&](int row, int col, float value) {
-    const long long at = (long long)row * a.out + col;
-    if (a.out_fp32)
-      static_cast<float*>(a.y)[at] = value;
-    else
-      static_cast<bf16*>(a.y)[at] = __float2bfloat16(value);
-  };
-
-  if (a.plan.splits == 1) {
-    for_each_value(store);
     return;
   }
-  // Several splits: publish this partial, and the last CTA of the column tile adds them up.
-  float* mine = a.partials + (long long)split * a.rows * a.out;
-  for_each_value([&](int row, int col, float value) { mine[(long long)row * a.out + col] = value; });
-  __threadfence();
-  __syncthreads();
-  __shared__ bool last;
-  if (threadIdx.x == 0) last = atomicAdd(&a.counters[col_tile], 1u) == unsigned(a.plan.splits - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int cols = min(kTileN, a.out - n0);
-  for (int idx = threadIdx.x; idx < a.rows * cols; idx += kThreads) {
-    const int row = idx / cols, col = n0 + idx % cols;
-    float total = 0.0f;
-    for (int s = 0; s < a.plan.splits; ++s)
-      total += __ldcg(a.partials + ((long long)s * a.rows + row) * a.out + col);  // L2, not a stale L1
-    store(row, col, total);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Several splits: the cluster adds its partial tiles through distributed shared memory.
+  float (*partial)[kTileN] = reinterpret_cast<float (*)[kTileN]>(smem_raw);  // [kRowsPadded][kTileN]
+  __syncthreads();  // every warp is done reading the ring
+#pragma unroll
+  for (int mt = 0; mt < kRowTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const int col = warp * 16 + nt * 8 + 2 * q;
+      *reinterpret_cast<float2*>(&partial[mt * 16 + g][col]) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
+      *reinterpret_cast<float2*>(&partial[mt * 16 + g + 8][col]) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
+    }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every partial is written and visible to the cluster
+  // CTA `split` adds up its slice of the tile's float4s over the whole cluster.
+  const int splits = a.plan.splits;
+  const int quads = a.rows * kTileN / 4;
+  const int per_cta = (quads + splits - 1) / splits;
+  for (int i = split * per_cta + threadIdx.x; i < min(quads, (split + 1) * per_cta); i += kThreads) {
+    float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < splits; ++s) {
+      const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(&partial[0][0], s))[i];
+      total.x += v.x;
+      total.y += v.y;
+      total.z += v.z;
+      total.w += v.w;
+    }
+    const int row = i / (kTileN / 4), col = n0 + (i % (kTileN / 4)) * 4;
+    const float values[4] = {total.x, total.y, total.z, total.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (col + j < a.out) store(row, col + j, values[j]);
   }
-  if (threadIdx.x == 0) a.counters[col_tile] = 0;  // ready for the next product
+  cluster.sync();  // no CTA leaves (freeing its shared memory) while others still read it
+#endif
 }
 
 template <int kRowTiles>
 void launch_tiles(const SkinnyArgs& a, cudaStream_t stream) {
   const int smem = int(sizeof(SkinnySmem<kRowTiles>));
   allow_dynamic_smem<skinny_gemm_kernel<kRowTiles>>(smem);
-  dim3 grid(a.plan.col_tiles, a.plan.splits);
-  skinny_gemm_kernel<kRowTiles><<<grid, kThreads, smem, stream>>>(a);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(a.plan.col_tiles, a.plan.splits);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = a.plan.splits;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = a.plan.splits > 1 ? 1 : 0;
+  ASYNCT_CUDA_CHECK(cudaLaunchKernelEx(&config, skinny_gemm_kernel<kRowTiles>, a));
   check_launch("skinny_gemm");
+}
+
+// The multiprocessor count and cluster support of the current device, asked once per device.
+struct DeviceTraits {
+  int sm_count = 0;
+  bool clusters = false;
+};
+DeviceTraits device_traits() {
+  static DeviceTraits cached[64];
+  int device = 0;
+  ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
+  DeviceTraits& t = cached[device % 64];
+  if (t.sm_count == 0) {
+    int major = 0;
+    ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&t.sm_count, cudaDevAttrMultiProcessorCount, device));
+    t.clusters = major >= 9;
+  }
+  return t;
 }
 
 }  // namespace
@@ -186,31 +250,13 @@ bool skinny_gemm_supports(const void* x, const void* weight, int rows, int in) {
   return rows >= 1 && rows <= kSkinnyMaxRows && in >= 8 && in % 8 == 0 && aligned(x) && aligned(weight);
 }
 
-std::size_t skinny_gemm_max_workspace_bytes() {
-  // With several splits, splits x col_tiles <= kTargetCtas, so splits x out <= kTargetCtas x
-  // kTileN: one bound for every shape, so the workspace is allocated once (CUDA graphs keep
-  // its address).
-  return kCounterBytes + std::size_t(kTargetCtas) * kTileN * kSkinnyMaxRows * sizeof(float);
-}
-
-std::size_t skinny_gemm_workspace_bytes(int rows, int in, int out) {
-  const SkinnyPlan p = make_plan(in, out);
-  return kCounterBytes + (p.splits > 1 ? std::size_t(p.splits) * rows * out * sizeof(float) : 0);
-}
-
 void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, int in, int out,
-                        bool out_fp32, void* workspace, std::size_t workspace_bytes,
-                        cudaStream_t stream) {
+                        bool out_fp32, cudaStream_t stream) {
   check(skinny_gemm_supports(x, weight, rows, in), "skinny_gemm: unsupported product [", rows, " x ", in,
         "] (rows 1..", kSkinnyMaxRows, ", in a multiple of 8, 16-byte aligned)");
   check(out >= 1 && y != nullptr, "skinny_gemm: no output");
-  const SkinnyPlan plan = make_plan(in, out);
-  check(std::size_t(plan.col_tiles) * sizeof(unsigned) <= kCounterBytes, "skinny_gemm: ", out,
-        " output columns exceed the counter space");
-  check(workspace != nullptr && workspace_bytes >= skinny_gemm_workspace_bytes(rows, in, out),
-        "skinny_gemm: workspace of ", workspace_bytes, " bytes, needs ", skinny_gemm_workspace_bytes(rows, in, out));
-  SkinnyArgs a{x, weight, y, rows, in, out, out_fp32, plan, static_cast<unsigned*>(workspace),
-               reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + kCounterBytes)};
+  const DeviceTraits traits = device_traits();
+  SkinnyArgs a{x, weight, y, rows, in, out, out_fp32, make_plan(in, out, traits.sm_count, traits.clusters)};
   switch ((rows + 15) / 16) {
     case 1: return launch_tiles<1>(a, stream);
     case 2: return launch_tiles<2>(a, stream);

@@ -2,11 +2,9 @@
 // row-major, bf16 in, fp32 accumulation, bf16 or fp32 out. With 64 rows or fewer the product is
 // a stream over the weights (each weight is used rows times, far below what the tensor cores
 // could do per byte), so this kernel is built to read W at the memory's rate: split-K over
-// enough CTAs to fill the GPU, a cp.async pipeline, and the split sums added by the last CTA
-// of each column tile (no second launch).
+// enough CTAs to fill the GPU evenly, a cp.async pipeline, and the split sums added inside each
+// thread-block cluster through distributed shared memory (no scratch, no second launch).
 #pragma once
-
-#include <cstddef>
 
 #include <cuda_runtime_api.h>
 
@@ -20,16 +18,7 @@ constexpr int kSkinnyMaxRows = 64;
 // and 16-byte aligned x and W (each row starts on a 16-byte boundary).
 bool skinny_gemm_supports(const void* x, const void* weight, int rows, int in);
 
-// Device scratch the kernel needs for a product of this shape: split partial sums and one
-// counter per column tile. Counters must start at zero (cudaMemset once); the kernel leaves them
-// at zero again.
-std::size_t skinny_gemm_workspace_bytes(int rows, int in, int out);
-
-// An upper bound of skinny_gemm_workspace_bytes over every shape the kernel takes.
-std::size_t skinny_gemm_max_workspace_bytes();
-
 void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, int in, int out,
-                        bool out_fp32, void* workspace, std::size_t workspace_bytes,
-                        cudaStream_t stream);
+                        bool out_fp32, cudaStream_t stream);
 
 }  // namespace asynct::kernels

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <random>
@@ -180,12 +179,6 @@ std::vector<double> seconds_of(const std::vector<Run>& runs) {
 }  // namespace
 
 int run_bench(const BenchOptions& options) {
-  // CUDA loads a kernel on its first launch by default (lazy loading); the first model of a
-  // scenario would then pay for loading the kernels of every new GEMM shape inside its timed
-  // run and the second would not (measured: +17 ms of host and +19 ms of GEMM time in
-  // prefill_heavy's 10 steps). Loading all of them when the context starts times both alike.
-  // Set before the first CUDA call; a value the user set wins.
-  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   // The scenarios are defined at the 1.7B size; on the CPU that takes hours, so there the
   // defaults are the tiny model at 1/64 of the lengths.
   BenchOptions o = options;

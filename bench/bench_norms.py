@@ -59,7 +59,7 @@ def main():
                 counter[0] += 1
             ms = median_ms(step, warmup=10, reps=20)
             row[name + "_us"] = ms * 1e3
-        row["torch_copy_of_ceiling"] = 2 * row_bytes / (row["torch_copy_us"] * 1e-9) / (copy_tb_s * 1e12)
+        row["torch_copy_of_ceiling"] = 2 * row_bytes / (row["torch_copy_us"] * 1e-6) / (copy_tb_s * 1e12)
         rows.append(row)
         del xs, rs, outs
     write_json(args.out, "norms.json", {"copy_tb_per_s": copy_tb_s, "hidden": HIDDEN, "rows": rows})

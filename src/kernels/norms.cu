@@ -63,16 +63,14 @@ __device__ __forceinline__ float inv_rms(float sum_squares, float inv_count, flo
   return rsqrtf(fmaf(sum_squares, inv_count, eps));
 }
 
-// x = w * clamp(x * inv_rms, -clip, clip) for 8 values with their 8 weights. An infinite clip
-// leaves the clamp a no-op, which makes this RMSNorm.
-__device__ __forceinline__ void apply_norm8(float (&x)[8], const Bf16x8& w, float inv_rms, float clip) {
+// x = w * clamp(x * inv_rms, -clip, clip) for 8 values; w points at the 8 matching weights.
+// An infinite clip leaves the clamp a no-op, which makes this RMSNorm.
+__device__ __forceinline__ void apply_norm8(float (&x)[8], const bf16* w, float inv_rms,
+                                            float clip) {
   float wf[8];
-  to_float8(w, wf);
+  load8(w, wf);
 #pragma unroll
   for (int i = 0; i < 8; ++i) x[i] = wf[i] * fminf(fmaxf(x[i] * inv_rms, -clip), clip);
-}
-__device__ __forceinline__ void apply_norm8(float (&x)[8], const bf16* w, float inv_rms, float clip) {
-  apply_norm8(x, load_bf16x8(w), inv_rms, clip);
 }
 
 __device__ __forceinline__ void add8(float (&x)[8], const float (&y)[8]) {
@@ -155,30 +153,13 @@ __device__ __forceinline__ float row_inv_rms(const float (&x)[VECS][8], const Th
   return inv_rms(t.sum(s, partial), p.inv_hidden, p.eps);
 }
 
-// The norm weights this thread applies, loaded with the row rather than after the reduction:
-// one dependent trip to memory less per row (the weights come from L2).
-template <int VECS>
-struct RowWeights {
-  Bf16x8 w[VECS];
-};
 template <int VECS, class Thread>
-__device__ __forceinline__ RowWeights<VECS> load_weights(const bf16* weight, int vectors, const Thread& t) {
-  RowWeights<VECS> out;
-#pragma unroll
-  for (int k = 0; k < VECS; ++k) {
-    const int j = t.lane + k * t.stride;
-    out.w[k] = j < vectors ? load_bf16x8(weight + 8 * j) : Bf16x8{};
-  }
-  return out;
-}
-
-template <int VECS, class Thread>
-__device__ __forceinline__ void norm_row(float (&x)[VECS][8], const RowWeights<VECS>& weights, int vectors,
+__device__ __forceinline__ void norm_row(float (&x)[VECS][8], const bf16* weight, int vectors,
                                          const Thread& t, float inv, float clip) {
 #pragma unroll
   for (int k = 0; k < VECS; ++k) {
     const int j = t.lane + k * t.stride;
-    if (j < vectors) apply_norm8(x[k], weights.w[k], inv, clip);
+    if (j < vectors) apply_norm8(x[k], weight + 8 * j, inv, clip);
   }
 }
 
@@ -192,20 +173,17 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
 
   float x[VECS][8];
   load_row(p.x + base, p.vectors, t, x);
-  const RowWeights<VECS> weights = load_weights<VECS>(p.weight, p.vectors, t);
   if constexpr (OP != RowOp::Norm) {
     float r[VECS][8];
     load_row(p.residual + base, p.vectors, t, r);  // issued before the reduction waits
-    if constexpr (OP == RowOp::PostAttnPreMlp) {
-      const RowWeights<VECS> first = load_weights<VECS>(p.first_weight, p.vectors, t);
-      norm_row(x, first, p.vectors, t, row_inv_rms(x, t, partial[0], p), p.clip);
-    }
+    if constexpr (OP == RowOp::PostAttnPreMlp)
+      norm_row(x, p.first_weight, p.vectors, t, row_inv_rms(x, t, partial[0], p), p.clip);
 #pragma unroll
     for (int k = 0; k < VECS; ++k) add8(x[k], r[k]);
     // The stored residual is rounded to bf16; the norm below uses the exact fp32 sum.
     store_row(p.residual + base, p.vectors, t, x);
   }
-  norm_row(x, weights, p.vectors, t, row_inv_rms(x, t, partial[1], p), p.clip);
+  norm_row(x, p.weight, p.vectors, t, row_inv_rms(x, t, partial[1], p), p.clip);
   store_row(p.out + base, p.vectors, t, x);
 }
 

@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--seed", bench.seed, "weights and prompts seed");
   bench_cmd->add_flag("!--no-profile", bench.profile, "do not time the phases of each step");
   bench_cmd->add_flag("!--no-cuda-graphs", bench.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
-  bench_cmd->add_flag("!--no-warmup", bench.warmup, "time each scenario's first run on a fresh engine");
+  bench_cmd->add_flag("!--no-warmup", bench.warmup, "skip the untimed warm-up and first run of each scenario");
   bench_cmd->add_option("--repeat", bench.repeat, "timed runs per scenario and model; the median is reported")
       ->check(CLI::Range(1, 100));
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));

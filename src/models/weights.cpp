@@ -1,11 +1,15 @@
 #include "models/weights.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
+#include <thread>
+#include <vector>
 
 #include "io/safetensors.h"
 
@@ -82,11 +86,20 @@ std::map<std::string, Shape> expected_tensors(const ModelConfig& c) {
 ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed) {
   ModelWeights w = empty_model(config);
   const std::map<std::string, Shape> shapes = expected_tensors(config);
-  std::mt19937_64 rng(seed);
+  // Every tensor is cut into chunks, each drawn from its own generator seeded by (seed, tensor,
+  // chunk), so the chunks can be drawn in parallel (a 1.7B model took ~1 min on one core) and
+  // the values do not depend on the thread count.
+  constexpr std::int64_t kChunk = 1 << 20;
+  struct Job {
+    float* values;
+    std::int64_t count;
+    std::uint64_t stream;
+    float mean, scale;
+  };
+  std::vector<Job> jobs;
+  std::uint64_t tensor_index = 0;
   for_each_tensor(w, [&](const std::string& name, Tensor& t) {
     t = Tensor::empty(DType::F32, shapes.at(name));
-    std::normal_distribution<float> normal;
-    float* v = t.data_as<float>();
     // Gate parameters and norm weights near 1; embeddings of unit size; projections scaled by
     // 1/sqrt(fan_in) so that every layer changes the residual stream (with HF's 0.02 a random
     // model only echoes its input token, which makes generation tests see nothing).
@@ -95,9 +108,27 @@ ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed) {
                                                   name.find("lm_head") == std::string::npos
                                               ? 1.0f / std::sqrt(float(t.size(1)))
                                               : 1.0f;
-    for (std::int64_t i = 0; i < t.numel(); ++i)
-      v[i] = round_to_bf16((near_one ? 1.0f : 0.0f) + scale * normal(rng));  // bf16-exact, as a checkpoint holds
+    ++tensor_index;
+    for (std::int64_t begin = 0; begin < t.numel(); begin += kChunk)
+      jobs.push_back({t.data_as<float>() + begin, std::min(kChunk, t.numel() - begin),
+                      (tensor_index << 32) + std::uint64_t(begin / kChunk), near_one ? 1.0f : 0.0f, scale});
   });
+  std::atomic<std::size_t> next{0};
+  const auto work = [&] {
+    for (std::size_t j = next++; j < jobs.size(); j = next++) {
+      const Job& job = jobs[j];
+      std::seed_seq seeds{seed, job.stream};
+      std::mt19937_64 rng(seeds);
+      std::normal_distribution<float> normal;
+      for (std::int64_t i = 0; i < job.count; ++i)
+        job.values[i] = round_to_bf16(job.mean + job.scale * normal(rng));  // bf16-exact, as a checkpoint holds
+    }
+  };
+  const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 32u);
+  std::vector<std::thread> pool;
+  for (unsigned i = 1; i < std::min<std::size_t>(threads, jobs.size()); ++i) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
   if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
   return w;
 }

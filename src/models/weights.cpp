@@ -1,16 +1,15 @@
 #include "models/weights.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
-#include <thread>
 #include <vector>
 
+#include "core/parallel.h"
 #include "io/safetensors.h"
 
 namespace asynct {
@@ -113,22 +112,16 @@ ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed) {
       jobs.push_back({t.data_as<float>() + begin, std::min(kChunk, t.numel() - begin),
                       (tensor_index << 32) + std::uint64_t(begin / kChunk), near_one ? 1.0f : 0.0f, scale});
   });
-  std::atomic<std::size_t> next{0};
-  const auto work = [&] {
-    for (std::size_t j = next++; j < jobs.size(); j = next++) {
-      const Job& job = jobs[j];
-      std::seed_seq seeds{seed, job.stream};
-      std::mt19937_64 rng(seeds);
-      std::normal_distribution<float> normal;
-      for (std::int64_t i = 0; i < job.count; ++i)
-        job.values[i] = round_to_bf16(job.mean + job.scale * normal(rng));  // bf16-exact, as a checkpoint holds
-    }
-  };
-  const unsigned threads = std::clamp(std::thread::hardware_concurrency(), 1u, 32u);
-  std::vector<std::thread> pool;
-  for (unsigned i = 1; i < std::min<std::size_t>(threads, jobs.size()); ++i) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
+  parallel_for(jobs.size(), [&](std::size_t j) {
+    const Job& job = jobs[j];
+    // seed_seq keeps 32 bits of each value: give it the 64-bit numbers in halves.
+    std::seed_seq seeds{std::uint32_t(seed), std::uint32_t(seed >> 32), std::uint32_t(job.stream),
+                        std::uint32_t(job.stream >> 32)};
+    std::mt19937_64 rng(seeds);
+    std::normal_distribution<float> normal;
+    for (std::int64_t i = 0; i < job.count; ++i)
+      job.values[i] = round_to_bf16(job.mean + job.scale * normal(rng));  // bf16-exact, as a checkpoint holds
+  });
   if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
   return w;
 }

@@ -204,5 +204,18 @@ TEST(Checkpoint, BadConfigsAreNamed) {
   expect_error([&] { load_weights(dir.file("nowhere")); }, "cannot open");
 }
 
+TEST(RandomWeights, TheSameSeedGivesTheSameWeightsAndAnotherSeedOthers) {
+  // Drawn in parallel chunks, each from its own seeded generator: the values must not depend on
+  // which thread drew which chunk.
+  const ModelConfig config = tiny_config(Architecture::AsyncT);
+  const ModelWeights a = random_weights(config, 11), b = random_weights(config, 11), c = random_weights(config, 12);
+  EXPECT_EQ(a.embed_tokens.to_float_vector(), b.embed_tokens.to_float_vector());
+  EXPECT_EQ(a.layers[1].gate_proj.to_float_vector(), b.layers[1].gate_proj.to_float_vector());
+  EXPECT_EQ(a.layers[0].gate_alpha.to_float_vector(), b.layers[0].gate_alpha.to_float_vector());
+  EXPECT_NE(a.layers[1].gate_proj.to_float_vector(), c.layers[1].gate_proj.to_float_vector());
+  // Different tensors of one model are not copies of each other.
+  EXPECT_NE(a.layers[0].q_proj.to_float_vector(), a.layers[1].q_proj.to_float_vector());
+}
+
 }  // namespace
 }  // namespace asynct

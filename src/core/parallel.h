@@ -1,0 +1,16 @@
+// A parallel loop for the host's independent pieces of work (drawing random weights, sampling
+// the rows of a step): plain threads, no pool, since each use runs at most once per step or
+// per model and the pieces are far longer than starting a thread.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+namespace asynct {
+
+// Runs work(i) for every i in [0, count), on up to max_threads threads (0: one per hardware
+// thread) including the caller's, each taking the next unclaimed i. Returns when all are done;
+// the first exception thrown by any work(i) is then rethrown (the others are dropped).
+void parallel_for(std::size_t count, const std::function<void(std::size_t)>& work, unsigned max_threads = 0);
+
+}  // namespace asynct

@@ -95,15 +95,42 @@ int sample_token(const float* logits, std::size_t vocab, const SamplingParams& p
   };
   std::vector<Candidate> order(vocab);
   for (std::size_t i = 0; i < vocab; ++i) order[i] = {logits[i], int(i)};
+  // order[0, sorted) is the head of the order, and nothing after it comes before any of it.
   std::size_t sorted = 0;
   const auto sort_prefix = [&](std::size_t n) {
     n = n > vocab / 16 ? vocab : n;  // a long head: one full sort is cheaper than more rounds
     if (n <= sorted) return;
+    // A heap of the n best (partial_sort) turns most tokens away with one comparison: faster
+    // for a short head than nth_element (measured 0.39 against 1.3 ms per 152K row, top-k 50).
     if (n == vocab)
       std::sort(order.begin() + std::ptrdiff_t(sorted), order.end(), before);
     else
       std::partial_sort(order.begin() + std::ptrdiff_t(sorted), order.begin() + std::ptrdiff_t(n), order.end(), before);
     sorted = n;
+  };
+
+  // Without top-k, top-p's head can be thousands of tokens long, and finding it by growing
+  // sorted prefixes cost up to 15 ms per row at a 152K vocabulary. Instead: bucket the tokens
+  // by how far their logit lies below the maximum (in 1/8 nats of tempered weight), add up
+  // each bucket's mass, and sort only the buckets down to the one where the mass reaches
+  // `needed`, plus one more for rounding (the walk below sums in sorted order, the buckets
+  // did not). Every token of a later bucket has a lower logit than every token sorted, so the
+  // head is exact; should the walk still run past it, sort_prefix takes over.
+  const auto sort_nucleus_candidates = [&](double needed) {
+    constexpr int kPerNat = 8, kNats = 64, kBuckets = kPerNat * kNats + 1;  // beyond 64 nats: the last
+    const auto bucket = [&](float logit) {
+      const double below = (max_logit - double(logit)) / params.temperature;
+      return below >= kNats ? kBuckets - 1 : int(below * kPerNat);
+    };
+    std::vector<double> mass(kBuckets, 0.0);
+    for (std::size_t i = 0; i < vocab; ++i) mass[std::size_t(bucket(logits[i]))] += weights[i];
+    int last = 0;
+    for (double cumulative = mass[0]; last < kBuckets - 1 && cumulative < needed * (1.0 + 1e-9); cumulative += mass[std::size_t(++last)]) {
+    }
+    last = std::min(last + 1, kBuckets - 1);
+    const auto head_end = std::partition(order.begin(), order.end(), [&](const Candidate& c) { return bucket(c.logit) <= last; });
+    std::sort(order.begin(), head_end, before);
+    sorted = std::size_t(head_end - order.begin());
   };
 
   std::size_t keep = params.top_k > 0 ? std::min(vocab, std::size_t(params.top_k)) : vocab;
@@ -118,6 +145,7 @@ int sample_token(const float* logits, std::size_t vocab, const SamplingParams& p
     // top-p applies to the distribution renormalised over what top-k kept: the smallest head
     // whose mass reaches top_p of the kept mass.
     const double needed = double(params.top_p) * kept_mass;
+    if (params.top_k == 0) sort_nucleus_candidates(needed);
     double mass = 0.0;
     std::size_t n = 0;
     while (n < keep) {

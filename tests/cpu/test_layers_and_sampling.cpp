@@ -3,6 +3,7 @@
 #include <cmath>
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -121,6 +122,69 @@ TEST(Sampling, TopPOnALargeVocabularyKeepsExactlyTheNucleus) {
     seen.insert(token);
   }
   EXPECT_GT(seen.size(), nucleus.size() / 2);
+}
+
+// The sampler sorts only as much of the vocabulary as top-k/top-p need, by whatever shortcut;
+// the token must be exactly the one of the plain definition: a full sort (logit down, id up
+// on ties), masses summed in that order, one draw.
+int sample_by_full_sort(const std::vector<float>& logits, const SamplingParams& p, std::uint64_t step) {
+  const std::size_t vocab = logits.size();
+  std::vector<int> order(vocab);
+  for (std::size_t i = 0; i < vocab; ++i) order[i] = int(i);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[std::size_t(a)] > logits[std::size_t(b)]; });
+  const double max_logit = logits[std::size_t(order[0])];
+  const auto w = [&](int id) { return std::exp((double(logits[std::size_t(id)]) - max_logit) / p.temperature); };
+  const double u = uniform_draw(p.seed, step);
+  if (p.top_k == 0 && p.top_p >= 1.0f) {
+    double total = 0.0, cumulative = 0.0;
+    for (std::size_t i = 0; i < vocab; ++i) total += w(int(i));
+    for (std::size_t i = 0; i < vocab; ++i)
+      if (u * total < (cumulative += w(int(i)))) return int(i);
+    return int(vocab - 1);
+  }
+  std::size_t keep = p.top_k > 0 ? std::min(vocab, std::size_t(p.top_k)) : vocab;
+  double kept = 0.0;
+  if (p.top_k > 0)
+    for (std::size_t r = 0; r < keep; ++r) kept += w(order[r]);
+  else
+    for (std::size_t i = 0; i < vocab; ++i) kept += w(int(i));
+  if (p.top_p < 1.0f) {
+    const double needed = double(p.top_p) * kept;
+    double mass = 0.0;
+    std::size_t n = 0;
+    while (n < keep) {
+      mass += w(order[n++]);
+      if (mass >= needed) break;
+    }
+    keep = n;
+    kept = mass;
+  }
+  double cumulative = 0.0;
+  for (std::size_t r = 0; r < keep; ++r)
+    if (u * kept < (cumulative += w(order[r]))) return order[r];
+  return order[keep - 1];
+}
+
+TEST(Sampling, MatchesTheFullSortDefinitionExactly) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int vocab : {3, 1000, 20011}) {
+    for (bool ties : {false, true}) {
+      std::vector<float> logits(static_cast<std::size_t>(vocab));
+      for (float& x : logits) x = normal(rng);
+      if (ties)  // coarse values: many equal logits, including at the cut
+        for (float& x : logits) x = std::round(x * 2.0f) / 2.0f;
+      for (float temperature : {0.3f, 1.0f, 4.0f})
+        for (int top_k : {0, 1, 7, 100})
+          for (float top_p : {1.0f, 0.3f, 0.9f, 0.999f}) {
+            const SamplingParams p{temperature, top_k, top_p, 17};
+            for (std::uint64_t step = 0; step < 6; ++step)
+              ASSERT_EQ(sample_token(logits, p, step), sample_by_full_sort(logits, p, step))
+                  << "vocab " << vocab << (ties ? " with ties" : "") << ", temperature " << temperature << ", top_k "
+                  << top_k << ", top_p " << top_p << ", step " << step;
+          }
+    }
+  }
 }
 
 TEST(Sampling, BadParametersAndLogitsGiveClearErrors) {

@@ -35,7 +35,13 @@ def run_path(asynct, path, x, w, y):
 
 
 def main():
-    args = parse_args(__doc__, extra=lambda p: p.add_argument("--profile", help="ROWS,IN,OUT,PATH"))
+    def options(p):
+        p.add_argument("--profile", help="ROWS,IN,OUT,PATH")
+        p.add_argument("--rows", help="comma-separated row counts (default: all)")
+        p.add_argument("--paths", help="comma-separated paths (default: all)")
+    args = parse_args(__doc__, extra=options)
+    rows_wanted = [int(r) for r in args.rows.split(",")] if args.rows else ROWS
+    paths = args.paths.split(",") if args.paths else PATHS
     import asynct
 
     if args.profile:
@@ -56,12 +62,12 @@ def main():
         # Enough weight copies that the rotation is not served from the 50 MB L2.
         copies = max(1, min(32, (256 << 20) // w_bytes))
         ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        for rows in ROWS:
+        for rows in rows_wanted:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
             expected = torch.nn.functional.linear(x.float(), ws[0].float())
             row = {"shape": name, "in": k, "out": n, "rows": rows, "weight_mb": w_bytes / 1e6}
-            for path in PATHS:
+            for path in paths:
                 run_path(asynct, path, x, ws[0], y)  # first call: a tuned path times its candidates here
                 err = ((y.float() - expected).norm() / expected.norm()).item()
                 counter = [0]
@@ -75,17 +81,17 @@ def main():
                 row[path + "_err"] = err
             results.append(row)
             print(f"  {name:>9} rows {rows:>3}: " + "  ".join(
-                f"{p} {row[p + '_us']:7.1f} us" for p in PATHS), flush=True)
+                f"{p} {row[p + '_us']:7.1f} us" for p in paths), flush=True)
         del ws
 
     # One decode step's GEMMs at each row count, per path.
     steps = []
-    for rows in ROWS:
+    for rows in rows_wanted:
         by = {(r["shape"], r["rows"]): r for r in results}
         step = {"rows": rows}
         weight_bytes = sum(k * n * 2 * (2 if name == "k|v" else 1) * LAYERS
                            for name, k, n, per_layer in SHAPES if per_layer) + 2048 * 151936 * 2
-        for path in PATHS:
+        for path in paths:
             us = sum(by[(name, rows)][path + "_us"] * (2 if name == "k|v" else 1) * LAYERS
                      for name, _, _, per_layer in SHAPES if per_layer) + by[("lm_head", rows)][path + "_us"]
             step[path + "_ms"] = us / 1e3
@@ -94,15 +100,15 @@ def main():
     write_json(args.out, "gemm.json", {"copy_tb_per_s": copy_tb_s, "rows": results, "decode_step": steps})
 
     print(f"\nGEMM, weights read as a fraction of the {copy_tb_s:.2f} TB/s copy ceiling (max rel err)")
-    print(f"{'shape':>9} {'rows':>4} {'MB':>6} " + " ".join(f"{p:>9}" for p in PATHS))
+    print(f"{'shape':>9} {'rows':>4} {'MB':>6} " + " ".join(f"{p:>9}" for p in paths))
     for r in results:
         print(f"{r['shape']:>9} {r['rows']:>4} {r['weight_mb']:6.1f} " +
-              " ".join(f"{r[p + '_tb_s'] / copy_tb_s:9.2f}" for p in PATHS) +
-              f"   ({max(r[p + '_err'] for p in PATHS):.1e})")
+              " ".join(f"{r[p + '_tb_s'] / copy_tb_s:9.2f}" for p in paths) +
+              f"   ({max(r[p + '_err'] for p in paths):.1e})")
     print(f"\none decode step's GEMMs (q, k, v, o, gate_up, down x {LAYERS} + lm_head), ms")
-    print(f"{'rows':>4} {'floor':>7} " + " ".join(f"{p:>9}" for p in PATHS))
+    print(f"{'rows':>4} {'floor':>7} " + " ".join(f"{p:>9}" for p in paths))
     for s in steps:
-        print(f"{s['rows']:>4} {s['floor_ms']:7.3f} " + " ".join(f"{s[p + '_ms']:9.3f}" for p in PATHS))
+        print(f"{s['rows']:>4} {s['floor_ms']:7.3f} " + " ".join(f"{s[p + '_ms']:9.3f}" for p in paths))
 
 
 if __name__ == "__main__":

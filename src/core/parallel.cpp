@@ -11,7 +11,8 @@ namespace asynct {
 
 void parallel_for(std::size_t count, const std::function<void(std::size_t)>& work, unsigned max_threads) {
   if (count == 0) return;
-  if (max_threads == 0) max_threads = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
+  max_threads = max_threads == 0 ? hardware : std::min(max_threads, hardware);
   const std::size_t threads = std::min<std::size_t>(max_threads, count);
   if (threads == 1) {
     for (std::size_t i = 0; i < count; ++i) work(i);

@@ -1,6 +1,9 @@
 #include "reference/layers.h"
 
+#include <algorithm>
 #include <cmath>
+
+#include "core/parallel.h"
 
 namespace asynct {
 
@@ -35,13 +38,26 @@ Tensor linear(const Tensor& x, const Tensor& weight) {
   expect_shape(weight, {any, x.size(1)}, "linear: weight");
   const std::int64_t rows = x.size(0), in = x.size(1), out_features = weight.size(0);
   Tensor y = Tensor::empty(DType::F32, {rows, out_features});
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t o = 0; o < out_features; ++o) {
-      double sum = 0.0;
-      for (std::int64_t i = 0; i < in; ++i)
-        sum += double(x.data_as<float>()[r * in + i]) * double(weight.data_as<float>()[o * in + i]);
-      y.data_as<float>()[r * out_features + o] = float(sum);
-    }
+  // Each output is the same float64 dot product whichever thread computes it; the CPU engine
+  // spends most of its time here, so blocks of output features go to the machine's threads
+  // when the product is big enough to pay for starting them (~2M multiply-adds per thread).
+  constexpr std::int64_t kFeaturesPerTask = 64, kWorkPerThread = std::int64_t(1) << 21;
+  const std::int64_t tasks = (out_features + kFeaturesPerTask - 1) / kFeaturesPerTask;
+  const std::int64_t useful_threads = std::max<std::int64_t>(1, rows * in * out_features / kWorkPerThread);
+  parallel_for(
+      std::size_t(tasks),
+      [&](std::size_t task) {
+        const std::int64_t first = std::int64_t(task) * kFeaturesPerTask;
+        const std::int64_t last = std::min(out_features, first + kFeaturesPerTask);
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t o = first; o < last; ++o) {
+            double sum = 0.0;
+            for (std::int64_t i = 0; i < in; ++i)
+              sum += double(x.data_as<float>()[r * in + i]) * double(weight.data_as<float>()[o * in + i]);
+            y.data_as<float>()[r * out_features + o] = float(sum);
+          }
+      },
+      unsigned(std::min<std::int64_t>(useful_threads, 1 << 16)));
   return y;
 }
 

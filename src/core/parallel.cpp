@@ -1,7 +1,10 @@
 #include "core/parallel.h"
 
+#include "core/error.h"
+
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -11,8 +14,15 @@ namespace asynct {
 
 void parallel_for(std::size_t count, const std::function<void(std::size_t)>& work, unsigned max_threads) {
   if (count == 0) return;
-  const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
-  max_threads = max_threads == 0 ? hardware : std::min(max_threads, hardware);
+  unsigned limit = std::max(1u, std::thread::hardware_concurrency());
+  if (const char* env = std::getenv("ASYNCT_THREADS"); env && *env) {
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    check(*end == '\0' && n >= 1 && n <= 65536, "ASYNCT_THREADS must be a whole number of threads >= 1, got '", env,
+          "'");
+    limit = std::min(limit, unsigned(n));
+  }
+  max_threads = max_threads == 0 ? limit : std::min(max_threads, limit);
   const std::size_t threads = std::min<std::size_t>(max_threads, count);
   if (threads == 1) {
     for (std::size_t i = 0; i < count; ++i) work(i);

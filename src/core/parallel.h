@@ -9,7 +9,8 @@
 namespace asynct {
 
 // Runs work(i) for every i in [0, count), on up to max_threads threads (0, or more than the
-// hardware has: one per hardware thread) including the caller's, each taking the next unclaimed i. Returns when all are done;
+// hardware has: one per hardware thread; ASYNCT_THREADS in the environment lowers that cap)
+// including the caller's, each taking the next unclaimed i. Returns when all are done;
 // the first exception thrown by any work(i) is then rethrown (the others are dropped).
 void parallel_for(std::size_t count, const std::function<void(std::size_t)>& work, unsigned max_threads = 0);
 

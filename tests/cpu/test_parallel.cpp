@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <stdexcept>
 #include <vector>
 
+#include "core/error.h"
 #include "core/parallel.h"
 
 namespace asynct {
@@ -32,6 +34,19 @@ TEST(ParallelFor, RethrowsAnExceptionAfterTheOtherWorkFinishes) {
                    4),
                std::runtime_error);
   EXPECT_EQ(done.load(), 99);  // the failure does not stop the remaining pieces
+}
+
+TEST(ParallelFor, AsynctThreadsCapsTheThreadsAndMustBeACount) {
+  setenv("ASYNCT_THREADS", "1", 1);
+  std::vector<int> order;
+  parallel_for(50, [&](std::size_t i) { order.push_back(int(i)); });  // one thread: in order, no race
+  ASSERT_EQ(order.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(order[std::size_t(i)], i);
+  for (const char* bad : {"0", "-2", "many", "3x"}) {
+    setenv("ASYNCT_THREADS", bad, 1);
+    EXPECT_THROW(parallel_for(4, [](std::size_t) {}), Error) << bad;
+  }
+  unsetenv("ASYNCT_THREADS");
 }
 
 }  // namespace

@@ -35,16 +35,19 @@ def main():
             "post_attn_pre_mlp": (lambda i: asynct.post_attn_pre_mlp(xs[i], rs[i], w1, w2, clip=1.0,
                                                                       out=outs[i]), 4 * row_bytes),
         }
-        row = {"tokens": n}
-        for name, (fn, nbytes) in cases.items():
+        def rotated_us(fn):
+            """Median time of fn(i), i cycling over the input sets, in microseconds."""
             counter = [0]
 
             def step():
                 fn(counter[0] % sets)
                 counter[0] += 1
-            ms = median_ms(step, warmup=10, reps=20)
-            row[name + "_us"] = ms * 1e3
-            row[name + "_of_ceiling"] = nbytes / (ms * 1e-3) / (copy_tb_s * 1e12)
+            return median_ms(step, warmup=10, reps=20) * 1e3
+
+        row = {"tokens": n}
+        for name, (fn, nbytes) in cases.items():
+            row[name + "_us"] = rotated_us(fn)
+            row[name + "_of_ceiling"] = nbytes / (row[name + "_us"] * 1e-6) / (copy_tb_s * 1e12)
         # For scale, on the same rotated sets: PyTorch's own RMSNorm (unfused, no clip), and a
         # plain copy of the same bytes as norm (x read, out written; x * 1 so that it is a
         # kernel, not a copy-engine transfer inside the graph): what any kernel of this size
@@ -52,13 +55,7 @@ def main():
         # measured on large buffers.
         for name, fn in (("torch_rms_norm", lambda i: torch.nn.functional.rms_norm(xs[i], (HIDDEN,), w1, 1e-6)),
                          ("torch_copy", lambda i: torch.mul(xs[i], 1.0, out=outs[i]))):
-            counter = [0]
-
-            def step():
-                fn(counter[0] % sets)
-                counter[0] += 1
-            ms = median_ms(step, warmup=10, reps=20)
-            row[name + "_us"] = ms * 1e3
+            row[name + "_us"] = rotated_us(fn)
         row["torch_copy_of_ceiling"] = 2 * row_bytes / (row["torch_copy_us"] * 1e-6) / (copy_tb_s * 1e12)
         rows.append(row)
         del xs, rs, outs

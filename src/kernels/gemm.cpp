@@ -83,12 +83,16 @@ Gemm::Plan& Gemm::plan(int rows, int in, int out, bool out_fp32, bool tuned) {
   return *slot;
 }
 
+cublasStatus_t Gemm::try_matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const bf16* x, const bf16* weight,
+                                void* y, cudaStream_t stream) {
+  const float one = 1.0f, zero = 0.0f;
+  return cublasLtMatmul(handle_, p.desc, &one, weight, p.a, x, p.b, &zero, y, p.c, y, p.c, &algo, workspace_,
+                        workspace_bytes_, stream);
+}
+
 void Gemm::matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const bf16* x, const bf16* weight, void* y,
                   cudaStream_t stream) {
-  const float one = 1.0f, zero = 0.0f;
-  lt_check(cublasLtMatmul(handle_, p.desc, &one, weight, p.a, x, p.b, &zero, y, p.c, y, p.c, &algo, workspace_,
-                          workspace_bytes_, stream),
-           "matmul");
+  lt_check(try_matmul(p, algo, x, weight, y, stream), "matmul");
 }
 
 // Times every candidate on the call's own operands (y is overwritten by the real call that
@@ -101,9 +105,7 @@ void Gemm::tune(Plan& p, const bf16* x, const bf16* weight, void* y, cudaStream_
   ASYNCT_CUDA_CHECK(cudaEventCreate(&stop));
   float best_ms = 0.0f;
   for (const cublasLtMatmulAlgo_t& algo : p.candidates) {
-    const float one = 1.0f, zero = 0.0f;
-    if (cublasLtMatmul(handle_, p.desc, &one, weight, p.a, x, p.b, &zero, y, p.c, y, p.c, &algo, workspace_,
-                       workspace_bytes_, stream) != CUBLAS_STATUS_SUCCESS)
+    if (try_matmul(p, algo, x, weight, y, stream) != CUBLAS_STATUS_SUCCESS)
       continue;  // a candidate that cannot run is skipped, not an error
     std::vector<float> times;
     for (int rep = 0; rep < 5; ++rep) {

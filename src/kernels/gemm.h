@@ -47,6 +47,8 @@ class Gemm {
   using Key = std::tuple<int, int, int, bool, bool>;  // rows, in, out, out_fp32, tuned
   Plan& plan(int rows, int in, int out, bool out_fp32, bool tuned);
   void tune(Plan& p, const bf16* x, const bf16* weight, void* y, cudaStream_t stream);
+  cublasStatus_t try_matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const bf16* x, const bf16* weight,
+                            void* y, cudaStream_t stream);
   void matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const bf16* x, const bf16* weight, void* y,
               cudaStream_t stream);
 

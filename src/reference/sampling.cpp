@@ -124,10 +124,10 @@ int sample_token(const float* logits, std::size_t vocab, const SamplingParams& p
     };
     std::vector<double> mass(kBuckets, 0.0);
     for (std::size_t i = 0; i < vocab; ++i) mass[std::size_t(bucket(logits[i]))] += weights[i];
-    int last = 0;
-    for (double cumulative = mass[0]; last < kBuckets - 1 && cumulative < needed * (1.0 + 1e-9); cumulative += mass[std::size_t(++last)]) {
-    }
-    last = std::min(last + 1, kBuckets - 1);
+    int last = 0;  // the first bucket whose cumulative mass reaches `needed`
+    double cumulative = mass[0];
+    while (last < kBuckets - 1 && cumulative < needed * (1.0 + 1e-9)) cumulative += mass[std::size_t(++last)];
+    last = std::min(last + 1, kBuckets - 1);  // one more for rounding
     const auto head_end = std::partition(order.begin(), order.end(), [&](const Candidate& c) { return bucket(c.logit) <= last; });
     std::sort(order.begin(), head_end, before);
     sorted = std::size_t(head_end - order.begin());

@@ -1,6 +1,7 @@
 // Few-row dense layers: see skinny_gemm.h for why. The layout of the work:
 //   * a CTA (4 warps) owns a tile of kTileN output columns and a range of K (its split); each
-//     warp owns 16 of the columns for all rows (up to 64 = kRowTiles m16 tiles);
+//     warp takes one 16-wide K slice of every K tile, for all the tile's columns and rows (up
+//     to 64 = kRowTiles m16 tiles), and the warps' sums are added in shared memory at the end;
 //   * W and x tiles of kTileK go through a kStages-deep cp.async ring in shared memory; the
 //     warps read them with ldmatrix and multiply with mma.sync m16n8k16 (bf16 -> fp32);
 //   * the splits of one column tile form a thread-block cluster (Hopper): each CTA leaves its
@@ -28,7 +29,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kTileN = 16 * kWarps;  // output columns per CTA
+constexpr int kTileN = 64;           // output columns per CTA
 constexpr int kTileK = 64;
 constexpr int kStages = 4;
 constexpr int kPad = 8;                // bf16 per smem row of padding: ldmatrix without conflicts
@@ -79,13 +80,14 @@ struct SkinnySmem {
   bf16 w[kStages][kTileN][kRowStride];
   bf16 x[kStages][16 * kRowTiles][kRowStride];
 };
-// After the main loop the ring holds each CTA's fp32 partial tile instead.
+// After the main loop the ring holds each warp's fp32 partial tile instead.
 template <int kRowTiles>
-constexpr bool kPartialFits = sizeof(float) * 16 * kRowTiles * kTileN <= sizeof(SkinnySmem<kRowTiles>);
+constexpr bool kPartialsFit = sizeof(float) * kWarps * 16 * kRowTiles * kTileN <= sizeof(SkinnySmem<kRowTiles>);
 
 template <int kRowTiles>
 __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs a) {
-  static_assert(kPartialFits<kRowTiles>);
+  static_assert(kPartialsFit<kRowTiles>);
+  static_assert(kTileK == 16 * kWarps, "each warp takes one 16-wide slice of a K tile");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<SkinnySmem<kRowTiles>*>(smem_raw);
   constexpr int kRowsPadded = 16 * kRowTiles;
@@ -112,7 +114,14 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs a) {
     }
   };
 
-  float acc[kRowTiles][2][4] = {};
+  // Each warp multiplies its 16-wide K slice of every tile for all rows and all kTileN columns
+  // (kTileN / 8 n8 tiles), so that the x fragments are read from shared memory once per CTA,
+  // not once per warp: half the ldmatrix traffic of giving each warp its own columns (the
+  // first two versions), which bounded the kernel at 32 rows. The warps' sums are added after
+  // the loop.
+  constexpr int kColTiles = kTileN / 8;
+  float acc[kRowTiles][kColTiles][4] = {};
+  const int kk = warp * 16;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < k_tiles) load_stage(s, s);
@@ -125,25 +134,39 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs a) {
     if (next < k_tiles) load_stage(next % kStages, next);
     cp_async_commit();
     const int stage = kt % kStages;
+    const int j = lane / 8, r = lane % 8;
+    unsigned af[kRowTiles][4];
 #pragma unroll
-    for (int kk = 0; kk < kTileK; kk += 16) {
-      // B fragments of the warp's 16 columns (two n8 tiles): W rows are columns of y.
+    for (int mt = 0; mt < kRowTiles; ++mt)
+      ldmatrix_x4(af[mt], &sm.x[stage][mt * 16 + (j % 2) * 8 + r][kk + (j / 2) * 8]);
+#pragma unroll
+    for (int np = 0; np < kColTiles / 2; ++np) {
+      // B fragments of 16 columns (two n8 tiles): W rows are columns of y.
       unsigned b[4];
-      {
-        const int j = lane / 8, r = lane % 8;
-        ldmatrix_x4(b, &sm.w[stage][warp * 16 + (j / 2) * 8 + r][kk + (j % 2) * 8]);
-      }
+      ldmatrix_x4(b, &sm.w[stage][np * 16 + (j / 2) * 8 + r][kk + (j % 2) * 8]);
 #pragma unroll
       for (int mt = 0; mt < kRowTiles; ++mt) {
-        unsigned af[4];
-        const int j = lane / 8, r = lane % 8;
-        ldmatrix_x4(af, &sm.x[stage][mt * 16 + (j % 2) * 8 + r][kk + (j / 2) * 8]);
-        mma_bf16(acc[mt][0], af, b[0], b[1]);
-        mma_bf16(acc[mt][1], af, b[2], b[3]);
+        mma_bf16(acc[mt][2 * np], af[mt], b[0], b[1]);
+        mma_bf16(acc[mt][2 * np + 1], af[mt], b[2], b[3]);
       }
     }
   }
   cp_async_wait<0>();
+  __syncthreads();  // every warp is done reading the ring: it becomes the warps' partial tiles
+
+  // The warps' partial tiles, [kWarps][kRowsPadded][kTileN]; the accumulator layout of m16n8
+  // is c0,c1 at (row g, cols 2q, 2q+1), c2,c3 at row g+8.
+  float (*partials)[kRowsPadded][kTileN] = reinterpret_cast<float (*)[kRowsPadded][kTileN]>(smem_raw);
+  const int g = lane / 4, q = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < kRowTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kColTiles; ++nt) {
+      const int col = nt * 8 + 2 * q;
+      *reinterpret_cast<float2*>(&partials[warp][mt * 16 + g][col]) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
+      *reinterpret_cast<float2*>(&partials[warp][mt * 16 + g + 8][col]) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
+    }
+  __syncthreads();
 
   auto store = [&](int row, int col, float value) {
     const long long at = (long long)row * a.out + col;
@@ -152,53 +175,52 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs a) {
     else
       static_cast<bf16*>(a.y)[at] = __float2bfloat16(value);
   };
-  // The accumulator layout of m16n8: c0,c1 at (row g, cols 2q, 2q+1), c2,c3 at row g+8.
-  const int g = lane / 4, q = lane % 4;
-  if (a.plan.splits == 1) {
+  // The CTA's tile: the sum over its warps, float4 by float4, left in partials[0] (each float4
+  // is read and written by one thread only). With one split it is the output.
+  constexpr int kQuadsPerRow = kTileN / 4;
+  const int quads = a.rows * kQuadsPerRow;
+  for (int i = threadIdx.x; i < quads; i += kThreads) {
+    float4 total = reinterpret_cast<const float4*>(&partials[0][0][0])[i];
 #pragma unroll
-    for (int mt = 0; mt < kRowTiles; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int row = mt * 16 + g + (i / 2) * 8;
-          const int col = n0 + warp * 16 + nt * 8 + 2 * q + (i % 2);
-          if (row < a.rows && col < a.out) store(row, col, acc[mt][nt][i]);
-        }
-    return;
-  }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Several splits: the cluster adds its partial tiles through distributed shared memory.
-  float (*partial)[kTileN] = reinterpret_cast<float (*)[kTileN]>(smem_raw);  // [kRowsPadded][kTileN]
-  __syncthreads();  // every warp is done reading the ring
-#pragma unroll
-  for (int mt = 0; mt < kRowTiles; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int col = warp * 16 + nt * 8 + 2 * q;
-      *reinterpret_cast<float2*>(&partial[mt * 16 + g][col]) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
-      *reinterpret_cast<float2*>(&partial[mt * 16 + g + 8][col]) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
-    }
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every partial is written and visible to the cluster
-  // CTA `split` adds up its slice of the tile's float4s over the whole cluster.
-  const int splits = a.plan.splits;
-  const int quads = a.rows * kTileN / 4;
-  const int per_cta = (quads + splits - 1) / splits;
-  for (int i = split * per_cta + threadIdx.x; i < min(quads, (split + 1) * per_cta); i += kThreads) {
-    float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < splits; ++s) {
-      const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(&partial[0][0], s))[i];
+    for (int w = 1; w < kWarps; ++w) {
+      const float4 v = reinterpret_cast<const float4*>(&partials[w][0][0])[i];
       total.x += v.x;
       total.y += v.y;
       total.z += v.z;
       total.w += v.w;
     }
-    const int row = i / (kTileN / 4), col = n0 + (i % (kTileN / 4)) * 4;
+    if (a.plan.splits == 1) {
+      const int row = i / kQuadsPerRow, col = n0 + (i % kQuadsPerRow) * 4;
+      const float values[4] = {total.x, total.y, total.z, total.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (col + e < a.out) store(row, col + e, values[e]);
+    } else {
+      reinterpret_cast<float4*>(&partials[0][0][0])[i] = total;
+    }
+  }
+  if (a.plan.splits == 1) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Several splits: the cluster adds the CTAs' tiles through distributed shared memory.
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every CTA's tile is summed and visible to the cluster
+  // CTA `split` adds up its slice of the tile's float4s over the whole cluster.
+  const int splits = a.plan.splits;
+  const int per_cta = (quads + splits - 1) / splits;
+  for (int i = split * per_cta + threadIdx.x; i < min(quads, (split + 1) * per_cta); i += kThreads) {
+    float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < splits; ++s) {
+      const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(&partials[0][0][0], s))[i];
+      total.x += v.x;
+      total.y += v.y;
+      total.z += v.z;
+      total.w += v.w;
+    }
+    const int row = i / kQuadsPerRow, col = n0 + (i % kQuadsPerRow) * 4;
     const float values[4] = {total.x, total.y, total.z, total.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      if (col + j < a.out) store(row, col + j, values[j]);
+    for (int e = 0; e < 4; ++e)
+      if (col + e < a.out) store(row, col + e, values[e]);
   }
   cluster.sync();  // no CTA leaves (freeing its shared memory) while others still read it
 #endif

@@ -3,19 +3,23 @@
 // Decode reads every cached key (and, for softmax, every value) once and does little arithmetic
 // on it, so the kernel is a stream: what matters is keeping enough bytes in flight to cover HBM
 // latency, and never stopping the stream at a block-wide barrier. Hence:
-//   * one CTA (4 warps) per (KV head, sequence, split); the query heads that share the KV head
-//     are computed together, so each K/V row is loaded once for all of them (GQA);
-//   * each warp walks its own contiguous run of keys, a tile at a time, with no barrier until
-//     the end: a key's head_dim is spread over kLanesPerKey lanes (8 bf16 = 16 bytes each), so a
-//     warp load instruction fetches 32/kLanesPerKey whole keys, and kUnroll of them are in
-//     flight per tile. The dot products finish with a shuffle reduction inside the lane group;
-//   * the next tile's keys are loaded before this tile's gate and P V run (register
-//     double-buffering), so the memory pipe stays busy while the warp computes;
+//   * one CTA per (group of up to 8 KV heads, sequence, split): a producer warp and one
+//     consumer warp per KV head. The producer streams tiles of keys (and, for softmax, values)
+//     for all the CTA's heads into a ring of shared-memory stages with bulk copies (TMA); with
+//     every head of the cache in one CTA, a tile of a cache block is one contiguous copy. The
+//     bytes in flight then depend on the stage ring, not on how many warps are resident or
+//     how long their math takes (bench/kv_read_probe.cu: warps loading 256-byte head rows
+//     themselves, 3 CTAs of 4 warps per SM, read 3.3 TB/s; bulk copies 4.3 TB/s);
+//   * the query heads that share a KV head are computed by its warp together, so each K/V row
+//     is read once for all of them (GQA);
+//   * a consumer warp reads its head's rows of a tile from the stage: a key's head_dim is spread
+//     over kLanesPerKey lanes (8 bf16 = 16 bytes each), kKeysPerLoad keys per warp read, kUnroll
+//     reads per tile. The dot products finish with a shuffle reduction inside the lane group;
 //   * the gate is a policy (SoftmaxGate / AsyncGate) and is all that differs between the two:
-//     softmax keeps an online max and sum per head and loads V together with K; the async gate
+//     softmax keeps an online max and sum per head and has V staged with K; the async gate
 //     pools the ReLU'd scores over the window (a W-1 halo of scores carried from tile to tile
 //     in warp-private shared memory), compacts the keys whose P is non-zero for some head of the
-//     group (sparse-P) and loads only their V rows;
+//     group (sparse-P) and loads only their V rows, straight into registers, one tile ahead;
 //   * with several splits, stage 2 combines the partial outputs: a plain sum for the async gate
 //     (additivity; each warp recomputes the scores of its W-1 halo keys), the log-sum-exp merge
 //     for softmax. One split finishes in stage 1.
@@ -24,23 +28,21 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/bf16.cuh"
+#include "kernels/bulk_copy.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/gate.cuh"
 
 namespace asynct::kernels {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
-// CTAs resident per multiprocessor: the register budget (launch bounds) and the split heuristic
-// both follow it (for groups of up to 2 query heads; bigger groups need more registers). 3 fits
-// the group-2 kernels without spills; 4 makes them spill a little.
-#ifndef ASYNCT_DECODE_CTAS_PER_SM
-#define ASYNCT_DECODE_CTAS_PER_SM 3
-#endif
-constexpr int kCtasPerSm = ASYNCT_DECODE_CTAS_PER_SM;
+// One consumer warp per KV head, up to this many per CTA, plus the producer warp.
+constexpr int kMaxHeadsPerCta = 8;
+constexpr int kMaxThreads = (kMaxHeadsPerCta + 1) * 32;
+// Shared memory for the stage ring, per KV head of the CTA: 8 heads x 24 KB = 192 KB (of 227).
+constexpr int kStageBudgetPerHead = 24 * 1024;
 constexpr int kMaxHalo = 7;  // pool window <= 8
 constexpr unsigned kFull = 0xffffffffu;
 
@@ -79,23 +81,30 @@ struct SeqCache {
   }
 };
 
-// The warps' private scratch during the key walk, and the CTA's merge buffer at the end.
+// A consumer warp's private scratch (the async gate's; softmax needs none).
 template <int kHeadDim, int kGroup>
-union DecodeSmem {
+struct WarpScratch {
   using L = Layout<kHeadDim, kGroup>;
-  struct Warp {
-    float scores[kGroup][kMaxHalo + L::kTile];  // async: carried halo, then this tile
-    // async: P of the listed keys and where their V rows are; two buffers, because a tile's
-    // V rows are used one tile later, while the next list is being built.
-    float tile_p[L::kTile][kGroup];  // async: P of this tile, before compaction
-    float weights[2][L::kTile][kGroup];
-    long long offsets[2][L::kTile];
-  } warp[kWarps];
-  struct Merge {
-    float out[kWarps][kGroup][kHeadDim];
-    float max[kWarps][kGroup];
-    float sum[kWarps][kGroup];
-  } merge;
+  float scores[kGroup][kMaxHalo + L::kTile];  // async: carried halo, then this tile
+  // async: P of the listed keys and where their V rows are; two buffers, because a tile's
+  // V rows are used one tile later, while the next list is being built.
+  float tile_p[L::kTile][kGroup];  // async: P of this tile, before compaction
+  float weights[2][L::kTile][kGroup];
+  long long offsets[2][L::kTile];
+};
+
+// The stage ring: a stage holds one tile of keys (and, when the gate needs every value, the
+// same tile of values) for all the CTA's heads, [kTile tokens][heads][head_dim] each, as it
+// lies in the cache. Dynamic shared memory: the stages, then each consumer warp's scratch.
+template <int kHeadDim, int kGroup, bool kValuesStaged>
+struct StageRing {
+  using L = Layout<kHeadDim, kGroup>;
+  static constexpr int kParts = kValuesStaged ? 2 : 1;  // keys, and values
+  static constexpr int kBytesPerHead = kParts * L::kTile * kHeadDim * 2;
+  static constexpr int kStages = std::clamp(kStageBudgetPerHead / kBytesPerHead, 2, 8);
+  static constexpr std::size_t bytes(int heads) {
+    return std::size_t(heads) * (kStages * kBytesPerHead + sizeof(WarpScratch<kHeadDim, kGroup>));
+  }
 };
 
 // Scores of this lane's keys for one tile: q . k, reduced over the lanes sharing each key.
@@ -331,51 +340,88 @@ struct AsyncGate {
   }
 };
 
-// ---- Stage 1: one CTA per (KV head, sequence, split) -----------------------------------------
+// ---- Stage 1: one CTA per (group of KV heads, sequence, split) ------------------------------
 
 struct Stage1Args {
   DecodeParams p;
   int block_shift;
-  int heads_per_cta;  // KV heads whose warps share a CTA (see kv_heads_per_cta)
+  int heads_per_cta;  // KV heads of a CTA, one consumer warp each (see kv_heads_per_cta)
   float scale;
   float* partial_out;  // [splits, seqs, Hq, D] (null when one split)
   float* partial_max;  // [splits, seqs, Hq] softmax only
   float* partial_sum;
 };
 
+// The producer warp: streams the split's tiles into the stage ring. A stage is refilled once
+// every consumer warp has arrived on its "empty" barrier (it has read its rows out).
+template <int kTile, int kStages, int kParts>
+__device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsigned char* stages, int stage_bytes,
+                              int row_bytes, SharedBarrier* full, SharedBarrier* empty, int begin, int end) {
+  const PagedKv& kv = a.p.kv;
+  const int lane = threadIdx.x & 31;
+  // With all of the cache's heads in the CTA, a token's rows for them are contiguous and a tile
+  // is one copy per cache block it touches (tiles start on multiples of kTile, so a tile no
+  // longer than a block lies in one block); otherwise one copy per token.
+  const int rows_per_copy = a.heads_per_cta == kv.num_kv_heads ? min(kTile, kv.block_size) : 1;
+  for (int t = 0; begin + t * kTile < end; ++t) {
+    const int s = t % kStages;
+    if (t >= kStages) empty[s].wait((t / kStages - 1) & 1);
+    const int first = begin + t * kTile, n = min(kTile, end - first);
+    if (lane == 0) full[s].arrive_expecting(unsigned(kParts * n * row_bytes));
+    __syncwarp();
+    for (int i = lane * rows_per_copy; i < n; i += 32 * rows_per_copy) {
+      const long long offset = cache.offset(first + i);
+      const unsigned bytes = unsigned(min(rows_per_copy, n - i) * row_bytes);
+      unsigned char* dst = stages + s * stage_bytes + i * row_bytes;
+      bulk_copy_to_shared(dst, kv.key_cache + offset, bytes, full[s]);
+      if constexpr (kParts == 2) bulk_copy_to_shared(dst + kTile * row_bytes, kv.value_cache + offset, bytes, full[s]);
+    }
+  }
+}
+
 template <int kHeadDim, int kGroup, typename Gate>
-__global__ void __launch_bounds__(kThreads, kGroup <= 2 ? kCtasPerSm : 1) decode_stage1(Stage1Args a, Gate gate) {
+__global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate gate) {
   using L = Layout<kHeadDim, kGroup>;
   constexpr bool kSoftmax = Gate::kLoadValuesWithKeys;
-  __shared__ DecodeSmem<kHeadDim, kGroup> sm;
+  using Ring = StageRing<kHeadDim, kGroup, kSoftmax>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ SharedBarrier full[Ring::kStages], empty[Ring::kStages];
   const DecodeParams& p = a.p;
+  const int heads = a.heads_per_cta;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
-  // Warp -> (KV head, run of keys): the CTA's warps serve neighbouring KV heads over the same
-  // keys, so together they read whole stretches of each token's K/V row (the cache interleaves
-  // the heads of a token); with fewer heads than warps, the heads' keys are split into runs.
-  const int head_slot = warp % a.heads_per_cta, run = warp / a.heads_per_cta;
-  const int runs = kWarps / a.heads_per_cta;
-  const int kv_head = blockIdx.x * a.heads_per_cta + head_slot, seq = blockIdx.y, split = blockIdx.z;
-  const int first_head = kv_head * kGroup;
+  const int seq = blockIdx.y, split = blockIdx.z;
+  const int row_bytes = heads * kHeadDim * 2;  // one token's K (or V) for the CTA's heads
+  const int stage_bytes = Ring::kParts * L::kTile * row_bytes;
+  auto* scratch = reinterpret_cast<WarpScratch<kHeadDim, kGroup>*>(smem + Ring::kStages * stage_bytes);
 
-  // This split's keys, clamped to what the block table can address, then this warp's run.
-  const int kv_len = min(p.kv_lens[seq], p.kv.max_blocks_per_seq * p.kv.block_size);
-  // The splits share each sequence's own length (not the batch's longest, nor the capacity a
-  // CUDA graph was captured for), so every split of every sequence has work.
+  // This split's keys, clamped to what the block table can address. The splits share each
+  // sequence's own length (not the batch's longest, nor the capacity a CUDA graph was captured
+  // for), so every split of every sequence has work; they start on multiples of the tile.
+  const int kv_len = max(0, min(p.kv_lens[seq], p.kv.max_blocks_per_seq * p.kv.block_size));
   const int splits = int(gridDim.z);
-  const int keys_per_split = (max(kv_len, 0) + splits - 1) / splits;
-  const int split_begin = split * keys_per_split;
-  const int split_end = min(kv_len, split_begin + keys_per_split);
-  const int split_len = max(0, split_end - split_begin);
-  const int warp_len = (split_len + runs * L::kTile - 1) / (runs * L::kTile) * L::kTile;
-  const int begin = split_begin + run * warp_len;
-  const int end = min(split_end, begin + warp_len);
+  const int keys_per_split = ((kv_len + splits - 1) / splits + L::kTile - 1) / L::kTile * L::kTile;
+  const int begin = split * keys_per_split;
+  const int end = min(kv_len, begin + keys_per_split);
 
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Ring::kStages; ++s) full[s].init(1), empty[s].init(unsigned(heads));
+    SharedBarrier::fence_init();
+  }
+  __syncthreads();  // the only CTA-wide barrier: the producer leaves early
+
+  // The cache seen from this warp's KV head (the producer's: the CTA's first).
+  const int kv_head = blockIdx.x * heads + (warp < heads ? warp : 0);
   const SeqCache cache{p.kv.block_table + (long long)seq * p.kv.max_blocks_per_seq, a.block_shift,
                        p.kv.block_size - 1, p.kv.num_kv_heads * kHeadDim, kv_head * kHeadDim};
+  if (warp == heads) {
+    produce_tiles<L::kTile, Ring::kStages, Ring::kParts>(a, cache, smem, stage_bytes, row_bytes, full, empty,
+                                                         begin, end);
+    return;
+  }
 
-  // This lane's 8 elements of each query head, pre-scaled.
+  // A consumer warp: this lane's 8 elements of each query head, pre-scaled.
+  const int first_head = kv_head * kGroup;
   float q[kGroup][8];
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
@@ -389,35 +435,37 @@ __global__ void __launch_bounds__(kThreads, kGroup <= 2 ? kCtasPerSm : 1) decode
   unsigned long long counts[2] = {0, 0};  // non-zero P entries, V rows loaded
 
   if (begin < end) {
-    gate.template start_warp<kHeadDim, kGroup>(sm.warp[warp], cache, p.kv.key_cache, q, begin, end);
-    Bf16x8 k[L::kUnroll], v[L::kUnroll];
-    auto load_rows = [&](Bf16x8(&dst)[L::kUnroll], const bf16* base, int first_key) {
+    gate.template start_warp<kHeadDim, kGroup>(scratch[warp], cache, p.kv.key_cache, q, begin, end);
+    Bf16x8 k[L::kUnroll], v[L::kUnroll] = {};
+    for (int t = 0; begin + t * L::kTile < end; ++t) {
+      const int s = t % Ring::kStages, first_key = begin + t * L::kTile;
+      full[s].wait((t / Ring::kStages) & 1);
+      // This head's rows of the tile, out of the stage; keys past the end read as zero.
+      const unsigned char* rows = smem + s * stage_bytes + warp * kHeadDim * 2 + slice * 16;
 #pragma unroll
       for (int u = 0; u < L::kUnroll; ++u) {
-        const int key = first_key + u * L::kKeysPerLoad + key_lane;
-        dst[u] = key < end ? load_stream(base + cache.offset(key) + slice * 8) : Bf16x8{};
+        const int row = u * L::kKeysPerLoad + key_lane;
+        const bool valid = first_key + row < end;
+        k[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + row * row_bytes) : Bf16x8{};
+        if constexpr (kSoftmax)
+          v[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + (L::kTile + row) * row_bytes) : Bf16x8{};
       }
-    };
-    load_rows(k, p.kv.key_cache, begin);
-    if constexpr (kSoftmax) load_rows(v, p.kv.value_cache, begin);
-    for (int first_key = begin; first_key < end; first_key += L::kTile) {
-      float s[L::kUnroll][kGroup];
-      tile_scores<L::kLanesPerKey, kGroup, L::kUnroll>(q, k, s);
-      const int next = first_key + L::kTile;
-      if (next < end) load_rows(k, p.kv.key_cache, next);  // in flight during gate and P V
-      gate.template tile<kHeadDim, kGroup>(state, sm.warp[warp], s, v, o, cache, p.kv.value_cache,
-                                           first_key, end, counts);
-      if constexpr (kSoftmax)
-        if (next < end) load_rows(v, p.kv.value_cache, next);
+      __syncwarp();
+      if (lane == 0) empty[s].arrive();  // the rows are in registers: the stage can refill
+      float sc[L::kUnroll][kGroup];
+      tile_scores<L::kLanesPerKey, kGroup, L::kUnroll>(q, k, sc);
+      gate.template tile<kHeadDim, kGroup>(state, scratch[warp], sc, v, o, cache, p.kv.value_cache, first_key,
+                                           end, counts);
     }
-    gate.template finish<kHeadDim, kGroup>(state, sm.warp[warp], v, o);
+    gate.template finish<kHeadDim, kGroup>(state, scratch[warp], v, o);
   }
   if (p.counters) {  // counts live in the lanes that own a key (non-zero P) and in lane 0
     if (counts[0]) atomicAdd(p.counters, counts[0]);
     if (counts[1]) atomicAdd(p.counters + 1, counts[1]);
   }
 
-  // The warp's partial output: sum over the lane groups that served different keys.
+  // The warp's output: the lane groups that served different keys add up; then the lanes of
+  // the first group hold 8 elements each of every query head.
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
 #pragma unroll
@@ -427,49 +475,28 @@ __global__ void __launch_bounds__(kThreads, kGroup <= 2 ? kCtasPerSm : 1) decode
       if constexpr (kSoftmax) state.sum[h] += __shfl_xor_sync(kFull, state.sum[h], off);
     }
   }
-  __syncthreads();  // the warps' scratch becomes the merge buffer
-  if (key_lane == 0) {
+  if (key_lane != 0) return;
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sm.merge.out[warp][h][slice * 8 + e] = o[h][e];
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      if constexpr (kSoftmax) {
-        sm.merge.max[warp][h] = state.max[h];
-        sm.merge.sum[warp][h] = state.sum[h];
-      }
-    }
-  }
-  __syncthreads();
-
-  // The CTA's outputs: per KV head, its runs' parts added (softmax: brought to a common max).
-  for (int idx = threadIdx.x; idx < a.heads_per_cta * kGroup * kHeadDim; idx += kThreads) {
-    const int slot = idx / (kGroup * kHeadDim), h = idx / kHeadDim % kGroup, d = idx % kHeadDim;
-    float total = 0.0f, denom = 0.0f, cta_max = -FLT_MAX;
-    if constexpr (kSoftmax) {
-      for (int w = slot; w < kWarps; w += a.heads_per_cta) cta_max = fmaxf(cta_max, sm.merge.max[w][h]);
-      for (int w = slot; w < kWarps; w += a.heads_per_cta) {
-        const float weight = __expf(sm.merge.max[w][h] - cta_max);  // empty runs have sum 0
-        total += weight * sm.merge.out[w][h][d];
-        denom += weight * sm.merge.sum[w][h];
-      }
-    } else {
-      for (int w = slot; w < kWarps; w += a.heads_per_cta) total += sm.merge.out[w][h][d];
-    }
-    const long long row = (long long)seq * p.num_q_heads + (blockIdx.x * a.heads_per_cta + slot) * kGroup + h;
+  for (int h = 0; h < kGroup; ++h) {
+    const long long row = (long long)seq * p.num_q_heads + first_head + h;
     if (a.partial_out == nullptr) {  // one split: finish here
-      if constexpr (kSoftmax) total = denom > 0.0f ? total / denom : 0.0f;
-      p.out[row * kHeadDim + d] = __float2bfloat16(total);
+      float out[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        out[e] = o[h][e];
+        if constexpr (kSoftmax) out[e] = state.sum[h] > 0.0f ? out[e] / state.sum[h] : 0.0f;
+      }
+      store_bf16x8(p.out + row * kHeadDim + slice * 8, from_float8(out));
     } else {
       const long long prow = (long long)split * p.num_seqs * p.num_q_heads + row;
-      a.partial_out[prow * kHeadDim + d] = total;
-      if (kSoftmax && d == 0) {
-        a.partial_max[prow] = cta_max;
-        a.partial_sum[prow] = denom;
-      }
+      float* dst = a.partial_out + prow * kHeadDim + slice * 8;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = o[h][e];
+      if constexpr (kSoftmax)
+        if (slice == 0) {  // an empty split leaves max -FLT_MAX, sum 0: weight 0 in stage 2
+          a.partial_max[prow] = state.max[h];
+          a.partial_sum[prow] = state.sum[h];
+        }
     }
   }
 }
@@ -535,8 +562,17 @@ __global__ void __launch_bounds__(kStage2Threads) decode_stage2(const float* par
 
 template <int kHeadDim, int kGroup, typename Gate>
 void launch_with(const Stage1Args& a, const Gate& gate, int splits, cudaStream_t stream) {
+  using Ring = StageRing<kHeadDim, kGroup, Gate::kLoadValuesWithKeys>;
+  static const bool big_shared_memory_allowed = [] {  // above 48 KB needs an opt-in, once
+    ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(decode_stage1<kHeadDim, kGroup, Gate>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(Ring::bytes(kMaxHeadsPerCta))));
+    return true;
+  }();
+  (void)big_shared_memory_allowed;
   dim3 grid(a.p.kv.num_kv_heads / a.heads_per_cta, a.p.num_seqs, splits);
-  decode_stage1<kHeadDim, kGroup, Gate><<<grid, kThreads, 0, stream>>>(a, gate);
+  decode_stage1<kHeadDim, kGroup, Gate>
+      <<<grid, (a.heads_per_cta + 1) * 32, Ring::bytes(a.heads_per_cta), stream>>>(a, gate);
   check_launch("decode_stage1");
 }
 
@@ -565,10 +601,9 @@ void dispatch(int head_dim, int group, const Stage1Args& a, const Gate& gate, in
 
 int ceil_div(long long a, long long b) { return int((a + b - 1) / b); }
 
-// How many KV heads one CTA serves: the most (4, 2 or 1: one per warp, or one per run of warps)
-// that divides the head count.
+// How many KV heads one CTA serves: the most (8, 4, 2 or 1) that divides the head count.
 int kv_heads_per_cta(int num_kv_heads) {
-  for (int n = kWarps; n > 1; n /= 2)
+  for (int n = kMaxHeadsPerCta; n > 1; n /= 2)
     if (num_kv_heads % n == 0) return n;
   return 1;
 }
@@ -586,16 +621,16 @@ int multiprocessor_count() {
 }  // namespace
 
 int decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int sm_count) {
-  // One wave: as many CTAs as fit on the GPU at once (kCtasPerSm per multiprocessor), each
-  // streaming an equal share of the keys. More CTAs than that only add a ragged second wave;
-  // fewer leave bandwidth idle. Each warp keeps at least 64 keys so that the halo and stage 2
+  // One wave: as many CTAs as fit on the GPU at once, each streaming an equal share of the
+  // keys. A multiprocessor holds the stage rings of kMaxHeadsPerCta heads (one CTA of 8 heads,
+  // two of 4, ...). More CTAs than that only add a ragged second wave; fewer leave bandwidth
+  // idle. Each split keeps at least 64 keys so that the halo, the pipeline's fill and stage 2
   // stay cheap.
-  constexpr int kResidentPerSm = kCtasPerSm;
   const int heads_per_cta = kv_heads_per_cta(num_kv_heads);
   const long long ctas = (long long)num_seqs * (num_kv_heads / heads_per_cta);
-  const long long wanted = std::max(1LL, (long long)kResidentPerSm * sm_count / ctas);
-  const int runs = kWarps / heads_per_cta;
-  const int most = std::max(1, ceil_div(max_kv_len, 64 * runs));
+  const long long resident = (long long)(kMaxHeadsPerCta / heads_per_cta) * sm_count;
+  const long long wanted = std::max(1LL, resident / ctas);
+  const int most = std::max(1, ceil_div(max_kv_len, 64));
   return int(std::min<long long>({wanted, most, kMaxSplits}));
 }
 
@@ -616,6 +651,11 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
         "decode: max_kv_len ", p.max_kv_len, " outside 1..", p.kv.max_blocks_per_seq * p.kv.block_size);
   check(p.gate.kind == GateKind::Softmax || p.gate.pool_window - 1 <= kMaxHalo, "decode: pool window ",
         p.gate.pool_window, " above the supported ", kMaxHalo + 1);
+  // Bulk copies and 16-byte loads need 16-byte aligned rows (head_dim is a multiple of 64).
+  check(reinterpret_cast<std::uintptr_t>(p.kv.key_cache) % 16 == 0 &&
+            reinterpret_cast<std::uintptr_t>(p.kv.value_cache) % 16 == 0 &&
+            reinterpret_cast<std::uintptr_t>(p.query) % 16 == 0 && reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0,
+        "decode: the query, output and K/V cache pointers must be 16-byte aligned");
   const int group = p.num_q_heads / p.kv.num_kv_heads;
 
   int splits = p.num_splits;

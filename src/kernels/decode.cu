@@ -81,32 +81,6 @@ struct SeqCache {
   }
 };
 
-// A consumer warp's private scratch (the async gate's; softmax needs none).
-template <int kHeadDim, int kGroup>
-struct WarpScratch {
-  using L = Layout<kHeadDim, kGroup>;
-  float scores[kGroup][kMaxHalo + L::kTile];  // async: carried halo, then this tile
-  // async: P of the listed keys and where their V rows are; two buffers, because a tile's
-  // V rows are used one tile later, while the next list is being built.
-  float tile_p[L::kTile][kGroup];  // async: P of this tile, before compaction
-  float weights[2][L::kTile][kGroup];
-  long long offsets[2][L::kTile];
-};
-
-// The stage ring: a stage holds one tile of keys (and, when the gate needs every value, the
-// same tile of values) for all the CTA's heads, [kTile tokens][heads][head_dim] each, as it
-// lies in the cache. Dynamic shared memory: the stages, then each consumer warp's scratch.
-template <int kHeadDim, int kGroup, bool kValuesStaged>
-struct StageRing {
-  using L = Layout<kHeadDim, kGroup>;
-  static constexpr int kParts = kValuesStaged ? 2 : 1;  // keys, and values
-  static constexpr int kBytesPerHead = kParts * L::kTile * kHeadDim * 2;
-  static constexpr int kStages = std::clamp(kStageBudgetPerHead / kBytesPerHead, 2, 8);
-  static constexpr std::size_t bytes(int heads) {
-    return std::size_t(heads) * (kStages * kBytesPerHead + sizeof(WarpScratch<kHeadDim, kGroup>));
-  }
-};
-
 // Scores of this lane's keys for one tile: q . k, reduced over the lanes sharing each key.
 template <int kLanesPerKey, int kGroup, int kUnroll>
 __device__ __forceinline__ void tile_scores(const float (&q)[kGroup][8], const Bf16x8 (&k)[kUnroll],
@@ -130,8 +104,13 @@ __device__ __forceinline__ void tile_scores(const float (&q)[kGroup][8], const B
 // ---- The gates as policies: what happens between a tile's scores and its P V. -------------
 
 struct SoftmaxGate {
-  static constexpr bool kLoadValuesWithKeys = true;  // every V row is needed
+  static constexpr bool kLoadValuesWithKeys = true;  // every V row is needed, staged with K
   float softcap;
+
+  template <int kHeadDim, int kGroup>
+  struct Scratch {};  // none
+  template <typename Smem>
+  __device__ static void init_scratch(Smem&) {}
 
   template <int kGroup>
   struct State {
@@ -199,14 +178,32 @@ struct SoftmaxGate {
 
 struct AsyncGate {
   static constexpr bool kLoadValuesWithKeys = false;  // V rows wait for P: only non-zero ones
+  // A tile's listed V rows are copied into the warp's shared memory as soon as the list is
+  // built, and used kValueLead tiles later, so their latency hides behind that much work.
+  static constexpr int kValueLead = 2;
+  static constexpr int kValueSlots = kValueLead + 1;
   int window;
   const float *alpha, *sigma, *gamma;  // per query head, device
+
+  template <int kHeadDim, int kGroup>
+  struct Scratch {
+    using L = Layout<kHeadDim, kGroup>;
+    alignas(128) bf16 values[kValueSlots][L::kTile][kHeadDim];  // the listed V rows, in list order
+    float weights[kValueSlots][L::kTile][kGroup];               // their P, per query head
+    int listed[kValueSlots];
+    SharedBarrier values_ready[kValueSlots];
+    float scores[kGroup][kMaxHalo + L::kTile];  // the carried halo, then this tile
+    float tile_p[L::kTile][kGroup];             // P of this tile, before compaction
+  };
+  template <typename Smem>
+  __device__ static void init_scratch(Smem& sm) {
+    for (int i = 0; i < kValueSlots; ++i) sm.values_ready[i].init(1);
+  }
 
   template <int kGroup>
   struct State {
     float alpha, sigma, gamma;  // of the query head this lane gates (see tile)
-    int pending = 0;  // keys listed by the previous tile, whose V rows are in flight
-    int buffer = 0;   // which list buffer the previous tile filled
+    int tiles = 0;              // tiles listed so far
   };
   template <int kGroup>
   __device__ void start(State<kGroup>& st, int first_head) const {
@@ -217,7 +214,7 @@ struct AsyncGate {
   }
 
   // The halo: the scores of the W-1 keys before the warp's first key (zero left of key 0,
-  // where the definition puts R = 0), recomputed rather than carried across warps or splits.
+  // where the definition puts R = 0), recomputed rather than carried across splits.
   template <int kHeadDim, int kGroup, typename Smem>
   __device__ void start_warp(Smem& sm, const SeqCache& cache, const bf16* key_cache,
                              const float (&q)[kGroup][8], int begin, int) const {
@@ -240,42 +237,49 @@ struct AsyncGate {
     __syncwarp();
   }
 
-  // o += P V for the previous tile's list, whose V rows were loaded one tile ago.
-  template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
-  __device__ void finish(State<kGroup>& st, Smem& sm, const Bf16x8 (&v)[kUnroll],
-                         float (&o)[kGroup][8]) const {
+  // o += P V for listed tile `index`, once its V rows have landed.
+  template <int kHeadDim, int kGroup, typename Smem>
+  __device__ void accumulate(Smem& sm, int index, float (&o)[kGroup][8]) const {
     using L = Layout<kHeadDim, kGroup>;
-    const int key_lane = (threadIdx.x & 31) / L::kLanesPerKey;
+    const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
+    const int slot = index % kValueSlots;
+    sm.values_ready[slot].wait((index / kValueSlots) & 1);
+    const int listed = sm.listed[slot];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < L::kUnroll; ++u) {
       const int i = u * L::kKeysPerLoad + key_lane;
-      if (u * L::kKeysPerLoad >= st.pending) break;  // warp-uniform
-      if (i < st.pending) {
+      if (u * L::kKeysPerLoad >= listed) break;  // warp-uniform
+      if (i < listed) {
         float vf[8];
-        to_float8(v[u], vf);
+        to_float8(load_bf16x8(&sm.values[slot][i][slice * 8]), vf);
 #pragma unroll
         for (int h = 0; h < kGroup; ++h) {
-          const float w = sm.weights[st.buffer][i][h];
+          const float w = sm.weights[slot][i][h];
 #pragma unroll
           for (int e = 0; e < 8; ++e) o[h][e] = fmaf(w, vf[e], o[h][e]);
         }
       }
     }
-    st.pending = 0;
   }
 
-  // The previous tile's P V; then this tile's P from the pooled scores, the list of keys with a
-  // non-zero P for some head, and the loads of only their V rows (used by the next call).
+  // The tiles still waiting for their V rows.
   template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
-  __device__ void tile(State<kGroup>& st, Smem& sm, float (&s)[kUnroll][kGroup],
-                       Bf16x8 (&v)[kUnroll], float (&o)[kGroup][8], const SeqCache& cache,
-                       const bf16* value_cache, int first_key, int end,
-                       unsigned long long (&counts)[2]) const {
+  __device__ void finish(State<kGroup>& st, Smem& sm, const Bf16x8 (&)[kUnroll], float (&o)[kGroup][8]) const {
+    for (int index = max(0, st.tiles - kValueLead); index < st.tiles; ++index)
+      accumulate<kHeadDim, kGroup>(sm, index, o);
+  }
+
+  // This tile's P from the pooled scores, the list of keys with a non-zero P for some head
+  // (sparse-P) and the copies of only their V rows; then the P V of the tile listed
+  // kValueLead tiles ago.
+  template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
+  __device__ void tile(State<kGroup>& st, Smem& sm, float (&s)[kUnroll][kGroup], const Bf16x8 (&)[kUnroll],
+                       float (&o)[kGroup][8], const SeqCache& cache, const bf16* value_cache, int first_key,
+                       int end, unsigned long long (&counts)[2]) const {
     using L = Layout<kHeadDim, kGroup>;
     const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey;
     const int key_lane = lane / L::kLanesPerKey;  // which key of each load this lane serves
-    finish<kHeadDim, kGroup>(st, sm, v, o);
-    const int buffer = st.buffer ^ 1;
+    const int slot = st.tiles % kValueSlots;
     // 1. This tile's scores after the carried halo.
     if (slice == 0)
 #pragma unroll
@@ -299,23 +303,31 @@ struct AsyncGate {
       counts[0] += p != 0.0f;
     }
     __syncwarp();
-    // 3. The compacted list (sparse-P): lane t lists key t when some head's P is non-zero.
+    // 3. The compacted list (sparse-P): lane t lists key t when some head's P is non-zero, and
+    //    copies its V row into the slot.
     bool any = false;
     if (lane < L::kTile)
 #pragma unroll
       for (int h = 0; h < kGroup; ++h) any |= sm.tile_p[lane][h] != 0.0f;
     const unsigned listed_keys = __ballot_sync(kFull, any);
-    if (any) {
-      const int slot = __popc(listed_keys & ((1u << lane) - 1u));
-      sm.offsets[buffer][slot] = cache.offset(first_key + lane);
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) sm.weights[buffer][slot][h] = sm.tile_p[lane][h];
-    }
     const int listed = __popc(listed_keys);
+    constexpr unsigned kRowBytes = kHeadDim * 2;
+    if (lane == 0) {
+      sm.listed[slot] = listed;
+      sm.values_ready[slot].arrive_expecting(listed * kRowBytes);
+      counts[1] += listed;
+    }
+    __syncwarp();
+    if (any) {
+      const int i = __popc(listed_keys & ((1u << lane) - 1u));
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h) sm.weights[slot][i][h] = sm.tile_p[lane][h];
+      bulk_copy_to_shared(&sm.values[slot][i][0], value_cache + cache.offset(first_key + lane), kRowBytes,
+                          sm.values_ready[slot]);
+    }
     // Carry the last kMaxHalo scores to the front for the next tile.
     constexpr int kCarried = kGroup * kMaxHalo, kPerLane = (kCarried + 31) / 32;
     float carry[kPerLane];
-    __syncwarp();
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int i = lane + 32 * j;
@@ -327,16 +339,27 @@ struct AsyncGate {
       const int i = lane + 32 * j;
       if (i < kCarried) sm.scores[i / kMaxHalo][i % kMaxHalo] = carry[j];
     }
-    // 4. Only the listed keys' V rows: in flight until the next tile (or finish) uses them.
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = u * L::kKeysPerLoad + key_lane;
-      if (u * L::kKeysPerLoad < listed && i < listed)
-        v[u] = load_stream(value_cache + sm.offsets[buffer][i] + slice * 8);
-    }
-    if (lane == 0) counts[1] += listed;
-    st.pending = listed;
-    st.buffer = buffer;
+    __syncwarp();  // the weights and the list count are visible to every lane
+    // 4. The P V of the tile listed kValueLead tiles ago.
+    ++st.tiles;
+    if (st.tiles > kValueLead) accumulate<kHeadDim, kGroup>(sm, st.tiles - 1 - kValueLead, o);
+  }
+};
+
+// The stage ring: a stage holds one tile of keys (and, when the gate needs every value, the
+// same tile of values) for all the CTA's heads, [kTile tokens][heads][head_dim] each, as it
+// lies in the cache. Dynamic shared memory: the stages, then each consumer warp's gate scratch,
+// within kStageBudgetPerHead per head.
+template <int kHeadDim, int kGroup, typename Gate>
+struct StageRing {
+  using L = Layout<kHeadDim, kGroup>;
+  using Scratch = typename Gate::template Scratch<kHeadDim, kGroup>;
+  static constexpr int kParts = Gate::kLoadValuesWithKeys ? 2 : 1;  // keys, and values
+  static constexpr int kBytesPerHead = kParts * L::kTile * kHeadDim * 2;
+  static constexpr int kScratchBytes = (sizeof(Scratch) + 127) / 128 * 128;
+  static constexpr int kStages = std::clamp((kStageBudgetPerHead - kScratchBytes) / kBytesPerHead, 2, 8);
+  static constexpr std::size_t bytes(int heads) {
+    return std::size_t(heads) * (kStages * kBytesPerHead + kScratchBytes);
   }
 };
 
@@ -383,7 +406,7 @@ template <int kHeadDim, int kGroup, typename Gate>
 __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate gate) {
   using L = Layout<kHeadDim, kGroup>;
   constexpr bool kSoftmax = Gate::kLoadValuesWithKeys;
-  using Ring = StageRing<kHeadDim, kGroup, kSoftmax>;
+  using Ring = StageRing<kHeadDim, kGroup, Gate>;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ SharedBarrier full[Ring::kStages], empty[Ring::kStages];
   const DecodeParams& p = a.p;
@@ -393,7 +416,10 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   const int seq = blockIdx.y, split = blockIdx.z;
   const int row_bytes = heads * kHeadDim * 2;  // one token's K (or V) for the CTA's heads
   const int stage_bytes = Ring::kParts * L::kTile * row_bytes;
-  auto* scratch = reinterpret_cast<WarpScratch<kHeadDim, kGroup>*>(smem + Ring::kStages * stage_bytes);
+  unsigned char* scratch_base = smem + Ring::kStages * stage_bytes;
+  auto scratch = [&](int w) -> typename Ring::Scratch& {
+    return *reinterpret_cast<typename Ring::Scratch*>(scratch_base + w * Ring::kScratchBytes);
+  };
 
   // This split's keys, clamped to what the block table can address. The splits share each
   // sequence's own length (not the batch's longest, nor the capacity a CUDA graph was captured
@@ -406,6 +432,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < Ring::kStages; ++s) full[s].init(1), empty[s].init(unsigned(heads));
+    for (int w = 0; w < heads; ++w) Gate::init_scratch(scratch(w));
     SharedBarrier::fence_init();
   }
   __syncthreads();  // the only CTA-wide barrier: the producer leaves early
@@ -435,7 +462,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   unsigned long long counts[2] = {0, 0};  // non-zero P entries, V rows loaded
 
   if (begin < end) {
-    gate.template start_warp<kHeadDim, kGroup>(scratch[warp], cache, p.kv.key_cache, q, begin, end);
+    gate.template start_warp<kHeadDim, kGroup>(scratch(warp), cache, p.kv.key_cache, q, begin, end);
     Bf16x8 k[L::kUnroll], v[L::kUnroll] = {};
     for (int t = 0; begin + t * L::kTile < end; ++t) {
       const int s = t % Ring::kStages, first_key = begin + t * L::kTile;
@@ -454,10 +481,10 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
       if (lane == 0) empty[s].arrive();  // the rows are in registers: the stage can refill
       float sc[L::kUnroll][kGroup];
       tile_scores<L::kLanesPerKey, kGroup, L::kUnroll>(q, k, sc);
-      gate.template tile<kHeadDim, kGroup>(state, scratch[warp], sc, v, o, cache, p.kv.value_cache, first_key,
+      gate.template tile<kHeadDim, kGroup>(state, scratch(warp), sc, v, o, cache, p.kv.value_cache, first_key,
                                            end, counts);
     }
-    gate.template finish<kHeadDim, kGroup>(state, scratch[warp], v, o);
+    gate.template finish<kHeadDim, kGroup>(state, scratch(warp), v, o);
   }
   if (p.counters) {  // counts live in the lanes that own a key (non-zero P) and in lane 0
     if (counts[0]) atomicAdd(p.counters, counts[0]);
@@ -562,7 +589,7 @@ __global__ void __launch_bounds__(kStage2Threads) decode_stage2(const float* par
 
 template <int kHeadDim, int kGroup, typename Gate>
 void launch_with(const Stage1Args& a, const Gate& gate, int splits, cudaStream_t stream) {
-  using Ring = StageRing<kHeadDim, kGroup, Gate::kLoadValuesWithKeys>;
+  using Ring = StageRing<kHeadDim, kGroup, Gate>;
   static const bool big_shared_memory_allowed = [] {  // above 48 KB needs an opt-in, once
     ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(decode_stage1<kHeadDim, kGroup, Gate>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -1,8 +1,11 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
+
+#include "core/parallel.h"
 
 namespace asynct {
 
@@ -26,18 +29,20 @@ std::int64_t shape_numel(const Shape& shape) {
   return n;
 }
 
-Tensor Tensor::empty(DType dtype, Shape shape) {
+Tensor Tensor::allocate(DType dtype, Shape shape, bool zeroed) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   std::size_t bytes = std::size_t(shape_numel(t.shape_)) * dtype_size(dtype);
   if (bytes > 0) {
-    std::shared_ptr<std::byte[]> storage(new std::byte[bytes]());
+    std::shared_ptr<std::byte[]> storage(zeroed ? new std::byte[bytes]() : new std::byte[bytes]);
     t.data_ = storage.get();
     t.owner_ = std::move(storage);
   }
   return t;
 }
+
+Tensor Tensor::empty(DType dtype, Shape shape) { return allocate(dtype, std::move(shape), true); }
 
 Tensor Tensor::borrow(void* data, DType dtype, Shape shape, Device device) {
   Tensor t;
@@ -101,15 +106,65 @@ void write_from_double(void* base, DType dtype, std::int64_t i, double v) {
 bool is_float(DType t) {
   return t == DType::F32 || t == DType::F64 || t == DType::BF16 || t == DType::F16;
 }
+
+// Elements converted per piece of work. A model's weights are ~2e9 elements (seconds on one
+// core), so large conversions run on the host's threads; a tensor of one piece or less stays on
+// the caller's thread, where starting threads would cost more than they save.
+constexpr std::int64_t kConvertPiece = std::int64_t(1) << 20;
+
+// Runs convert(begin, end) over [0, count) in pieces, in parallel when there is more than one.
+template <typename Convert>
+void convert_in_pieces(std::int64_t count, const Convert& convert) {
+  const std::int64_t pieces = (count + kConvertPiece - 1) / kConvertPiece;
+  if (pieces <= 1) {
+    convert(std::int64_t(0), count);
+    return;
+  }
+  parallel_for(std::size_t(pieces), [&](std::size_t p) {
+    const std::int64_t begin = std::int64_t(p) * kConvertPiece;
+    convert(begin, std::min(count, begin + kConvertPiece));
+  });
+}
+
+// bf16 -> float as the element-wise path through double gives it: exact, except that a
+// signalling NaN comes out quiet (the float -> double conversion sets the quiet bit).
+inline float bf16_to_float_quiet(std::uint16_t bits) {
+  if ((bits & 0x7fffu) > 0x7f80u) bits |= 0x40u;
+  return bf16_to_float(bits);
+}
 }  // namespace
+
+void floats_to_bf16(const float* values, std::uint16_t* out, std::size_t count) {
+  convert_in_pieces(std::int64_t(count), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) out[i] = float_to_bf16(values[i]);
+  });
+}
 
 Tensor Tensor::to(DType dtype) const {
   check(device_ == Device::CPU, "to: ", describe(), " is not on the host");
   check(is_float(dtype) == is_float(dtype_), "to: cannot convert ", dtype_name(dtype_), " to ",
         dtype_name(dtype));
-  Tensor out = empty(dtype, shape_);
-  for (std::int64_t i = 0; i < numel(); ++i)
-    write_from_double(out.data_, dtype, i, read_as_double(data_, dtype_, i));
+  // Not zeroed: every element is written below, and the pages are then first touched by the
+  // threads that convert them rather than by one memset.
+  Tensor out = allocate(dtype, shape_, false);
+  const void* in = data_;
+  void* result = out.data_;
+  // The weights' conversions (float32 <-> bf16) have direct loops, with the same results as the
+  // general path through double, which is several times slower.
+  if (dtype_ == DType::F32 && dtype == DType::BF16) {
+    floats_to_bf16(static_cast<const float*>(in), static_cast<std::uint16_t*>(result), std::size_t(numel()));
+  } else if (dtype_ == DType::BF16 && dtype == DType::F32) {
+    convert_in_pieces(numel(), [&](std::int64_t begin, std::int64_t end) {
+      const auto* bits = static_cast<const std::uint16_t*>(in);
+      auto* values = static_cast<float*>(result);
+      for (std::int64_t i = begin; i < end; ++i) values[i] = bf16_to_float_quiet(bits[i]);
+    });
+  } else {
+    const DType from = dtype_;
+    convert_in_pieces(numel(), [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) write_from_double(result, dtype, i, read_as_double(in, from, i));
+    });
+  }
   return out;
 }
 

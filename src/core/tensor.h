@@ -70,7 +70,8 @@ class Tensor {
   // Same memory, new shape of equal element count.
   Tensor reshape(Shape shape) const;
   // A deep host copy converted to another dtype (float types and integer types among
-  // themselves; bf16/f16 round to nearest even).
+  // themselves; bf16/f16 round to nearest even). Large tensors are converted on the host's
+  // threads, with the same results.
   Tensor to(DType dtype) const;
   // Values read as float, whatever the stored float type (the convenient form for references).
   std::vector<float> to_float_vector() const;
@@ -78,12 +79,20 @@ class Tensor {
   std::string describe() const;  // "bfloat16[7, 16, 128]"
 
  private:
+  // A new host tensor, zero-filled or (for one about to be overwritten) left uninitialised.
+  static Tensor allocate(DType dtype, Shape shape, bool zeroed);
+
   std::shared_ptr<const void> owner_;  // null for borrowed memory
   void* data_ = nullptr;
   DType dtype_ = DType::F32;
   Device device_ = Device::CPU;
   Shape shape_;
 };
+
+// float32 values as bf16 bit patterns (float_to_bf16 of each, into `out`), on the host's
+// threads when there are many: what Tensor::to(DType::BF16) does, for callers that convert
+// into memory of their own (e.g. a pinned staging buffer on its way to the GPU).
+void floats_to_bf16(const float* values, std::uint16_t* out, std::size_t count);
 
 // Shape and type checks. `what` names the argument in the message, e.g. "attention: query".
 void expect_dtype(const Tensor& t, DType dtype, const std::string& what);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -28,26 +30,73 @@ bool cuda_device_available() {
 
 namespace {
 
-// A host float tensor as a device bf16 array (fp32 for the gate parameters).
-DeviceArray<bf16> to_device_bf16(const Tensor& t) {
-  Tensor b = t.to(DType::BF16);
-  DeviceArray<bf16> d(std::size_t(b.numel()));
-  ASYNCT_CUDA_CHECK(cudaMemcpy(d.get(), b.data(), b.nbytes(), cudaMemcpyHostToDevice));
-  return d;
-}
+// Host float32 weights as device bf16 arrays. A 1.7B model is ~2e9 values, converted for every
+// runner made: each weight goes in chunks through two reused pinned staging buffers, a chunk
+// converted on the host's threads while the one before it is copied (a copy from pinned memory
+// runs asynchronously as DMA; one from pageable memory is staged by the driver and blocks the
+// host). Merged weights are written part by part into their row ranges, without a float32
+// concatenation first.
+class Bf16Uploader {
+ public:
+  explicit Bf16Uploader(cudaStream_t stream) : stream_(stream) {
+    for (Staging& s : staging_) {
+      s.host.resize(kChunk);
+      ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
+    }
+  }
+  ~Bf16Uploader() {
+    cudaStreamSynchronize(stream_);  // copies still in flight read the staging buffers
+    for (Staging& s : staging_)
+      if (s.copied) cudaEventDestroy(s.copied);
+  }
+  Bf16Uploader(const Bf16Uploader&) = delete;
+  Bf16Uploader& operator=(const Bf16Uploader&) = delete;
+
+  DeviceArray<bf16> operator()(const Tensor& t) { return rows({&t}); }
+  // The parts' rows one after another in one array, e.g. q, k, v -> the merged [qd + 2 kvd, H]
+  // projection; every part has the same row length.
+  DeviceArray<bf16> rows(std::initializer_list<const Tensor*> parts) {
+    std::size_t total = 0;
+    for (const Tensor* t : parts) total += std::size_t(t->numel());
+    DeviceArray<bf16> d(total);
+    bf16* to = d.get();
+    for (const Tensor* t : parts) {
+      const float* values = t->data_as<float>();
+      const std::size_t n = std::size_t(t->numel());
+      for (std::size_t begin = 0; begin < n; begin += kChunk) {
+        const std::size_t count = std::min(kChunk, n - begin);
+        Staging& s = staging_[next_];
+        next_ ^= 1;
+        ASYNCT_CUDA_CHECK(cudaEventSynchronize(s.copied));  // its previous chunk has been copied
+        floats_to_bf16(values + begin, s.host.get(), count);
+        ASYNCT_CUDA_CHECK(
+            cudaMemcpyAsync(to + begin, s.host.get(), count * sizeof(bf16), cudaMemcpyHostToDevice, stream_));
+        ASYNCT_CUDA_CHECK(cudaEventRecord(s.copied, stream_));
+      }
+      to += n;
+    }
+    return d;
+  }
+  // Returns when every copy has landed, so that the arrays can be used from any stream.
+  void finish() { ASYNCT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  static constexpr std::size_t kChunk = std::size_t(16) << 20;  // values: 32 MB a buffer
+  struct Staging {
+    PinnedArray<std::uint16_t> host;
+    cudaEvent_t copied = nullptr;  // recorded after the copy out of `host`
+  };
+  cudaStream_t stream_;
+  Staging staging_[2];
+  int next_ = 0;
+};
+
+// The gate parameters, float32 on the device (a few values per layer).
 DeviceArray<float> to_device_f32(const Tensor& t) {
   Tensor f = t.to(DType::F32);
   DeviceArray<float> d(std::size_t(f.numel()));
   ASYNCT_CUDA_CHECK(cudaMemcpy(d.get(), f.data(), f.nbytes(), cudaMemcpyHostToDevice));
   return d;
-}
-
-// The merged gate/up projection [2I, H], gate rows first (what silu_and_mul expects).
-Tensor concat_rows(const Tensor& a, const Tensor& b) {
-  Tensor out = Tensor::empty(DType::F32, {a.size(0) + b.size(0), a.size(1)});
-  std::copy_n(a.data_as<float>(), a.numel(), out.data_as<float>());
-  std::copy_n(b.data_as<float>(), b.numel(), out.data_as<float>() + a.numel());
-  return out;
 }
 
 // Times the phases of a step with events on the step's stream: mark("gemm") closes the phase
@@ -427,28 +476,30 @@ CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int bloc
   ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&m.sm_count, cudaDevAttrMultiProcessorCount, device));
   ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
 
-  m.embed_tokens = to_device_bf16(w.embed_tokens);
-  m.final_norm = to_device_bf16(w.norm);
+  Bf16Uploader upload(m.stream);
+  m.embed_tokens = upload(w.embed_tokens);
+  m.final_norm = upload(w.norm);
   if (m.c.tie_word_embeddings) {
     m.lm_head = m.embed_tokens.get();
   } else {
-    m.lm_head_untied = to_device_bf16(w.lm_head);
+    m.lm_head_untied = upload(w.lm_head);
     m.lm_head = m.lm_head_untied.get();
   }
   const std::size_t cache = std::size_t(num_blocks) * block_size * m.c.num_key_value_heads * m.c.head_dim;
   for (const LayerWeights& l : w.layers) {
     DeviceLayer d;
-    d.input_layernorm = to_device_bf16(l.input_layernorm);
-    d.qkv_proj = to_device_bf16(concat_rows(concat_rows(l.q_proj, l.k_proj), l.v_proj));
-    d.o_proj = to_device_bf16(l.o_proj);
-    d.q_norm = to_device_bf16(l.q_norm);
-    d.k_norm = to_device_bf16(l.k_norm);
-    d.post_attention_layernorm = to_device_bf16(l.post_attention_layernorm);
-    d.gate_up_proj = to_device_bf16(concat_rows(l.gate_proj, l.up_proj));
-    d.down_proj = to_device_bf16(l.down_proj);
+    d.input_layernorm = upload(l.input_layernorm);
+    d.qkv_proj = upload.rows({&l.q_proj, &l.k_proj, &l.v_proj});
+    d.o_proj = upload(l.o_proj);
+    d.q_norm = upload(l.q_norm);
+    d.k_norm = upload(l.k_norm);
+    d.post_attention_layernorm = upload(l.post_attention_layernorm);
+    // The merged gate/up projection [2I, H], gate rows first (what silu_and_mul expects).
+    d.gate_up_proj = upload.rows({&l.gate_proj, &l.up_proj});
+    d.down_proj = upload(l.down_proj);
     if (m.c.is_async()) {
-      d.attn_output_layernorm = to_device_bf16(l.attn_output_layernorm);
-      d.mlp_output_layernorm = to_device_bf16(l.mlp_output_layernorm);
+      d.attn_output_layernorm = upload(l.attn_output_layernorm);
+      d.mlp_output_layernorm = upload(l.mlp_output_layernorm);
       d.gate_alpha = to_device_f32(l.gate_alpha);
       d.gate_sigma = to_device_f32(l.gate_sigma);
       d.gate_gamma = to_device_f32(l.gate_gamma);
@@ -457,6 +508,7 @@ CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int bloc
     d.value_cache.resize(cache);
     m.layers.push_back(std::move(d));
   }
+  upload.finish();
   m.reserve(std::size_t(std::max(1, max_tokens_per_step)));
 }
 

@@ -1,5 +1,8 @@
 // The tensor type's checks and conversions.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -49,6 +52,79 @@ TEST(Tensor, ConversionBetweenFloatTypes) {
   EXPECT_EQ(back[0], 1.0f);
   EXPECT_NEAR(back[1], -0.333333f, 2e-3);
   expect_error([&] { t.to(DType::I32); }, "cannot convert float32 to int32");
+}
+
+std::uint32_t bits_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+float float_of(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Large tensors are converted in pieces on several threads: every element must come out as the
+// scalar conversion gives it, NaNs, infinities, subnormals, ties and values that round up included,
+// also at the pieces' edges.
+TEST(Tensor, LargeConversionsMatchTheScalarOnesElementForElement) {
+  const std::int64_t n = 3 * (std::int64_t(1) << 20) + 12345;  // several pieces and a partial one
+  const std::vector<std::uint32_t> special = {
+      0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff812345u, 0x7fa00000u,  // NaNs, quiet and signalling
+      0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u,                // infinities and zeros
+      0x00000001u, 0x807fffffu, 0x00400000u, 0x00008000u, 0x00018000u,  // subnormals (and ties among them)
+      0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f80ffffu, 0xbf80c000u,  // ties to even, values rounding up
+      0x7f7fffffu, 0xff7f8000u, 0x7f7f7fffu,                             // near the largest float: overflow to inf
+  };
+  Tensor f = Tensor::empty(DType::F32, {n});
+  std::uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (std::int64_t i = 0; i < n; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;  // every bit pattern is possible
+    f.at<float>(i) = float_of(std::uint32_t(state >> 32));
+  }
+  const std::int64_t piece = std::int64_t(1) << 20, k = std::int64_t(special.size());
+  for (std::int64_t start : {std::int64_t(0), piece - k, piece, 2 * piece - k, 2 * piece, n - k}) {  // pieces' edges
+    for (std::int64_t s = 0; s < k; ++s) f.at<float>(start + s) = float_of(special[std::size_t(s)]);
+  }
+
+  const Tensor b = f.to(DType::BF16);
+  const Tensor h = f.to(DType::F16);  // the general path, through double
+  std::int64_t bf16_wrong = 0, f16_wrong = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = f.at<float>(i);
+    if (b.at<bf16_bits>(i).bits != float_to_bf16(x) && bf16_wrong++ == 0)
+      ADD_FAILURE() << "bf16 of " << std::hex << bits_of(x) << " at " << std::dec << i;
+    if (h.at<f16_bits>(i).bits != float_to_f16(x) && f16_wrong++ == 0)
+      ADD_FAILURE() << "f16 of " << std::hex << bits_of(x) << " at " << std::dec << i;
+  }
+  EXPECT_EQ(bf16_wrong, 0);
+  EXPECT_EQ(f16_wrong, 0);
+
+  // Back: every bf16 pattern, as the conversion through double gives it (a signalling NaN
+  // comes out quiet).
+  Tensor all = Tensor::empty(DType::BF16, {n});
+  for (std::int64_t i = 0; i < n; ++i) all.at<bf16_bits>(i).bits = std::uint16_t(i * 40503);  // odd: all 2^16 in turn
+  const Tensor back = all.to(DType::F32);
+  std::int64_t f32_wrong = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint16_t bits = all.at<bf16_bits>(i).bits;
+    volatile double through_double = bf16_to_float(bits);
+    const float expected = float(through_double);
+    if (bits_of(back.at<float>(i)) != bits_of(expected) && f32_wrong++ == 0)
+      ADD_FAILURE() << "float of bf16 " << std::hex << bits << ": " << bits_of(back.at<float>(i)) << ", expected "
+                    << bits_of(expected);
+  }
+  EXPECT_EQ(f32_wrong, 0);
+  Tensor signalling = Tensor::empty(DType::BF16, {1});
+  signalling.at<bf16_bits>(0).bits = 0xff81;
+  EXPECT_EQ(bits_of(signalling.to(DType::F32).at<float>(0)), 0xffc10000u);
+
+  // And the raw form that callers converting into their own buffers use.
+  std::vector<std::uint16_t> raw(static_cast<std::size_t>(n));
+  floats_to_bf16(f.data_as<float>(), raw.data(), raw.size());
+  EXPECT_EQ(std::memcmp(raw.data(), b.data(), b.nbytes()), 0);
 }
 
 }  // namespace

@@ -529,60 +529,66 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
 }
 
 // ---- Stage 2: combine the splits. -----------------------------------------------------------
-// One CTA per output row. Long contexts use up to 256 splits, so the splits are spread over the
-// threads too (a serial walk over them would be a chain of dependent L2 round trips): each
-// thread sums one column of head_dim over every kStage2Parts-th split, then the parts add up.
+// One CTA per output row, one warp per kStage2Warps-th split. Stage 2 is pure latency (a few KB
+// per row from L2), so it is built to need few dependent round trips: each warp finds the
+// row's softmax max and denominator itself with shuffles (no block barrier), then sums its
+// splits' partial rows with every load independent, and one barrier adds up the warps.
 
-constexpr int kStage2Threads = 512;
+constexpr int kStage2Warps = 16;
 constexpr int kMaxSplits = 256;
+constexpr int kMaxHeadDim = 256;
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int off = 16; off; off >>= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, off));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int off = 16; off; off >>= 1) x += __shfl_xor_sync(kFull, x, off);
+  return x;
+}
 
 template <bool kSoftmax>
-__global__ void __launch_bounds__(kStage2Threads) decode_stage2(const float* partial_out,
-                                                                const float* partial_max,
-                                                                const float* partial_sum, bf16* out,
-                                                                int splits, int rows, int head_dim) {
-  __shared__ float weight[kMaxSplits];  // softmax: exp(split max - row max) / denominator
-  __shared__ float reduce[kStage2Threads];
-  const int row = blockIdx.x, tid = threadIdx.x;
+__global__ void __launch_bounds__(kStage2Warps * 32) decode_stage2(const float* partial_out,
+                                                                   const float* partial_max,
+                                                                   const float* partial_sum, bf16* out,
+                                                                   int splits, int rows, int head_dim) {
+  __shared__ float warp_part[kStage2Warps][kMaxHeadDim];
+  const int row = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const int warps = blockDim.x / 32;
+  // softmax: split s weighs exp(max_s - max) / denominator; async: the parts just add up.
+  float row_max = 0.0f, inv_denom = 1.0f;
   if constexpr (kSoftmax) {
-    float m = -FLT_MAX;
-    for (int s = tid; s < splits; s += kStage2Threads) m = fmaxf(m, partial_max[(long long)s * rows + row]);
-    reduce[tid] = m;
-    __syncthreads();
-    for (int n = kStage2Threads / 2; n; n >>= 1) {
-      if (tid < n) reduce[tid] = fmaxf(reduce[tid], reduce[tid + n]);
-      __syncthreads();
-    }
-    m = reduce[0];
-    __syncthreads();
+    row_max = -FLT_MAX;
+    for (int s = lane; s < splits; s += 32) row_max = fmaxf(row_max, partial_max[(long long)s * rows + row]);
+    row_max = warp_max(row_max);
     float denom = 0.0f;
-    for (int s = tid; s < splits; s += kStage2Threads) {
-      weight[s] = __expf(partial_max[(long long)s * rows + row] - m);
-      denom += weight[s] * partial_sum[(long long)s * rows + row];
+    for (int s = lane; s < splits; s += 32) {
+      const long long i = (long long)s * rows + row;
+      denom += __expf(partial_max[i] - row_max) * partial_sum[i];
     }
-    reduce[tid] = denom;
-    __syncthreads();
-    for (int n = kStage2Threads / 2; n; n >>= 1) {
-      if (tid < n) reduce[tid] += reduce[tid + n];
-      __syncthreads();
-    }
-    denom = reduce[0];
-    __syncthreads();
-    for (int s = tid; s < splits; s += kStage2Threads) weight[s] = denom > 0.0f ? weight[s] / denom : 0.0f;
-    __syncthreads();
+    denom = warp_sum(denom);
+    inv_denom = denom > 0.0f ? 1.0f / denom : 0.0f;
   }
-  const int parts = kStage2Threads / head_dim;  // head_dim divides 512
-  const int d = tid % head_dim, part = tid / head_dim;
-  float total = 0.0f;
-#pragma unroll 4
-  for (int s = part; s < splits; s += parts) {
-    const float value = partial_out[((long long)s * rows + row) * head_dim + d];
-    total += kSoftmax ? weight[s] * value : value;  // async: additivity, the parts just add up
+  constexpr int kPerLane = kMaxHeadDim / 32;
+  float acc[kPerLane] = {};
+#pragma unroll 2
+  for (int s = warp; s < splits; s += warps) {
+    const long long i = (long long)s * rows + row;
+    const float weight = kSoftmax ? __expf(partial_max[i] - row_max) * inv_denom : 1.0f;
+    const float* part = partial_out + i * head_dim;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j)
+      if (j * 32 < head_dim) acc[j] = fmaf(weight, part[j * 32 + lane], acc[j]);
   }
-  reduce[tid] = total;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j)
+    if (j * 32 < head_dim) warp_part[warp][j * 32 + lane] = acc[j];
   __syncthreads();
-  if (part == 0) {
-    for (int q = 1; q < parts; ++q) total += reduce[q * head_dim + d];
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += warp_part[w][d];
     out[(long long)row * head_dim + d] = __float2bfloat16(total);
   }
 }
@@ -709,12 +715,13 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
              splits, stream);
   if (splits > 1) {
     const int rows = p.num_seqs * p.num_q_heads;
+    const int threads = 32 * std::min(splits, kStage2Warps);
     if (softmax)
-      decode_stage2<true><<<rows, kStage2Threads, 0, stream>>>(a.partial_out, a.partial_max, a.partial_sum,
-                                                    p.out, splits, rows, p.kv.head_dim);
+      decode_stage2<true><<<rows, threads, 0, stream>>>(a.partial_out, a.partial_max, a.partial_sum, p.out,
+                                                        splits, rows, p.kv.head_dim);
     else
-      decode_stage2<false><<<rows, kStage2Threads, 0, stream>>>(a.partial_out, nullptr, nullptr, p.out,
-                                                     splits, rows, p.kv.head_dim);
+      decode_stage2<false><<<rows, threads, 0, stream>>>(a.partial_out, nullptr, nullptr, p.out, splits, rows,
+                                                         p.kv.head_dim);
     check_launch("decode_stage2");
   }
 }

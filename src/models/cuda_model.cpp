@@ -39,10 +39,7 @@ namespace {
 class Bf16Uploader {
  public:
   explicit Bf16Uploader(cudaStream_t stream) : stream_(stream) {
-    for (Staging& s : staging_) {
-      s.host.resize(kChunk);
-      ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
-    }
+    for (Staging& s : staging_) ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
   }
   ~Bf16Uploader() {
     cudaStreamSynchronize(stream_);  // copies still in flight read the staging buffers
@@ -68,6 +65,7 @@ class Bf16Uploader {
         Staging& s = staging_[next_];
         next_ ^= 1;
         ASYNCT_CUDA_CHECK(cudaEventSynchronize(s.copied));  // its previous chunk has been copied
+        s.host.reserve(count);  // grows to the largest chunk: a small model pins little
         floats_to_bf16(values + begin, s.host.get(), count);
         ASYNCT_CUDA_CHECK(
             cudaMemcpyAsync(to + begin, s.host.get(), count * sizeof(bf16), cudaMemcpyHostToDevice, stream_));

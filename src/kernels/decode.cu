@@ -529,23 +529,26 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
 }
 
 // ---- Stage 2: combine the splits. -----------------------------------------------------------
-// One CTA per output row, one warp per kStage2Warps-th split. Stage 2 is pure latency (a few KB
-// per row from L2), so it is built to need few dependent round trips: each warp finds the
-// row's softmax max and denominator itself with shuffles (no block barrier), then sums its
-// splits' partial rows with every load independent, and one barrier adds up the warps.
+// One CTA per output row. Stage 2 is pure latency (a few KB per row from L2), so it is built
+// from few dependent round trips: every split's max and sum are loaded at once (one per
+// thread), the softmax weights exp(max_s - max) / denominator come from two block reductions,
+// then warp w sums splits w, w + warps, ... with independent loads, and the warps add up.
 
 constexpr int kStage2Warps = 16;
 constexpr int kMaxSplits = 256;
 constexpr int kMaxHeadDim = 256;
 
-__device__ __forceinline__ float warp_max(float x) {
+// A block-wide reduction through one value per warp; every thread gets the result.
+template <typename Op>
+__device__ float block_reduce(float x, Op op, float* warp_values) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
 #pragma unroll
-  for (int off = 16; off; off >>= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, off));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int off = 16; off; off >>= 1) x += __shfl_xor_sync(kFull, x, off);
+  for (int off = 16; off; off >>= 1) x = op(x, __shfl_xor_sync(kFull, x, off));
+  if (lane == 0) warp_values[warp] = x;
+  __syncthreads();
+  x = warp_values[0];
+  for (int w = 1; w < warps; ++w) x = op(x, warp_values[w]);
+  __syncthreads();  // warp_values can be reused
   return x;
 }
 
@@ -554,33 +557,46 @@ __global__ void __launch_bounds__(kStage2Warps * 32) decode_stage2(const float* 
                                                                    const float* partial_max,
                                                                    const float* partial_sum, bf16* out,
                                                                    int splits, int rows, int head_dim) {
+  __shared__ float weight[kMaxSplits];
+  __shared__ float warp_values[kStage2Warps];
   __shared__ float warp_part[kStage2Warps][kMaxHeadDim];
   const int row = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int warps = blockDim.x / 32;
-  // softmax: split s weighs exp(max_s - max) / denominator; async: the parts just add up.
-  float row_max = 0.0f, inv_denom = 1.0f;
   if constexpr (kSoftmax) {
-    row_max = -FLT_MAX;
-    for (int s = lane; s < splits; s += 32) row_max = fmaxf(row_max, partial_max[(long long)s * rows + row]);
-    row_max = warp_max(row_max);
-    float denom = 0.0f;
-    for (int s = lane; s < splits; s += 32) {
-      const long long i = (long long)s * rows + row;
-      denom += __expf(partial_max[i] - row_max) * partial_sum[i];
+    constexpr int kPerThread = kMaxSplits / 32;  // blockDim.x >= 32
+    float max_s[kPerThread], sum_s[kPerThread], row_max = -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int s = threadIdx.x + j * blockDim.x;
+      max_s[j] = s < splits ? partial_max[(long long)s * rows + row] : -FLT_MAX;
+      sum_s[j] = s < splits ? partial_sum[(long long)s * rows + row] : 0.0f;
+      row_max = fmaxf(row_max, max_s[j]);
     }
-    denom = warp_sum(denom);
-    inv_denom = denom > 0.0f ? 1.0f / denom : 0.0f;
+    row_max = block_reduce(row_max, [](float x, float y) { return fmaxf(x, y); }, warp_values);
+    float denom = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      max_s[j] = __expf(max_s[j] - row_max);  // empty splits: exp(-inf) = 0
+      denom += max_s[j] * sum_s[j];
+    }
+    denom = block_reduce(denom, [](float x, float y) { return x + y; }, warp_values);
+    const float inv_denom = denom > 0.0f ? 1.0f / denom : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int s = threadIdx.x + j * blockDim.x;
+      if (s < splits) weight[s] = max_s[j] * inv_denom;
+    }
+    __syncthreads();
   }
   constexpr int kPerLane = kMaxHeadDim / 32;
   float acc[kPerLane] = {};
-#pragma unroll 2
+#pragma unroll 4
   for (int s = warp; s < splits; s += warps) {
-    const long long i = (long long)s * rows + row;
-    const float weight = kSoftmax ? __expf(partial_max[i] - row_max) * inv_denom : 1.0f;
-    const float* part = partial_out + i * head_dim;
+    const float w = kSoftmax ? weight[s] : 1.0f;  // async: the parts just add up
+    const float* part = partial_out + ((long long)s * rows + row) * head_dim;
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j)
-      if (j * 32 < head_dim) acc[j] = fmaf(weight, part[j * 32 + lane], acc[j]);
+      if (j * 32 < head_dim) acc[j] = fmaf(w, part[j * 32 + lane], acc[j]);
   }
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j)

@@ -101,6 +101,32 @@ __device__ __forceinline__ void tile_scores(const float (&q)[kGroup][8], const B
   }
 }
 
+// The async gate's scores: each lane's partial dot products (index u * kGroup + h), then a
+// reduce-scatter over the kLanesPerKey lanes of each key. At each step a lane sends half of
+// what it holds to its partner and adds the partner's other half, so n values take n/2 + n/4
+// + ... shuffles (15 for 16) instead of n * log2(kLanesPerKey) (64) for a full reduction in
+// every lane. Afterwards lane `slice` holds the complete sums of the values
+// [slice * n / kLanesPerKey, +max(1, n / kLanesPerKey)) in v[0..].
+template <int kOff, int kCount, int kN>
+__device__ __forceinline__ void reduce_scatter(float (&v)[kN], int slice) {
+  if constexpr (kOff >= 1) {
+    if constexpr (kCount > 1) {
+      constexpr int kHalf = kCount / 2;
+      const bool upper = (slice & kOff) != 0;  // keeps the upper half
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) {
+        const float send = upper ? v[i] : v[i + kHalf];
+        const float keep = upper ? v[i + kHalf] : v[i];
+        v[i] = keep + __shfl_xor_sync(kFull, send, kOff);
+      }
+      reduce_scatter<kOff / 2, kHalf>(v, slice);
+    } else {  // fewer values than lanes: the rest is a plain all-reduce
+      v[0] += __shfl_xor_sync(kFull, v[0], kOff);
+      reduce_scatter<kOff / 2, 1>(v, slice);
+    }
+  }
+}
+
 // ---- The gates as policies: what happens between a tile's scores and its P V. -------------
 
 struct SoftmaxGate {
@@ -129,12 +155,15 @@ struct SoftmaxGate {
   template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
   __device__ void finish(State<kGroup>&, Smem&, const Bf16x8 (&)[kUnroll], float (&)[kGroup][8]) const {}
 
-  // Online softmax over the tile, then o += P V with the values loaded alongside the keys.
+  // The tile's scores, online softmax over them, then o += P V with the values staged with the
+  // keys.
   template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
-  __device__ void tile(State<kGroup>& st, Smem&, float (&s)[kUnroll][kGroup],
-                       const Bf16x8 (&v)[kUnroll], float (&o)[kGroup][8], const SeqCache&,
-                       const bf16*, int first_key, int end, unsigned long long (&counts)[2]) const {
+  __device__ void tile(State<kGroup>& st, Smem&, const float (&q)[kGroup][8], const Bf16x8 (&k)[kUnroll],
+                       const Bf16x8 (&v)[kUnroll], float (&o)[kGroup][8], const SeqCache&, const bf16*,
+                       int first_key, int end, unsigned long long (&counts)[2]) const {
     using L = Layout<kHeadDim, kGroup>;
+    float s[kUnroll][kGroup];
+    tile_scores<L::kLanesPerKey, kGroup, kUnroll>(q, k, s);
     const int lane = threadIdx.x & 31;
     const int my_key = first_key + lane / L::kLanesPerKey;
     float tile_max[kGroup];
@@ -203,6 +232,7 @@ struct AsyncGate {
   template <int kGroup>
   struct State {
     float alpha, sigma, gamma;  // of the query head this lane gates (see tile)
+    float inv_window;
     int tiles = 0;              // tiles listed so far
   };
   template <int kGroup>
@@ -211,6 +241,7 @@ struct AsyncGate {
     st.alpha = alpha[head];
     st.sigma = sigma[head];
     st.gamma = gamma[head];
+    st.inv_window = 1.0f / float(window);
   }
 
   // The halo: the scores of the W-1 keys before the warp's first key (zero left of key 0,
@@ -273,19 +304,38 @@ struct AsyncGate {
   // (sparse-P) and the copies of only their V rows; then the P V of the tile listed
   // kValueLead tiles ago.
   template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
-  __device__ void tile(State<kGroup>& st, Smem& sm, float (&s)[kUnroll][kGroup], const Bf16x8 (&)[kUnroll],
-                       float (&o)[kGroup][8], const SeqCache& cache, const bf16* value_cache, int first_key,
-                       int end, unsigned long long (&counts)[2]) const {
+  __device__ void tile(State<kGroup>& st, Smem& sm, const float (&q)[kGroup][8], const Bf16x8 (&k)[kUnroll],
+                       const Bf16x8 (&)[kUnroll], float (&o)[kGroup][8], const SeqCache& cache,
+                       const bf16* value_cache, int first_key, int end, unsigned long long (&counts)[2]) const {
     using L = Layout<kHeadDim, kGroup>;
     const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey;
     const int key_lane = lane / L::kLanesPerKey;  // which key of each load this lane serves
     const int slot = st.tiles % kValueSlots;
-    // 1. This tile's scores after the carried halo.
-    if (slice == 0)
+    // 1. This tile's scores, reduce-scattered over the lanes of each key, after the carried halo.
+    constexpr int kN = kUnroll * kGroup, kHeld = kN >= L::kLanesPerKey ? kN / L::kLanesPerKey : 1;
+    float d[kN];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < kUnroll; ++u) {
+      float kf[8];
+      to_float8(k[u], kf);
 #pragma unroll
-        for (int h = 0; h < kGroup; ++h) sm.scores[h][kMaxHalo + u * L::kKeysPerLoad + key_lane] = s[u][h];
+      for (int h = 0; h < kGroup; ++h) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot = fmaf(q[h][e], kf[e], dot);
+        d[u * kGroup + h] = dot;
+      }
+    }
+    reduce_scatter<L::kLanesPerKey / 2, kN>(d, slice);
+    constexpr int kCopies = kN >= L::kLanesPerKey ? 1 : L::kLanesPerKey / kN;  // lanes holding each value
+    if (slice % kCopies == 0) {  // one lane stores each value
+      const int base = slice * kN / L::kLanesPerKey;
+#pragma unroll
+      for (int j = 0; j < kHeld; ++j) {
+        const int u = (base + j) / kGroup, h = (base + j) % kGroup;
+        sm.scores[h][kMaxHalo + u * L::kKeysPerLoad + key_lane] = d[j];
+      }
+    }
     __syncwarp();
     // 2. P of each (key, head) pair of the tile, computed once: lane i takes pairs i, i+32, ...,
     //    all of the same head (lane % kGroup, as 32 is a multiple of kGroup).
@@ -295,7 +345,7 @@ struct AsyncGate {
       const int t = i / kGroup, h = i % kGroup;
       float pooled = 0.0f;
       for (int w = 0; w < window; ++w) pooled += fmaxf(sm.scores[h][kMaxHalo + t - w], 0.0f);
-      pooled /= float(window);
+      pooled *= st.inv_window;
       const float p = first_key + t < end
                           ? async_gate(sm.scores[h][kMaxHalo + t], pooled, st.alpha, st.sigma, st.gamma)
                           : 0.0f;
@@ -479,9 +529,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
       }
       __syncwarp();
       if (lane == 0) empty[s].arrive();  // the rows are in registers: the stage can refill
-      float sc[L::kUnroll][kGroup];
-      tile_scores<L::kLanesPerKey, kGroup, L::kUnroll>(q, k, sc);
-      gate.template tile<kHeadDim, kGroup>(state, scratch(warp), sc, v, o, cache, p.kv.value_cache, first_key,
+      gate.template tile<kHeadDim, kGroup>(state, scratch(warp), q, k, v, o, cache, p.kv.value_cache, first_key,
                                            end, counts);
     }
     gate.template finish<kHeadDim, kGroup>(state, scratch(warp), v, o);

@@ -127,6 +127,37 @@ __device__ __forceinline__ void reduce_scatter(float (&v)[kN], int slice) {
   }
 }
 
+// Where a tile's scores are after the reduce-scatter: value idx = u * kGroup + h (key u of the
+// lane's key group, query head h) is in slot idx % kHeld of the lane(s) slice = idx / kHeld *
+// kCopies (kCopies lanes hold each value when there are fewer values than lanes).
+template <int kLanesPerKey, int kN>
+struct Scatter {
+  static constexpr int kHeld = kN >= kLanesPerKey ? kN / kLanesPerKey : 1;
+  static constexpr int kCopies = kN >= kLanesPerKey ? 1 : kLanesPerKey / kN;
+  __device__ static int index(int slice, int slot) { return slice / kCopies * kHeld + slot; }
+  __device__ static constexpr int holder(int idx) { return idx / kHeld * kCopies; }
+  __device__ static constexpr int slot(int idx) { return idx % kHeld; }
+};
+
+// The tile's scores q . k, reduce-scattered: s[j] is value Scatter::index(slice, j).
+template <int kLanesPerKey, int kGroup, int kUnroll>
+__device__ __forceinline__ void scattered_scores(const float (&q)[kGroup][8], const Bf16x8 (&k)[kUnroll],
+                                                 float (&s)[kUnroll * kGroup]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    float kf[8];
+    to_float8(k[u], kf);
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      float dot = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot = fmaf(q[h][e], kf[e], dot);
+      s[u * kGroup + h] = dot;
+    }
+  }
+  reduce_scatter<kLanesPerKey / 2, kUnroll * kGroup>(s, int(threadIdx.x & 31) % kLanesPerKey);
+}
+
 // ---- The gates as policies: what happens between a tile's scores and its P V. -------------
 
 struct SoftmaxGate {
@@ -155,35 +186,43 @@ struct SoftmaxGate {
   template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
   __device__ void finish(State<kGroup>&, Smem&, const Bf16x8 (&)[kUnroll], float (&)[kGroup][8]) const {}
 
-  // The tile's scores, online softmax over them, then o += P V with the values staged with the
-  // keys.
+  // The tile's scores (reduce-scattered: each is softcapped and exponentiated once, not in
+  // every lane of its key), online softmax over them, then o += P V with the values staged with
+  // the keys, each P shuffled from the lane that holds it.
   template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
   __device__ void tile(State<kGroup>& st, Smem&, const float (&q)[kGroup][8], const Bf16x8 (&k)[kUnroll],
                        const Bf16x8 (&v)[kUnroll], float (&o)[kGroup][8], const SeqCache&, const bf16*,
                        int first_key, int end, unsigned long long (&counts)[2]) const {
     using L = Layout<kHeadDim, kGroup>;
-    float s[kUnroll][kGroup];
-    tile_scores<L::kLanesPerKey, kGroup, kUnroll>(q, k, s);
-    const int lane = threadIdx.x & 31;
-    const int my_key = first_key + lane / L::kLanesPerKey;
+    using S = Scatter<L::kLanesPerKey, kUnroll * kGroup>;
+    const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
+    float s[kUnroll * kGroup];
+    scattered_scores<L::kLanesPerKey, kGroup, kUnroll>(q, k, s);
     float tile_max[kGroup];
 #pragma unroll
+    for (int h = 0; h < kGroup; ++h) tile_max[h] = -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < S::kHeld; ++j) {
+      const int idx = S::index(slice, j), u = idx / kGroup;
+      s[j] = first_key + u * L::kKeysPerLoad + key_lane < end ? softcap_score(s[j], softcap) : -FLT_MAX;
+#pragma unroll
+      for (int h = 0; h < kGroup; ++h)
+        if (idx % kGroup == h) tile_max[h] = fmaxf(tile_max[h], s[j]);
+    }
+    float p[S::kHeld];
+#pragma unroll
     for (int h = 0; h < kGroup; ++h) {
-      tile_max[h] = -FLT_MAX;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        s[u][h] = my_key + u * L::kKeysPerLoad < end ? softcap_score(s[u][h], softcap) : -FLT_MAX;
-        tile_max[h] = fmaxf(tile_max[h], s[u][h]);
-      }
-#pragma unroll
-      for (int off = L::kLanesPerKey; off < 32; off <<= 1)
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFull, tile_max[h], off));
+      for (int off = 1; off < 32; off <<= 1) tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(kFull, tile_max[h], off));
       const float new_max = fmaxf(st.max[h], tile_max[h]);
       const float rescale = __expf(st.max[h] - new_max);
       st.max[h] = new_max;
       st.sum[h] *= rescale;
 #pragma unroll
       for (int e = 0; e < 8; ++e) o[h][e] *= rescale;
+#pragma unroll
+      for (int j = 0; j < S::kHeld; ++j)
+        if (S::index(slice, j) % kGroup == h) p[j] = __expf(s[j] - new_max);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -191,10 +230,11 @@ struct SoftmaxGate {
       to_float8(v[u], vf);
 #pragma unroll
       for (int h = 0; h < kGroup; ++h) {
-        const float p = __expf(s[u][h] - st.max[h]);
-        st.sum[h] += p;
+        const int idx = u * kGroup + h;
+        const float pu = __shfl_sync(kFull, p[S::slot(idx)], key_lane * L::kLanesPerKey + S::holder(idx));
+        st.sum[h] += pu;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) o[h][e] = fmaf(p, vf[e], o[h][e]);
+        for (int e = 0; e < 8; ++e) o[h][e] = fmaf(pu, vf[e], o[h][e]);
       }
     }
     if (lane == 0) {
@@ -312,27 +352,13 @@ struct AsyncGate {
     const int key_lane = lane / L::kLanesPerKey;  // which key of each load this lane serves
     const int slot = st.tiles % kValueSlots;
     // 1. This tile's scores, reduce-scattered over the lanes of each key, after the carried halo.
-    constexpr int kN = kUnroll * kGroup, kHeld = kN >= L::kLanesPerKey ? kN / L::kLanesPerKey : 1;
-    float d[kN];
+    using S = Scatter<L::kLanesPerKey, kUnroll * kGroup>;
+    float d[kUnroll * kGroup];
+    scattered_scores<L::kLanesPerKey, kGroup, kUnroll>(q, k, d);
+    if (slice % S::kCopies == 0) {  // one lane stores each value
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float kf[8];
-      to_float8(k[u], kf);
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h) {
-        float dot = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(q[h][e], kf[e], dot);
-        d[u * kGroup + h] = dot;
-      }
-    }
-    reduce_scatter<L::kLanesPerKey / 2, kN>(d, slice);
-    constexpr int kCopies = kN >= L::kLanesPerKey ? 1 : L::kLanesPerKey / kN;  // lanes holding each value
-    if (slice % kCopies == 0) {  // one lane stores each value
-      const int base = slice * kN / L::kLanesPerKey;
-#pragma unroll
-      for (int j = 0; j < kHeld; ++j) {
-        const int u = (base + j) / kGroup, h = (base + j) % kGroup;
+      for (int j = 0; j < S::kHeld; ++j) {
+        const int idx = S::index(slice, j), u = idx / kGroup, h = idx % kGroup;
         sm.scores[h][kMaxHalo + u * L::kKeysPerLoad + key_lane] = d[j];
       }
     }

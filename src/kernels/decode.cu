@@ -14,7 +14,8 @@
 //     is read once for all of them (GQA);
 //   * a consumer warp reads its head's rows of a tile from the stage: a key's head_dim is spread
 //     over kLanesPerKey lanes (8 bf16 = 16 bytes each), kKeysPerLoad keys per warp read, kUnroll
-//     reads per tile. The dot products finish with a shuffle reduction inside the lane group;
+//     reads per tile. The dot products finish with a reduce-scatter inside the lane group, so
+//     each score is finished (and gated or exponentiated) in one lane, not in all of them;
 //   * the gate is a policy (SoftmaxGate / AsyncGate) and is all that differs between the two:
 //     softmax keeps an online max and sum per head and has V staged with K; the async gate
 //     pools the ReLU'd scores over the window (a W-1 halo of scores carried from tile to tile
@@ -81,27 +82,7 @@ struct SeqCache {
   }
 };
 
-// Scores of this lane's keys for one tile: q . k, reduced over the lanes sharing each key.
-template <int kLanesPerKey, int kGroup, int kUnroll>
-__device__ __forceinline__ void tile_scores(const float (&q)[kGroup][8], const Bf16x8 (&k)[kUnroll],
-                                            float (&s)[kUnroll][kGroup]) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    float kf[8];
-    to_float8(k[u], kf);
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      float dot = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dot = fmaf(q[h][e], kf[e], dot);
-#pragma unroll
-      for (int off = kLanesPerKey / 2; off; off >>= 1) dot += __shfl_xor_sync(kFull, dot, off);
-      s[u][h] = dot;
-    }
-  }
-}
-
-// The async gate's scores: each lane's partial dot products (index u * kGroup + h), then a
+// A tile's scores: each lane's partial dot products (index u * kGroup + h), then a
 // reduce-scatter over the kLanesPerKey lanes of each key. At each step a lane sends half of
 // what it holds to its partner and adds the partner's other half, so n values take n/2 + n/4
 // + ... shuffles (15 for 16) instead of n * log2(kLanesPerKey) (64) for a full reduction in
@@ -284,6 +265,21 @@ struct AsyncGate {
     st.inv_window = 1.0f / float(window);
   }
 
+  // Reduce-scattered scores (see scattered_scores) into the warp's score rows: key u of this
+  // lane's key group goes to column `column + u * kKeysPerLoad + key group`; one lane stores each.
+  template <typename L, int kUnroll, typename Smem, int kN>
+  __device__ static void store_scores(Smem& sm, const float (&s)[kN], int column) {
+    using S = Scatter<L::kLanesPerKey, kN>;
+    const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
+    constexpr int kGroup = kN / kUnroll;
+    if (slice % S::kCopies != 0) return;
+#pragma unroll
+    for (int j = 0; j < S::kHeld; ++j) {
+      const int idx = S::index(slice, j), u = idx / kGroup, h = idx % kGroup;
+      sm.scores[h][column + u * L::kKeysPerLoad + key_lane] = s[j];
+    }
+  }
+
   // The halo: the scores of the W-1 keys before the warp's first key (zero left of key 0,
   // where the definition puts R = 0), recomputed rather than carried across splits.
   template <int kHeadDim, int kGroup, typename Smem>
@@ -299,11 +295,9 @@ struct AsyncGate {
       const int pos = begin - halo + i;
       Bf16x8 k[1] = {};
       if (i < halo) k[0] = load_stream(key_cache + cache.offset(pos) + slice * 8);
-      float s[1][kGroup];
-      tile_scores<L::kLanesPerKey, kGroup, 1>(q, k, s);
-      if (slice == 0 && i < halo)
-#pragma unroll
-        for (int h = 0; h < kGroup; ++h) sm.scores[h][kMaxHalo - halo + i] = s[0][h];
+      float s[kGroup];
+      scattered_scores<L::kLanesPerKey, kGroup, 1>(q, k, s);
+      if (i < halo) store_scores<L, 1>(sm, s, kMaxHalo - halo + base);
     }
     __syncwarp();
   }
@@ -352,16 +346,9 @@ struct AsyncGate {
     const int key_lane = lane / L::kLanesPerKey;  // which key of each load this lane serves
     const int slot = st.tiles % kValueSlots;
     // 1. This tile's scores, reduce-scattered over the lanes of each key, after the carried halo.
-    using S = Scatter<L::kLanesPerKey, kUnroll * kGroup>;
     float d[kUnroll * kGroup];
     scattered_scores<L::kLanesPerKey, kGroup, kUnroll>(q, k, d);
-    if (slice % S::kCopies == 0) {  // one lane stores each value
-#pragma unroll
-      for (int j = 0; j < S::kHeld; ++j) {
-        const int idx = S::index(slice, j), u = idx / kGroup, h = idx % kGroup;
-        sm.scores[h][kMaxHalo + u * L::kKeysPerLoad + key_lane] = d[j];
-      }
-    }
+    store_scores<L, kUnroll>(sm, d, kMaxHalo);
     __syncwarp();
     // 2. P of each (key, head) pair of the tile, computed once: lane i takes pairs i, i+32, ...,
     //    all of the same head (lane % kGroup, as 32 is a multiple of kGroup).

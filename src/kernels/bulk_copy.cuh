@@ -1,15 +1,24 @@
 // Hopper's bulk copies (cp.async.bulk, the 1-D form of TMA) and the shared-memory barriers
-// that count their bytes: the pieces of a producer/consumer pipeline. A producer thread
-// announces a stage's bytes on its "full" barrier and starts the copies; the copy engine
-// completes the barrier when the bytes have landed; consumers wait on it, read the stage and
+// that count their bytes: the pieces of a producer/consumer pipeline. A producer starts a
+// stage's copies, then one of its threads arrives on the stage's "full" barrier announcing the
+// bytes (the barrier's byte count may go below zero while copies land first); the copy engine
+// completes the phase when the bytes have landed. Consumers wait on it, read the stage and
 // arrive on its "empty" barrier, which the producer waits on before it refills the stage.
 // The copies run without the threads, so the bytes in flight do not depend on how many warps
-// are resident or what they are computing. sm_90 only.
+// are resident or what they are computing.
+//
+// Before sm_90 the same calls still work, without the copy engine: a copy is made by the
+// calling thread with 16-byte loads and stores before it returns, and the barriers count
+// arrivals only. Correct and slow: the kernels built on this are tuned for Hopper.
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_runtime.h>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define ASYNCT_BULK_COPY_EMULATED 1
+#endif
 
 namespace asynct::kernels {
 
@@ -18,34 +27,55 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
 }
 
 // A barrier in shared memory that completes a phase when `count` threads have arrived and
-// every byte announced with expect_bytes has been written.
+// every byte announced with arrive_expecting has been written.
 struct SharedBarrier {
   std::uint64_t word;
 
   __device__ __forceinline__ void init(unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(&word)), "r"(count));
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(shared_address(&word)), "r"(count));
   }
   // After init and before any other thread or the copy engine uses the barrier (then a
   // __syncthreads()).
-  __device__ static void fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+  __device__ static void fence_init() {
+#ifndef ASYNCT_BULK_COPY_EMULATED
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+  }
 
-  // One arrival that also announces `bytes` still to come from bulk copies.
+  // One arrival that also announces `bytes` of bulk copies to this barrier (issued before or
+  // after it); the caller's warp must have synchronised after issuing its copies.
   __device__ __forceinline__ void arrive_expecting(unsigned bytes) {
+#ifndef ASYNCT_BULK_COPY_EMULATED
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(&word)),
                  "r"(bytes)
                  : "memory");
+#else
+    (void)bytes;  // the emulated copies are complete when they return
+    arrive();
+#endif
   }
   __device__ __forceinline__ void arrive() {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(&word)) : "memory");
+    std::uint64_t state;
+    asm volatile("mbarrier.arrive.shared.b64 %0, [%1];" : "=l"(state) : "r"(shared_address(&word)) : "memory");
+    (void)state;
   }
   // Waits until the phase with this parity (0, 1, 0, ... for its 1st, 2nd, 3rd use) completes.
   __device__ __forceinline__ void wait(unsigned parity) {
+#ifndef ASYNCT_BULK_COPY_EMULATED
     asm volatile(
         "{\n .reg .pred done;\n WAIT_%=:\n"
         " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
         " @!done bra WAIT_%=;\n}" ::"r"(shared_address(&word)),
         "r"(parity)
         : "memory");
+#else
+    asm volatile(
+        "{\n .reg .pred done;\n WAIT_%=:\n"
+        " mbarrier.test_wait.parity.shared.b64 done, [%0], %1;\n"
+        " @!done bra WAIT_%=;\n}" ::"r"(shared_address(&word)),
+        "r"(parity)
+        : "memory");
+#endif
   }
 };
 
@@ -53,11 +83,18 @@ struct SharedBarrier {
 // memory and counts them on `barrier`.
 __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes,
                                                     SharedBarrier& barrier) {
+#ifndef ASYNCT_BULK_COPY_EMULATED
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
           shared_address(dst)),
       "l"(src), "r"(bytes), "r"(shared_address(&barrier.word))
       : "memory");
+#else
+  (void)barrier;
+  const uint4* from = static_cast<const uint4*>(src);
+  uint4* to = static_cast<uint4*>(dst);
+  for (unsigned i = 0; i < bytes / 16; ++i) to[i] = from[i];
+#endif
 }
 
 }  // namespace asynct::kernels

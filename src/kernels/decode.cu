@@ -375,18 +375,18 @@ struct AsyncGate {
     const unsigned listed_keys = __ballot_sync(kFull, any);
     const int listed = __popc(listed_keys);
     constexpr unsigned kRowBytes = kHeadDim * 2;
-    if (lane == 0) {
-      sm.listed[slot] = listed;
-      sm.values_ready[slot].arrive_expecting(listed * kRowBytes);
-      counts[1] += listed;
-    }
-    __syncwarp();
     if (any) {
       const int i = __popc(listed_keys & ((1u << lane) - 1u));
 #pragma unroll
       for (int h = 0; h < kGroup; ++h) sm.weights[slot][i][h] = sm.tile_p[lane][h];
       bulk_copy_to_shared(&sm.values[slot][i][0], value_cache + cache.offset(first_key + lane), kRowBytes,
                           sm.values_ready[slot]);
+    }
+    __syncwarp();  // the copies are issued (or, emulated, done) before the arrival
+    if (lane == 0) {
+      sm.listed[slot] = listed;
+      sm.values_ready[slot].arrive_expecting(listed * kRowBytes);
+      counts[1] += listed;
     }
     // Carry the last kMaxHalo scores to the front for the next tile.
     constexpr int kCarried = kGroup * kMaxHalo, kPerLane = (kCarried + 31) / 32;
@@ -453,8 +453,6 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
     const int s = t % kStages;
     if (t >= kStages) empty[s].wait((t / kStages - 1) & 1);
     const int first = begin + t * kTile, n = min(kTile, end - first);
-    if (lane == 0) full[s].arrive_expecting(unsigned(kParts * n * row_bytes));
-    __syncwarp();
     for (int i = lane * rows_per_copy; i < n; i += 32 * rows_per_copy) {
       const long long offset = cache.offset(first + i);
       const unsigned bytes = unsigned(min(rows_per_copy, n - i) * row_bytes);
@@ -462,6 +460,8 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
       bulk_copy_to_shared(dst, kv.key_cache + offset, bytes, full[s]);
       if constexpr (kParts == 2) bulk_copy_to_shared(dst + kTile * row_bytes, kv.value_cache + offset, bytes, full[s]);
     }
+    __syncwarp();  // the copies are issued (or, emulated, done) before the arrival
+    if (lane == 0) full[s].arrive_expecting(unsigned(kParts * n * row_bytes));
   }
 }
 

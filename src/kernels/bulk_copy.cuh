@@ -54,10 +54,11 @@ struct SharedBarrier {
     arrive();
 #endif
   }
-  __device__ __forceinline__ void arrive() {
+  // Returns the phase token (the kernels wait by parity instead).
+  __device__ __forceinline__ std::uint64_t arrive() {
     std::uint64_t state;
     asm volatile("mbarrier.arrive.shared.b64 %0, [%1];" : "=l"(state) : "r"(shared_address(&word)) : "memory");
-    (void)state;
+    return state;
   }
   // Waits until the phase with this parity (0, 1, 0, ... for its 1st, 2nd, 3rd use) completes.
   __device__ __forceinline__ void wait(unsigned parity) {

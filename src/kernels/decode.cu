@@ -20,7 +20,8 @@
 //     softmax keeps an online max and sum per head and has V staged with K; the async gate
 //     pools the ReLU'd scores over the window (a W-1 halo of scores carried from tile to tile
 //     in warp-private shared memory), compacts the keys whose P is non-zero for some head of the
-//     group (sparse-P) and loads only their V rows, straight into registers, one tile ahead;
+//     group (sparse-P) and bulk-copies only their V rows into the warp's shared memory, used
+//     two tiles later;
 //   * with several splits, stage 2 combines the partial outputs: a plain sum for the async gate
 //     (additivity; each warp recomputes the scores of its W-1 halo keys), the log-sum-exp merge
 //     for softmax. One split finishes in stage 1.
@@ -50,9 +51,10 @@ constexpr unsigned kFull = 0xffffffffu;
 template <int kHeadDim, int kGroup>
 struct Layout {
   static constexpr int kLanesPerKey = kHeadDim / 8;          // 8, 16 or 32 lanes share a key
-  static constexpr int kKeysPerLoad = 32 / kLanesPerKey;     // whole keys per warp load
-  // 16-byte loads in flight per lane and per tile; fewer for big groups (registers: q and o
-  // hold 8 floats per query head).
+  static constexpr int kKeysPerLoad = 32 / kLanesPerKey;     // whole keys per warp read
+  // 16-byte reads per lane and per tile (a tile is one stage for one head); fewer for big
+  // groups (registers: q and o hold 8 floats per query head). kTile * kHeadDim is then the same
+  // for every head_dim, and so is a stage's size.
   static constexpr int kUnroll = kGroup <= 2 ? 8 : (kGroup == 4 ? 4 : 2);
   static constexpr int kTile = kKeysPerLoad * kUnroll;       // keys per warp iteration
   static_assert(kTile <= 32, "the async list gives each key of a tile one lane");

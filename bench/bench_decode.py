@@ -26,6 +26,19 @@ def sdpa_time(q, k, v, backend):
     return median_ms(run), out
 
 
+def decode_inputs(seqs, ctx, block_size, device="cuda"):
+    """The bench's inputs for one shape: query [seqs, HQ, D], a paged K/V cache whose blocks lie
+    in random order, the block table and kv_lens; all standard normal / int32."""
+    blocks_per_seq = (ctx + block_size - 1) // block_size
+    nb = seqs * blocks_per_seq
+    key_cache = torch.randn(nb, block_size, HKV, D, device=device, dtype=torch.bfloat16)
+    value_cache = torch.randn_like(key_cache)
+    table = torch.randperm(nb, device=device, dtype=torch.int32).view(seqs, blocks_per_seq)
+    q = torch.randn(seqs, HQ, D, device=device, dtype=torch.bfloat16)
+    kv_lens = torch.full((seqs,), ctx, device=device, dtype=torch.int32)
+    return q, key_cache, value_cache, table, kv_lens
+
+
 def main():
     args = parse_args(__doc__, block_size=True)
     import asynct
@@ -36,12 +49,7 @@ def main():
     for seqs, ctx in SHAPES:
         bs = args.block_size
         blocks_per_seq = (ctx + bs - 1) // bs
-        nb = seqs * blocks_per_seq
-        key_cache = torch.randn(nb, bs, HKV, D, device="cuda", dtype=torch.bfloat16)
-        value_cache = torch.randn_like(key_cache)
-        table = torch.randperm(nb, device="cuda", dtype=torch.int32).view(seqs, blocks_per_seq)
-        q = torch.randn(seqs, HQ, D, device="cuda", dtype=torch.bfloat16)
-        kv_lens = torch.full((seqs,), ctx, device="cuda", dtype=torch.int32)
+        q, key_cache, value_cache, table, kv_lens = decode_inputs(seqs, ctx, bs)
         kv_bytes = 2 * seqs * ctx * HKV * D * 2
 
         counters = torch.zeros(2, device="cuda", dtype=torch.int64)

@@ -6,12 +6,11 @@
 Hq=16, Hkv=8, D=128, bf16, block_size 16, standard-normal Q/K/V, alpha=sigma=gamma=1, W=3.
 """
 import argparse
-import os
-import sys
 
 import torch
 
-HQ, HKV, D = 16, 8, 128
+from bench_decode import HQ, decode_inputs
+from common import use_library
 
 
 def main():
@@ -22,22 +21,14 @@ def main():
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--gates", default="softmax,async")
     args = ap.parse_args()
-    os.environ["ASYNCT_LIB"] = os.path.join(args.lib, "lib", "libasynct.so")
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    use_library(args.lib)
     import asynct
 
-    bs, seqs, ctx = args.block_size, args.seqs, args.ctx
-    blocks_per_seq = (ctx + bs - 1) // bs
-    nb = seqs * blocks_per_seq
     torch.manual_seed(0)
-    key_cache = torch.randn(nb, bs, HKV, D, device="cuda", dtype=torch.bfloat16)
-    value_cache = torch.randn_like(key_cache)
-    table = torch.randperm(nb, device="cuda", dtype=torch.int32).view(seqs, blocks_per_seq)
-    q = torch.randn(seqs, HQ, D, device="cuda", dtype=torch.bfloat16)
-    kv_lens = torch.full((seqs,), ctx, device="cuda", dtype=torch.int32)
+    q, key_cache, value_cache, table, kv_lens = decode_inputs(args.seqs, args.ctx, args.block_size)
     gates = {"async": asynct.Gate.async_(HQ), "softmax": asynct.Gate.softmax()}
     for name in args.gates.split(","):
-        asynct.decode(q, key_cache, value_cache, table, kv_lens, gates[name], max_kv_len=ctx)
+        asynct.decode(q, key_cache, value_cache, table, kv_lens, gates[name], max_kv_len=args.ctx)
     torch.cuda.synchronize()
 
 

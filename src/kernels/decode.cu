@@ -31,6 +31,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/bf16.cuh"
 #include "kernels/bulk_copy.cuh"
@@ -420,7 +421,8 @@ struct StageRing {
   using Scratch = typename Gate::template Scratch<kHeadDim, kGroup>;
   static constexpr int kParts = Gate::kLoadValuesWithKeys ? 2 : 1;  // keys, and values
   static constexpr int kBytesPerHead = kParts * L::kTile * kHeadDim * 2;
-  static constexpr int kScratchBytes = (sizeof(Scratch) + 127) / 128 * 128;
+  // (An empty scratch takes no room: softmax gets the whole budget, 3 stages, not 2.)
+  static constexpr int kScratchBytes = std::is_empty_v<Scratch> ? 0 : (sizeof(Scratch) + 127) / 128 * 128;
   static constexpr int kStages = std::clamp((kStageBudgetPerHead - kScratchBytes) / kBytesPerHead, 2, 8);
   static constexpr std::size_t bytes(int heads) {
     return std::size_t(heads) * (kStages * kBytesPerHead + kScratchBytes);

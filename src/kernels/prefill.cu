@@ -1,10 +1,14 @@
 // Portable prefill attention (sm_80 and up), FlashAttention-2 style on mma.sync tensor cores.
 //
-// One CTA handles a tile of kBlockM query rows (128 for head_dim <= 128, 64 for 256) of one
-// (sequence, query head); each of its warps owns 16 rows. The CTA walks the key tiles (kBlockN keys) from key 0 up to the tile's last
-// visible key; K and V tiles are staged in shared memory with cp.async (V(t) loads while
-// S = Q K(t)^T is computed, K(t+1) loads while the gate and P V(t) run). S and O live in fp32
-// registers (mma.sync m16n8k16 bf16 -> fp32); P is rounded to bf16 for the PV product.
+// One CTA of 4 warps handles a tile of kBlockM query rows (128 for head_dim <= 128, 64 for 256)
+// of one (sequence, query head); each warp owns 16 * kRowBlocks consecutive rows (32 or 16), so
+// every K/V fragment it reads from shared memory feeds kRowBlocks mma rows. Two CTAs share an SM,
+// so one's barrier waits and gate math overlap the other's tensor-core work. The CTA walks the
+// key tiles (kBlockN keys) from key 0 up to the tile's last visible key; K and V tiles are
+// double-buffered in shared memory with cp.async (tile t+1 loads while tile t is computed, one
+// barrier per tile). S and O live in fp32 registers (mma.sync m16n8k16 bf16 -> fp32); P is
+// rounded to bf16 for the PV product. The grid runs the heaviest (last) query tiles of every
+// (sequence, head) first, so that the short causal tiles fill the tail.
 //
 // The gate is a policy (SoftmaxGate, AsyncGate<kMaxW, kExact>) with two hooks: apply() turns
 // one tile of scores into P in place (softmax: online max/sum and the rescale of O; async: the
@@ -58,14 +62,19 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
 
 // ---- Configuration -------------------------------------------------------------------------
 
-template <int D, int BlockM>
+template <int D>
 struct Config {
-  static constexpr int kBlockM = BlockM;              // query rows per CTA, 16 per warp
-  static constexpr int kBlockN = D <= 128 ? 64 : 32;  // keys per tile
-  static constexpr int kWarps = kBlockM / 16;
+  // 16-row mma blocks per warp: 2 halves the shared-memory reads per mma; head_dim 256 keeps 1
+  // (its O accumulators alone take 128 registers per row block).
+  static constexpr int kRowBlocks = D <= 128 ? 2 : 1;
+  static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kQInRegs = D <= 128;  // Q fragments held in registers across tiles
-  static constexpr int kSmemBytes = (kBlockM + 2 * kBlockN) * D * 2;
+  static constexpr int kBlockM = kWarps * 16 * kRowBlocks;  // query rows per CTA
+  static constexpr int kBlockN = D <= 128 ? 64 : 32;        // keys per tile
+  static constexpr int kStages = 2;                         // K/V tiles in flight
+  static constexpr int kCtasPerSm = 2;
+  static constexpr int kSmemBytes = (kBlockM + 2 * kStages * kBlockN) * D * 2;
+  static_assert(kSmemBytes * kCtasPerSm <= 227 * 1024, "two CTAs must fit one SM");
 };
 
 // What a CTA knows about its sequence, head and tile.
@@ -84,23 +93,29 @@ __device__ __forceinline__ bool is_masked(int key0, int pos0, int nb, int e, int
 
 // ---- Gates ---------------------------------------------------------------------------------
 
+// Both gates keep per-row state for each of the warp's MB 16-row blocks; apply() and finish()
+// take the block index mb (a compile-time constant after unrolling).
+template <int MB>
 struct SoftmaxGate {
-  float scale_log2;    // scale * log2(e)
-  float scale_cap;     // scale / softcap
-  float softcap;       // 0: none
-  float row_max[2];    // running max of the (log2-scaled) scores, rows g and g+8
-  float row_sum[2];    // running sum of this thread's P (reduced over the quad in finish())
+  float scale_log2;       // scale * log2(e)
+  float scale_cap;        // scale / softcap
+  float softcap;          // 0: none
+  float row_max[MB][2];   // running max of the (log2-scaled) scores, rows g and g+8
+  float row_sum[MB][2];   // running sum of this thread's P (reduced over the quad in finish())
 
   __device__ SoftmaxGate(const PrefillParams& p, int /*head*/, float s) {
     scale_log2 = s * 1.4426950408889634f;
     softcap = p.gate.softcap;
     scale_cap = softcap > 0.0f ? s / softcap : 0.0f;
-    row_max[0] = row_max[1] = -INFINITY;
-    row_sum[0] = row_sum[1] = 0.0f;
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+      row_max[mb][0] = row_max[mb][1] = -INFINITY;
+      row_sum[mb][0] = row_sum[mb][1] = 0.0f;
+    }
   }
 
   template <bool kMask, int NB, int DB>
-  __device__ __forceinline__ void apply(float (&s)[NB][4], float (&o)[DB][4], int key0,
+  __device__ __forceinline__ void apply(int mb, float (&s)[NB][4], float (&o)[DB][4], int key0,
                                         int pos0) {
     const int quad = threadIdx.x & 3;
     if (softcap > 0.0f) {
@@ -124,14 +139,14 @@ struct SoftmaxGate {
     }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float mx = row_max[hh];
+      float mx = row_max[mb][hh];
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * hh], s[nb][2 * hh + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float base = mx == -INFINITY ? 0.0f : mx;  // a row that has seen no key yet
-      const float correction = fast_exp2(row_max[hh] - base);
-      row_max[hh] = mx;
+      const float correction = fast_exp2(row_max[mb][hh] - base);
+      row_max[mb][hh] = mx;
       float sum = 0.0f;
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
@@ -139,7 +154,7 @@ struct SoftmaxGate {
         s[nb][2 * hh + 1] = fast_exp2(s[nb][2 * hh + 1] - base);
         sum += s[nb][2 * hh] + s[nb][2 * hh + 1];
       }
-      row_sum[hh] = row_sum[hh] * correction + sum;
+      row_sum[mb][hh] = row_sum[mb][hh] * correction + sum;
 #pragma unroll
       for (int db = 0; db < DB; ++db) {
         o[db][2 * hh] *= correction;
@@ -149,10 +164,10 @@ struct SoftmaxGate {
   }
 
   template <int DB>
-  __device__ __forceinline__ void finish(float (&o)[DB][4]) {
+  __device__ __forceinline__ void finish(int mb, float (&o)[DB][4]) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float l = row_sum[hh];
+      float l = row_sum[mb][hh];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -166,12 +181,12 @@ struct SoftmaxGate {
 };
 
 // The async gate for pool windows W <= kMaxW; kExact: W == kMaxW (the window is compile-time).
-template <int kMaxW, bool kExact>
+template <int MB, int kMaxW, bool kExact>
 struct AsyncGate {
   static_assert(kMaxW >= 1 && kMaxW <= 8, "pool window 1..8");
   float scale, alpha, sigma, gamma, inv_w;
   int window;
-  float carry[4];  // ReLU'd scores of this thread's columns of the previous tile's last block
+  float carry[MB][4];  // ReLU'd scores of this thread's columns of the previous tile's last block
 
   __device__ AsyncGate(const PrefillParams& p, int head, float s) {
     scale = s;
@@ -181,11 +196,13 @@ struct AsyncGate {
     window = kExact ? kMaxW : p.gate.pool_window;
     inv_w = 1.0f / float(window);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) carry[e] = 0.0f;  // R = 0 left of key 0
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) carry[mb][e] = 0.0f;  // R = 0 left of key 0
   }
 
   template <bool kMask, int NB, int DB>
-  __device__ __forceinline__ void apply(float (&s)[NB][4], float (&)[DB][4], int key0,
+  __device__ __forceinline__ void apply(int mb, float (&s)[NB][4], float (&)[DB][4], int key0,
                                         int pos0) {
     const int lane = threadIdx.x & 31, quad = lane & 3;
 #pragma unroll
@@ -195,8 +212,8 @@ struct AsyncGate {
     float prev[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      prev[e] = carry[e];
-      carry[e] = fmaxf(s[NB - 1][e], 0.0f);
+      prev[e] = carry[mb][e];
+      carry[mb][e] = fmaxf(s[NB - 1][e], 0.0f);
     }
     // Descending blocks: block nb's P overwrites its S only after block nb+1 (which reads it
     // as its left neighbour) is done.
@@ -249,7 +266,7 @@ struct AsyncGate {
   }
 
   template <int DB>
-  __device__ __forceinline__ void finish(float (&)[DB][4]) {}  // no normalisation
+  __device__ __forceinline__ void finish(int, float (&)[DB][4]) {}  // no normalisation
 };
 
 // ---- Tile loads ----------------------------------------------------------------------------
@@ -257,11 +274,11 @@ struct AsyncGate {
 // Issues the cp.async copies of key/value tile `tile` (kBlockN rows) into `dst`: positions
 // < prefix from the paged cache, positions in [prefix, kv_end) from the new-token array, rows
 // at or past kv_end zero-filled.
-template <int D, int BlockM>
+template <int D>
 __device__ __forceinline__ void load_kv_tile(bf16* dst, const bf16* cache, const bf16* fresh,
                                              int tile, const PrefillParams& p,
                                              const TileInfo& t) {
-  using C = Config<D, BlockM>;
+  using C = Config<D>;
   constexpr int kChunks = D / 8;                   // 16-byte chunks per row
   constexpr int kRowsPerPass = C::kThreads / kChunks;
   const int chunk = threadIdx.x % kChunks;
@@ -288,23 +305,25 @@ __device__ __forceinline__ void load_kv_tile(bf16* dst, const bf16* cache, const
 
 // ---- The kernel ----------------------------------------------------------------------------
 
-template <int D, int BlockM, class Gate>
-__global__ void __launch_bounds__(Config<D, BlockM>::kThreads)
+template <int D, class Gate>
+__global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
     prefill_kernel(const PrefillParams p, float scale) {
-  using C = Config<D, BlockM>;
+  using C = Config<D>;
   constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN;
-  constexpr int NB = kBlockN / 8;  // 8-key column blocks of S
-  constexpr int DB = D / 8;        // 8-wide column blocks of O
-  constexpr int KS = D / 16;       // k-steps of Q K^T
+  constexpr int MB = C::kRowBlocks;  // 16-row blocks per warp
+  constexpr int NB = kBlockN / 8;    // 8-key column blocks of S
+  constexpr int DB = D / 8;          // 8-wide column blocks of O
+  constexpr int KS = D / 16;         // k-steps of Q K^T
   constexpr int kChunks = D / 8;
+  constexpr int kTileElems = kBlockN * D;
 
   TileInfo t;
-  t.seq = blockIdx.z;
-  t.head = blockIdx.y;
+  t.head = blockIdx.x;
+  t.seq = blockIdx.y;
   t.q_begin = p.cu_seqlens_q[t.seq];
   t.q_len = p.cu_seqlens_q[t.seq + 1] - t.q_begin;
-  // Heaviest (last) query tiles first.
-  t.m0 = int(gridDim.x - 1 - blockIdx.x) * kBlockM;
+  // Heaviest (last) query tiles first: blockIdx.z is the slowest grid dimension.
+  t.m0 = int(gridDim.z - 1 - blockIdx.z) * kBlockM;
   if (t.m0 >= t.q_len) return;
   const int kv_len = p.kv_lens[t.seq];
   t.prefix = kv_len - t.q_len;
@@ -314,13 +333,14 @@ __global__ void __launch_bounds__(Config<D, BlockM>::kThreads)
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
-  bf16* sK = sQ + kBlockM * D;
-  bf16* sV = sK + kBlockN * D;
+  bf16* sK = sQ + kBlockM * D;              // kStages K tiles
+  bf16* sV = sK + C::kStages * kTileElems;  // kStages V tiles
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
   const int hq = p.num_q_heads;
+  const int warp_row0 = warp * 16 * MB;  // the warp's first row within the tile
 
-  // Q tile (rows past q_len zero-filled) and the first K tile.
+  // Q tile (rows past q_len zero-filled) and the first K/V tile: one cp.async group.
   {
     constexpr int kRowsPerPass = C::kThreads / kChunks;
     const int chunk = tid % kChunks;
@@ -334,19 +354,21 @@ __global__ void __launch_bounds__(Config<D, BlockM>::kThreads)
       cp_async16(sQ + swizzle<D>(row, chunk), src, valid);
     }
   }
-  load_kv_tile<D, BlockM>(sK, p.kv.key_cache, p.key, 0, p, t);
+  load_kv_tile<D>(sK, p.kv.key_cache, p.key, 0, p, t);
+  load_kv_tile<D>(sV, p.kv.value_cache, p.value, 0, p, t);
   cp_async_commit();
 
   Gate gate(p, t.head, scale);
-  float acc_o[DB][4];
+  float acc_o[MB][DB][4];
 #pragma unroll
-  for (int db = 0; db < DB; ++db)
+  for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc_o[db][e] = 0.0f;
+    for (int db = 0; db < DB; ++db)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mb][db][e] = 0.0f;
 
-  unsigned q_frag[C::kQInRegs ? KS : 1][4];
-  const int q_row = warp * 16 + (lane & 15);  // ldmatrix row of this lane (A operand)
-  const int pos0 = t.prefix + t.m0 + warp * 16 + lane / 4;  // position of the thread's row g
+  const int q_row = warp_row0 + (lane & 15);               // ldmatrix row (A operand), block 0
+  const int pos0 = t.prefix + t.m0 + warp_row0 + lane / 4;  // position of the thread's row g
   const int n_tiles = (t.kv_end + kBlockN - 1) / kBlockN;
   // The first tile with a key past the tile's first row needs the causal mask.
   const int first_masked = (t.prefix + t.m0 + 1) / kBlockN;
@@ -356,92 +378,96 @@ __global__ void __launch_bounds__(Config<D, BlockM>::kThreads)
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     cp_async_wait_all();
-    __syncthreads();  // K(tile) (and Q) landed; every warp is done with V(tile-1)
-    load_kv_tile<D, BlockM>(sV, p.kv.value_cache, p.value, tile, p, t);
-    cp_async_commit();
-
-    if constexpr (C::kQInRegs) {
-      if (tile == 0) {
-#pragma unroll
-        for (int ks = 0; ks < KS; ++ks)
-          ldmatrix_x4(q_frag[ks], sQ + swizzle<D>(q_row, 2 * ks + (lane >> 4)));
-      }
+    __syncthreads();  // K/V(tile) (and Q) landed; every warp is done with tile-1's stage
+    if (tile + 1 < n_tiles) {
+      const int next = (tile + 1) % C::kStages;
+      load_kv_tile<D>(sK + next * kTileElems, p.kv.key_cache, p.key, tile + 1, p, t);
+      load_kv_tile<D>(sV + next * kTileElems, p.kv.value_cache, p.value, tile + 1, p, t);
+      cp_async_commit();
     }
+    const bf16* k_tile = sK + (tile % C::kStages) * kTileElems;
+    const bf16* v_tile = sV + (tile % C::kStages) * kTileElems;
 
-    // S = Q K^T for this warp's 16 rows.
-    float acc_s[NB][4];
+    // S = Q K^T for the warp's MB row blocks; each K fragment feeds all of them.
+    float acc_s[MB][NB][4];
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
+    for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc_s[nb][e] = 0.0f;
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc_s[mb][nb][e] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
-      unsigned a[4];
-      if constexpr (C::kQInRegs) {
+      unsigned a[MB][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) a[e] = q_frag[ks][e];
-      } else {
-        ldmatrix_x4(a, sQ + swizzle<D>(q_row, 2 * ks + (lane >> 4)));
-      }
+      for (int mb = 0; mb < MB; ++mb)
+        ldmatrix_x4(a[mb], sQ + swizzle<D>(q_row + 16 * mb, 2 * ks + (lane >> 4)));
 #pragma unroll
       for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
         unsigned b[4];
-        ldmatrix_x4(b, sK + swizzle<D>(nb2 * 16 + k_row, 2 * ks + k_chunk));
-        mma_bf16(acc_s[2 * nb2], a, b[0], b[1]);
-        mma_bf16(acc_s[2 * nb2 + 1], a, b[2], b[3]);
+        ldmatrix_x4(b, k_tile + swizzle<D>(nb2 * 16 + k_row, 2 * ks + k_chunk));
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {
+          mma_bf16(acc_s[mb][2 * nb2], a[mb], b[0], b[1]);
+          mma_bf16(acc_s[mb][2 * nb2 + 1], a[mb], b[2], b[3]);
+        }
       }
     }
 
-    cp_async_wait_all();
-    __syncthreads();  // V(tile) landed; every warp is done with K(tile)
-    if (tile + 1 < n_tiles) {
-      load_kv_tile<D, BlockM>(sK, p.kv.key_cache, p.key, tile + 1, p, t);
-      cp_async_commit();
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+      if (tile >= first_masked)
+        gate.template apply<true>(mb, acc_s[mb], acc_o[mb], tile * kBlockN, pos0 + 16 * mb);
+      else
+        gate.template apply<false>(mb, acc_s[mb], acc_o[mb], tile * kBlockN, pos0 + 16 * mb);
     }
 
-    if (tile >= first_masked)
-      gate.template apply<true>(acc_s, acc_o, tile * kBlockN, pos0);
-    else
-      gate.template apply<false>(acc_s, acc_o, tile * kBlockN, pos0);
-
-    // O += P V.
+    // O += P V; each V fragment feeds all row blocks.
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      unsigned a[4];
-      a[0] = pack_bf16(acc_s[2 * kk][0], acc_s[2 * kk][1]);
-      a[1] = pack_bf16(acc_s[2 * kk][2], acc_s[2 * kk][3]);
-      a[2] = pack_bf16(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
-      a[3] = pack_bf16(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+      unsigned a[MB][4];
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb) {
+        a[mb][0] = pack_bf16(acc_s[mb][2 * kk][0], acc_s[mb][2 * kk][1]);
+        a[mb][1] = pack_bf16(acc_s[mb][2 * kk][2], acc_s[mb][2 * kk][3]);
+        a[mb][2] = pack_bf16(acc_s[mb][2 * kk + 1][0], acc_s[mb][2 * kk + 1][1]);
+        a[mb][3] = pack_bf16(acc_s[mb][2 * kk + 1][2], acc_s[mb][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int db2 = 0; db2 < DB / 2; ++db2) {
         unsigned b[4];
-        ldmatrix_x4_trans(b, sV + swizzle<D>(kk * 16 + v_row, 2 * db2 + v_chunk));
-        mma_bf16(acc_o[2 * db2], a, b[0], b[1]);
-        mma_bf16(acc_o[2 * db2 + 1], a, b[2], b[3]);
+        ldmatrix_x4_trans(b, v_tile + swizzle<D>(kk * 16 + v_row, 2 * db2 + v_chunk));
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb) {
+          mma_bf16(acc_o[mb][2 * db2], a[mb], b[0], b[1]);
+          mma_bf16(acc_o[mb][2 * db2 + 1], a[mb], b[2], b[3]);
+        }
       }
     }
   }
-
-  gate.finish(acc_o);
 
   // Stage O (bf16) through this warp's own rows of sQ, then 16-byte coalesced stores.
   {
     const int g = lane / 4, quad = lane & 3;
     __syncwarp();  // the warp's ldmatrix reads of sQ are done
 #pragma unroll
-    for (int db = 0; db < DB; ++db) {
+    for (int mb = 0; mb < MB; ++mb) {
+      gate.finish(mb, acc_o[mb]);
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = warp * 16 + g + 8 * hh;
-        *reinterpret_cast<__nv_bfloat162*>(sQ + swizzle<D>(row, db) + 2 * quad) =
-            __floats2bfloat162_rn(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
+      for (int db = 0; db < DB; ++db) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = warp_row0 + 16 * mb + g + 8 * hh;
+          *reinterpret_cast<__nv_bfloat162*>(sQ + swizzle<D>(row, db) + 2 * quad) =
+              __floats2bfloat162_rn(acc_o[mb][db][2 * hh], acc_o[mb][db][2 * hh + 1]);
+        }
       }
     }
     __syncwarp();
 #pragma unroll
-    for (int i = 0; i < 16 * kChunks / 32; ++i) {
+    for (int i = 0; i < 16 * MB * kChunks / 32; ++i) {
       const int idx = i * 32 + lane;
-      const int row = warp * 16 + idx / kChunks, chunk = idx % kChunks;
+      const int row = warp_row0 + idx / kChunks, chunk = idx % kChunks;
       if (row < rows) {
         const long long dst = ((long long)(t.q_begin + t.m0 + row) * hq + t.head) * D + chunk * 8;
         store_bf16x8(p.out + dst, load_bf16x8(sQ + swizzle<D>(row, chunk)));
@@ -470,28 +496,27 @@ __global__ void __launch_bounds__(Config<D, BlockM>::kThreads)
 
 // ---- Host side -----------------------------------------------------------------------------
 
-template <int D, class Gate, int BlockM>
+template <int D, class Gate>
 void launch_with(const PrefillParams& p, float scale, cudaStream_t stream) {
-  using C = Config<D, BlockM>;
-  allow_dynamic_smem<prefill_kernel<D, BlockM, Gate>>(C::kSmemBytes);
-  const dim3 grid((p.max_q_len + C::kBlockM - 1) / C::kBlockM, p.num_q_heads, p.num_seqs);
-  prefill_kernel<D, BlockM, Gate><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale);
+  using C = Config<D>;
+  allow_dynamic_smem<prefill_kernel<D, Gate>>(C::kSmemBytes);
+  const int m_tiles = (p.max_q_len + C::kBlockM - 1) / C::kBlockM;
+  check(m_tiles <= 65535, "launch_prefill: max_q_len ", p.max_q_len, " needs ", m_tiles,
+        " query tiles; the grid allows 65535");
+  const dim3 grid(p.num_q_heads, p.num_seqs, m_tiles);
+  prefill_kernel<D, Gate><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale);
   check_launch("launch_prefill");
 }
 
 template <int D>
 void dispatch_gate(const PrefillParams& p, float scale, cudaStream_t stream) {
-  // Query rows per CTA: 128 (8 warps) halves the K/V tile traffic per query row; measured on
-  // H200 (causal, Hq=16, Hkv=8, D=128, 1K-16K tokens) 7-15% faster than 64 rows (4 warps).
-  // head_dim 256 keeps 64 rows (its O accumulators already fill the register file).
-  constexpr int kBlockM = D <= 128 ? 128 : 64;
-  if (p.gate.kind == GateKind::Softmax)
-    return launch_with<D, SoftmaxGate, kBlockM>(p, scale, stream);
+  constexpr int MB = Config<D>::kRowBlocks;
+  if (p.gate.kind == GateKind::Softmax) return launch_with<D, SoftmaxGate<MB>>(p, scale, stream);
   switch (p.gate.pool_window) {
-    case 1: return launch_with<D, AsyncGate<1, true>, kBlockM>(p, scale, stream);
-    case 2: return launch_with<D, AsyncGate<2, true>, kBlockM>(p, scale, stream);
-    case 3: return launch_with<D, AsyncGate<3, true>, kBlockM>(p, scale, stream);
-    default: return launch_with<D, AsyncGate<8, false>, kBlockM>(p, scale, stream);  // 4..8
+    case 1: return launch_with<D, AsyncGate<MB, 1, true>>(p, scale, stream);
+    case 2: return launch_with<D, AsyncGate<MB, 2, true>>(p, scale, stream);
+    case 3: return launch_with<D, AsyncGate<MB, 3, true>>(p, scale, stream);
+    default: return launch_with<D, AsyncGate<MB, 8, false>>(p, scale, stream);  // 4..8
   }
 }
 

@@ -155,10 +155,14 @@ struct SoftmaxGate {
         sum += s[nb][2 * hh] + s[nb][2 * hh + 1];
       }
       row_sum[mb][hh] = row_sum[mb][hh] * correction + sum;
+      // Once the running max settles, most tiles leave it unchanged: skip the rescale of O
+      // when no row of the warp moved.
+      if (__any_sync(0xffffffffu, correction != 1.0f)) {
 #pragma unroll
-      for (int db = 0; db < DB; ++db) {
-        o[db][2 * hh] *= correction;
-        o[db][2 * hh + 1] *= correction;
+        for (int db = 0; db < DB; ++db) {
+          o[db][2 * hh] *= correction;
+          o[db][2 * hh + 1] *= correction;
+        }
       }
     }
   }
@@ -303,6 +307,32 @@ __device__ __forceinline__ void load_kv_tile(bf16* dst, const bf16* cache, const
   }
 }
 
+// Copies the tile's rows that are this CTA's new tokens (positions [prefix + m0, kv_end)) from
+// the staged K/V tiles into the paged cache. They pass through shared memory anyway, so the
+// write costs no global loads; stores do not stall the warp.
+template <int D>
+__device__ __forceinline__ void store_new_rows(const bf16* k_tile, const bf16* v_tile, int tile,
+                                               const PrefillParams& p, const TileInfo& t) {
+  using C = Config<D>;
+  constexpr int kChunks = D / 8;
+  const int key0 = tile * C::kBlockN;
+  const int first = max(t.prefix + t.m0, key0) - key0;  // rows of the tile
+  const int last = min(t.kv_end, key0 + C::kBlockN) - key0;
+  const int hkv = p.kv.num_kv_heads;
+  const int shift = __ffs(p.kv.block_size) - 1;
+  const std::int32_t* table = p.kv.block_table + (long long)t.seq * p.kv.max_blocks_per_seq;
+  for (int idx = first * kChunks + threadIdx.x; idx < last * kChunks; idx += C::kThreads) {
+    const int row = idx / kChunks, chunk = idx % kChunks;
+    const int pos = key0 + row;
+    const long long block = table[pos >> shift];
+    const long long dst =
+        ((block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * hkv + t.kv_head) * D +
+        chunk * 8;
+    store_bf16x8(p.kv.key_cache + dst, load_bf16x8(k_tile + swizzle<D>(row, chunk)));
+    store_bf16x8(p.kv.value_cache + dst, load_bf16x8(v_tile + swizzle<D>(row, chunk)));
+  }
+}
+
 // ---- The kernel ----------------------------------------------------------------------------
 
 template <int D, class Gate>
@@ -369,6 +399,9 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
 
   const int q_row = warp_row0 + (lane & 15);               // ldmatrix row (A operand), block 0
   const int pos0 = t.prefix + t.m0 + warp_row0 + lane / 4;  // position of the thread's row g
+  const int warp_last_pos = t.prefix + t.m0 + warp_row0 + 16 * MB - 1;
+  // The first query head of each KV-head group writes the new tokens' K/V into the cache.
+  const bool writes_cache = t.head % (hq / p.kv.num_kv_heads) == 0;
   const int n_tiles = (t.kv_end + kBlockN - 1) / kBlockN;
   // The first tile with a key past the tile's first row needs the causal mask.
   const int first_masked = (t.prefix + t.m0 + 1) / kBlockN;
@@ -387,63 +420,70 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
     }
     const bf16* k_tile = sK + (tile % C::kStages) * kTileElems;
     const bf16* v_tile = sV + (tile % C::kStages) * kTileElems;
+    // On the diagonal, a warp whose rows all precede the tile's first key has nothing to do
+    // (nor on any later tile): its P would be all zero.
+    if (tile * kBlockN <= warp_last_pos) {
 
-    // S = Q K^T for the warp's MB row blocks; each K fragment feeds all of them.
-    float acc_s[MB][NB][4];
-#pragma unroll
-    for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[mb][nb][e] = 0.0f;
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-      unsigned a[MB][4];
+      // S = Q K^T for the warp's MB row blocks; each K fragment feeds all of them.
+      float acc_s[MB][NB][4];
 #pragma unroll
       for (int mb = 0; mb < MB; ++mb)
-        ldmatrix_x4(a[mb], sQ + swizzle<D>(q_row + 16 * mb, 2 * ks + (lane >> 4)));
 #pragma unroll
-      for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
-        unsigned b[4];
-        ldmatrix_x4(b, k_tile + swizzle<D>(nb2 * 16 + k_row, 2 * ks + k_chunk));
+        for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-        for (int mb = 0; mb < MB; ++mb) {
-          mma_bf16(acc_s[mb][2 * nb2], a[mb], b[0], b[1]);
-          mma_bf16(acc_s[mb][2 * nb2 + 1], a[mb], b[2], b[3]);
+          for (int e = 0; e < 4; ++e) acc_s[mb][nb][e] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        unsigned a[MB][4];
+#pragma unroll
+        for (int mb = 0; mb < MB; ++mb)
+          ldmatrix_x4(a[mb], sQ + swizzle<D>(q_row + 16 * mb, 2 * ks + (lane >> 4)));
+#pragma unroll
+        for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+          unsigned b[4];
+          ldmatrix_x4(b, k_tile + swizzle<D>(nb2 * 16 + k_row, 2 * ks + k_chunk));
+#pragma unroll
+          for (int mb = 0; mb < MB; ++mb) {
+            mma_bf16(acc_s[mb][2 * nb2], a[mb], b[0], b[1]);
+            mma_bf16(acc_s[mb][2 * nb2 + 1], a[mb], b[2], b[3]);
+          }
         }
       }
-    }
 
-#pragma unroll
-    for (int mb = 0; mb < MB; ++mb) {
-      if (tile >= first_masked)
-        gate.template apply<true>(mb, acc_s[mb], acc_o[mb], tile * kBlockN, pos0 + 16 * mb);
-      else
-        gate.template apply<false>(mb, acc_s[mb], acc_o[mb], tile * kBlockN, pos0 + 16 * mb);
-    }
-
-    // O += P V; each V fragment feeds all row blocks.
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      unsigned a[MB][4];
 #pragma unroll
       for (int mb = 0; mb < MB; ++mb) {
-        a[mb][0] = pack_bf16(acc_s[mb][2 * kk][0], acc_s[mb][2 * kk][1]);
-        a[mb][1] = pack_bf16(acc_s[mb][2 * kk][2], acc_s[mb][2 * kk][3]);
-        a[mb][2] = pack_bf16(acc_s[mb][2 * kk + 1][0], acc_s[mb][2 * kk + 1][1]);
-        a[mb][3] = pack_bf16(acc_s[mb][2 * kk + 1][2], acc_s[mb][2 * kk + 1][3]);
+        if (tile >= first_masked)
+          gate.template apply<true>(mb, acc_s[mb], acc_o[mb], tile * kBlockN, pos0 + 16 * mb);
+        else
+          gate.template apply<false>(mb, acc_s[mb], acc_o[mb], tile * kBlockN, pos0 + 16 * mb);
       }
+
+      // O += P V; each V fragment feeds all row blocks.
 #pragma unroll
-      for (int db2 = 0; db2 < DB / 2; ++db2) {
-        unsigned b[4];
-        ldmatrix_x4_trans(b, v_tile + swizzle<D>(kk * 16 + v_row, 2 * db2 + v_chunk));
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        unsigned a[MB][4];
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb) {
-          mma_bf16(acc_o[mb][2 * db2], a[mb], b[0], b[1]);
-          mma_bf16(acc_o[mb][2 * db2 + 1], a[mb], b[2], b[3]);
+          a[mb][0] = pack_bf16(acc_s[mb][2 * kk][0], acc_s[mb][2 * kk][1]);
+          a[mb][1] = pack_bf16(acc_s[mb][2 * kk][2], acc_s[mb][2 * kk][3]);
+          a[mb][2] = pack_bf16(acc_s[mb][2 * kk + 1][0], acc_s[mb][2 * kk + 1][1]);
+          a[mb][3] = pack_bf16(acc_s[mb][2 * kk + 1][2], acc_s[mb][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int db2 = 0; db2 < DB / 2; ++db2) {
+          unsigned b[4];
+          ldmatrix_x4_trans(b, v_tile + swizzle<D>(kk * 16 + v_row, 2 * db2 + v_chunk));
+#pragma unroll
+          for (int mb = 0; mb < MB; ++mb) {
+            mma_bf16(acc_o[mb][2 * db2], a[mb], b[0], b[1]);
+            mma_bf16(acc_o[mb][2 * db2 + 1], a[mb], b[2], b[3]);
+          }
         }
       }
     }
+    // After the math, where S's registers are free: the tile's new rows into the cache.
+    if (writes_cache && (tile + 1) * kBlockN > t.prefix + t.m0)
+      store_new_rows<D>(k_tile, v_tile, tile, p, t);
   }
 
   // Stage O (bf16) through this warp's own rows of sQ, then 16-byte coalesced stores.
@@ -475,23 +515,6 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
     }
   }
 
-  // The new tokens' K/V into the paged cache: the first query head of each KV group writes.
-  if (t.head % (hq / p.kv.num_kv_heads) == 0) {
-    const int hkv = p.kv.num_kv_heads;
-    const std::int32_t* table = p.kv.block_table + (long long)t.seq * p.kv.max_blocks_per_seq;
-    const int shift = __ffs(p.kv.block_size) - 1;
-    for (int idx = tid; idx < rows * kChunks; idx += C::kThreads) {
-      const int row = idx / kChunks, chunk = idx % kChunks;
-      const int pos = t.prefix + t.m0 + row;
-      const long long block = table[pos >> shift];
-      const long long dst =
-          ((block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * hkv + t.kv_head) * D +
-          chunk * 8;
-      const long long src = ((long long)(t.q_begin + t.m0 + row) * hkv + t.kv_head) * D + chunk * 8;
-      store_bf16x8(p.kv.key_cache + dst, load_bf16x8(p.key + src));
-      store_bf16x8(p.kv.value_cache + dst, load_bf16x8(p.value + src));
-    }
-  }
 }
 
 // ---- Host side -----------------------------------------------------------------------------

@@ -19,6 +19,22 @@ def sdpa(q, k, v, backend, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
 
+def prefill_inputs(batch, length, block_size):
+    """Standard-normal Q/K/V for `batch` sequences of `length` new tokens, an empty paged cache
+    of `block_size` with a shuffled block table, and the length arrays."""
+    total = batch * length
+    q = torch.randn(total, HQ, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
+    blocks_per_seq = (length + block_size - 1) // block_size
+    key_cache = torch.empty(batch * blocks_per_seq, block_size, HKV, D, device="cuda", dtype=torch.bfloat16)
+    value_cache = torch.empty_like(key_cache)
+    table = torch.randperm(batch * blocks_per_seq, device="cuda", dtype=torch.int32).view(batch, -1)
+    cu = torch.arange(0, total + 1, length, device="cuda", dtype=torch.int32)
+    kv_lens = torch.full((batch,), length, device="cuda", dtype=torch.int32)
+    return q, k, v, key_cache, value_cache, table, cu, kv_lens
+
+
 def main():
     args = parse_args(__doc__, block_size=True)
     import asynct
@@ -27,17 +43,8 @@ def main():
     torch.manual_seed(0)
     rows = []
     for batch, length in SHAPES:
-        bs = args.block_size
+        q, k, v, key_cache, value_cache, table, cu, kv_lens = prefill_inputs(batch, length, args.block_size)
         total = batch * length
-        q = torch.randn(total, HQ, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
-        blocks_per_seq = (length + bs - 1) // bs
-        key_cache = torch.empty(batch * blocks_per_seq, bs, HKV, D, device="cuda", dtype=torch.bfloat16)
-        value_cache = torch.empty_like(key_cache)
-        table = torch.randperm(batch * blocks_per_seq, device="cuda", dtype=torch.int32).view(batch, -1)
-        cu = torch.arange(0, total + 1, length, device="cuda", dtype=torch.int32)
-        kv_lens = torch.full((batch,), length, device="cuda", dtype=torch.int32)
         flops_causal = 4 * batch * HQ * length * length * D / 2
 
         row = {"batch": batch, "length": length}

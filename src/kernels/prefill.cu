@@ -118,17 +118,16 @@ struct SoftmaxGate {
   __device__ __forceinline__ void apply(int mb, float (&s)[NB][4], float (&o)[DB][4], int key0,
                                         int pos0) {
     const int quad = threadIdx.x & 3;
+    // The scores stay unscaled where possible: exp2(s * to_log2 - max) is one FFMA per score,
+    // and the max of the unscaled scores times to_log2 (> 0) is the max of the scaled ones.
+    float to_log2 = scale_log2;
     if (softcap > 0.0f) {
       const float cap_log2 = softcap * 1.4426950408889634f;
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nb][e] = cap_log2 * tanhf(s[nb][e] * scale_cap);
-    } else {
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nb][e] *= scale_log2;
+      to_log2 = 1.0f;
     }
     if constexpr (kMask) {
 #pragma unroll
@@ -139,19 +138,20 @@ struct SoftmaxGate {
     }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float mx = row_max[mb][hh];
+      float mx = -INFINITY;
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[nb][2 * hh], s[nb][2 * hh + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(row_max[mb][hh], mx * to_log2);  // (-inf * to_log2 stays -inf)
       const float base = mx == -INFINITY ? 0.0f : mx;  // a row that has seen no key yet
       const float correction = fast_exp2(row_max[mb][hh] - base);
       row_max[mb][hh] = mx;
       float sum = 0.0f;
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
-        s[nb][2 * hh] = fast_exp2(s[nb][2 * hh] - base);
-        s[nb][2 * hh + 1] = fast_exp2(s[nb][2 * hh + 1] - base);
+        s[nb][2 * hh] = fast_exp2(fmaf(s[nb][2 * hh], to_log2, -base));
+        s[nb][2 * hh + 1] = fast_exp2(fmaf(s[nb][2 * hh + 1], to_log2, -base));
         sum += s[nb][2 * hh] + s[nb][2 * hh + 1];
       }
       row_sum[mb][hh] = row_sum[mb][hh] * correction + sum;
@@ -273,35 +273,40 @@ struct AsyncGate {
 
 // ---- Tile loads ----------------------------------------------------------------------------
 
-// Issues the cp.async copies of key/value tile `tile` (kBlockN rows) into `dst`: positions
-// < prefix from the paged cache, positions in [prefix, kv_end) from the new-token array, rows
-// at or past kv_end zero-filled.
+// Issues the cp.async copies of key/value tile `tile` (kBlockN rows) into k_dst/v_dst: positions
+// < prefix from the paged cache, positions in [prefix, kv_end) from the new-token arrays, rows
+// at or past kv_end zero-filled. K and V lie at the same offsets in their arrays, so each row's
+// address (a block-table lookup, or a linear index) is computed once for both; it is most of the
+// kernel's integer work.
 template <int D>
-__device__ __forceinline__ void load_kv_tile(bf16* dst, const bf16* cache, const bf16* fresh,
-                                             int tile, const PrefillParams& p,
-                                             const TileInfo& t) {
+__device__ __forceinline__ void load_kv_tile(bf16* k_dst, bf16* v_dst, int tile,
+                                             const PrefillParams& p, const TileInfo& t) {
   using C = Config<D>;
   constexpr int kChunks = D / 8;                   // 16-byte chunks per row
   constexpr int kRowsPerPass = C::kThreads / kChunks;
   const int chunk = threadIdx.x % kChunks;
   const int row0 = threadIdx.x / kChunks;
-  const int hkv = p.kv.num_kv_heads;
+  const long long row_stride = (long long)p.kv.num_kv_heads * D;  // elements per token
+  const int in_row = t.kv_head * D + chunk * 8;                     // this thread's 16 bytes
   const int shift = __ffs(p.kv.block_size) - 1;
   const std::int32_t* table = p.kv.block_table + (long long)t.seq * p.kv.max_blocks_per_seq;
 #pragma unroll
   for (int i = 0; i < C::kBlockN / kRowsPerPass; ++i) {
     const int row = row0 + i * kRowsPerPass;
     const int pos = tile * C::kBlockN + row;
-    const bf16* src = fresh;
-    bool valid = pos < t.kv_end;
+    const bool valid = pos < t.kv_end;
+    const bf16 *k_src = p.key, *v_src = p.value;
+    long long offset = 0;
     if (pos < t.prefix) {
       const long long block = table[pos >> shift];
-      src = cache + ((block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * hkv + t.kv_head) *
-                        (long long)D;
+      offset = (block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * row_stride + in_row;
+      k_src = p.kv.key_cache;
+      v_src = p.kv.value_cache;
     } else if (valid) {
-      src = fresh + ((long long)(t.q_begin + pos - t.prefix) * hkv + t.kv_head) * D;
+      offset = (long long)(t.q_begin - t.prefix + pos) * row_stride + in_row;
     }
-    cp_async16(dst + swizzle<D>(row, chunk), src + (valid ? chunk * 8 : 0), valid);
+    cp_async16(k_dst + swizzle<D>(row, chunk), k_src + offset, valid);
+    cp_async16(v_dst + swizzle<D>(row, chunk), v_src + offset, valid);
   }
 }
 
@@ -382,8 +387,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
       cp_async16(sQ + swizzle<D>(row, chunk), src, valid);
     }
   }
-  load_kv_tile<D>(sK, p.kv.key_cache, p.key, 0, p, t);
-  load_kv_tile<D>(sV, p.kv.value_cache, p.value, 0, p, t);
+  load_kv_tile<D>(sK, sV, 0, p, t);
   cp_async_commit();
 
   Gate gate(p, t.head, scale);
@@ -412,8 +416,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
     __syncthreads();  // K/V(tile) (and Q) landed; every warp is done with tile-1's stage
     if (tile + 1 < n_tiles) {
       const int next = (tile + 1) % C::kStages;
-      load_kv_tile<D>(sK + next * kTileElems, p.kv.key_cache, p.key, tile + 1, p, t);
-      load_kv_tile<D>(sV + next * kTileElems, p.kv.value_cache, p.value, tile + 1, p, t);
+      load_kv_tile<D>(sK + next * kTileElems, sV + next * kTileElems, tile + 1, p, t);
       cp_async_commit();
     }
     const bf16* k_tile = sK + (tile % C::kStages) * kTileElems;

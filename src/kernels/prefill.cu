@@ -186,17 +186,17 @@ struct SoftmaxGate {
 template <int MB, int kMaxW, bool kExact>
 struct AsyncGate {
   static_assert(kMaxW >= 1 && kMaxW <= 8, "pool window 1..8");
-  float scale, alpha, sigma, gamma, inv_w;
+  // The scores stay unscaled: the scale and 1/W live in the constants (async_gate_unscaled),
+  // and gamma multiplies O once in finish().
+  float alpha_scale, sigma_over_w, gamma;
   int window;
   float carry[MB][4];  // ReLU'd scores of this thread's columns of the previous tile's last block
 
   __device__ AsyncGate(const PrefillParams& p, int head, float s) {
-    scale = s;
-    alpha = p.gate.alpha[head];
-    sigma = p.gate.sigma[head];
-    gamma = p.gate.gamma[head];
     window = kExact ? kMaxW : p.gate.pool_window;
-    inv_w = 1.0f / float(window);
+    alpha_scale = p.gate.alpha[head] * s;
+    sigma_over_w = p.gate.sigma[head] / float(window);
+    gamma = p.gate.gamma[head];
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
@@ -207,10 +207,6 @@ struct AsyncGate {
   __device__ __forceinline__ void apply(int mb, float (&s)[NB][4], float (&)[DB][4], int key0,
                                         int pos0) {
     const int lane = threadIdx.x & 31, quad = lane & 3;
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[nb][e] *= scale;
     float prev[4];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -255,8 +251,8 @@ struct AsyncGate {
 #pragma unroll
         for (int k = 1; k + 1 < kMaxW; ++k)
           if (kExact || k + 1 < window) sum1 += left[k];
-        float g0 = async_gate(s0, sum0 * inv_w, alpha, sigma, gamma);
-        float g1 = async_gate(s1, sum1 * inv_w, alpha, sigma, gamma);
+        float g0 = async_gate_unscaled(s0, sum0, alpha_scale, sigma_over_w);
+        float g1 = async_gate_unscaled(s1, sum1, alpha_scale, sigma_over_w);
         if constexpr (kMask) {
           if (is_masked(key0, pos0, nb, 2 * hh, quad)) g0 = 0.0f;
           if (is_masked(key0, pos0, nb, 2 * hh + 1, quad)) g1 = 0.0f;
@@ -268,45 +264,58 @@ struct AsyncGate {
   }
 
   template <int DB>
-  __device__ __forceinline__ void finish(int, float (&)[DB][4]) {}  // no normalisation
+  __device__ __forceinline__ void finish(int, float (&o)[DB][4]) {  // no normalisation
+#pragma unroll
+    for (int db = 0; db < DB; ++db)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[db][e] *= gamma;
+  }
 };
 
 // ---- Tile loads ----------------------------------------------------------------------------
 
 // Issues the cp.async copies of key/value tile `tile` (kBlockN rows) into k_dst/v_dst: positions
 // < prefix from the paged cache, positions in [prefix, kv_end) from the new-token arrays, rows
-// at or past kv_end zero-filled. K and V lie at the same offsets in their arrays, so each row's
-// address (a block-table lookup, or a linear index) is computed once for both; it is most of the
-// kernel's integer work.
+// at or past kv_end zero-filled.
+//
+// Each thread copies part of one row (kThreadsPerRow threads per row), so the row's address (a
+// block-table lookup, or a linear index; the same for K and V) is computed once per tile; it
+// used to be most of the kernel's integer work. Chunk c = kThreadsPerRow * j + h of the row goes
+// to thread h: one copy instruction of a warp reads whole 32-byte sectors, and the 8 threads of
+// a shared-memory phase hold 8 consecutive rows, whose swizzled chunks fall in 8 distinct banks.
 template <int D>
 __device__ __forceinline__ void load_kv_tile(bf16* k_dst, bf16* v_dst, int tile,
                                              const PrefillParams& p, const TileInfo& t) {
   using C = Config<D>;
-  constexpr int kChunks = D / 8;                   // 16-byte chunks per row
-  constexpr int kRowsPerPass = C::kThreads / kChunks;
-  const int chunk = threadIdx.x % kChunks;
-  const int row0 = threadIdx.x / kChunks;
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  constexpr int kThreadsPerRow = C::kThreads / C::kBlockN;
+  static_assert(C::kThreads % C::kBlockN == 0 && kChunks % kThreadsPerRow == 0, "tile shape");
+  const int tid = threadIdx.x;
+  const int row = (tid & 7) | ((tid / (8 * kThreadsPerRow)) << 3);
+  const int h = (tid / 8) % kThreadsPerRow;
+  const int pos = tile * C::kBlockN + row;
+  const bool valid = pos < t.kv_end;
   const long long row_stride = (long long)p.kv.num_kv_heads * D;  // elements per token
-  const int in_row = t.kv_head * D + chunk * 8;                     // this thread's 16 bytes
-  const int shift = __ffs(p.kv.block_size) - 1;
-  const std::int32_t* table = p.kv.block_table + (long long)t.seq * p.kv.max_blocks_per_seq;
+  const bf16 *k_src = p.key, *v_src = p.value;
+  long long offset = 0;
+  if (pos < t.prefix) {
+    const int shift = __ffs(p.kv.block_size) - 1;
+    const long long block =
+        p.kv.block_table[(long long)t.seq * p.kv.max_blocks_per_seq + (pos >> shift)];
+    offset = (block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * row_stride;
+    k_src = p.kv.key_cache;
+    v_src = p.kv.value_cache;
+  } else if (valid) {
+    offset = (long long)(t.q_begin - t.prefix + pos) * row_stride;
+  }
+  if (valid) offset += t.kv_head * D;
+  k_src += offset;
+  v_src += offset;
 #pragma unroll
-  for (int i = 0; i < C::kBlockN / kRowsPerPass; ++i) {
-    const int row = row0 + i * kRowsPerPass;
-    const int pos = tile * C::kBlockN + row;
-    const bool valid = pos < t.kv_end;
-    const bf16 *k_src = p.key, *v_src = p.value;
-    long long offset = 0;
-    if (pos < t.prefix) {
-      const long long block = table[pos >> shift];
-      offset = (block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * row_stride + in_row;
-      k_src = p.kv.key_cache;
-      v_src = p.kv.value_cache;
-    } else if (valid) {
-      offset = (long long)(t.q_begin - t.prefix + pos) * row_stride + in_row;
-    }
-    cp_async16(k_dst + swizzle<D>(row, chunk), k_src + offset, valid);
-    cp_async16(v_dst + swizzle<D>(row, chunk), v_src + offset, valid);
+  for (int j = 0; j < kChunks / kThreadsPerRow; ++j) {
+    const int chunk = kThreadsPerRow * j + h;
+    cp_async16(k_dst + swizzle<D>(row, chunk), k_src + chunk * 8, valid);
+    cp_async16(v_dst + swizzle<D>(row, chunk), v_src + chunk * 8, valid);
   }
 }
 
@@ -565,7 +574,9 @@ void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   check((long long)p.max_kv_len <= (long long)p.kv.max_blocks_per_seq * p.kv.block_size, who,
         ": max_kv_len ", p.max_kv_len, " exceeds the block table's ", p.kv.max_blocks_per_seq,
         " blocks of ", p.kv.block_size, " tokens");
-  check(std::isfinite(p.scale), who, ": scale is not finite");
+  // (> 0 matters: both gates keep raw scores and fold the scale into constants.)
+  check(std::isfinite(p.scale) && p.scale >= 0.0f, who,
+        ": scale must be finite and positive (0: 1/sqrt(head_dim)), got ", p.scale);
   check(p.cu_seqlens_q && p.kv_lens, who, ": null cu_seqlens_q or kv_lens");
   if (p.total_q == 0 || p.max_q_len == 0) return;
   check(p.query && p.key && p.value && p.out, who, ": null query, key, value or out pointer");

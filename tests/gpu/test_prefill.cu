@@ -332,6 +332,9 @@ TEST(Prefill, RejectsBadArguments) {
   p.gate.pool_window = 9;
   testing::expect_error([&] { kernels::launch_prefill(p, nullptr); }, "pool window");
   p = valid();
+  p.scale = -0.125f;
+  testing::expect_error([&] { kernels::launch_prefill(p, nullptr); }, "scale must be");
+  p = valid();
   p.max_kv_len = 17;  // one block of 16 tokens
   testing::expect_error([&] { kernels::launch_prefill(p, nullptr); }, "max_kv_len");
 }

@@ -274,50 +274,75 @@ struct AsyncGate {
 
 // ---- Tile loads ----------------------------------------------------------------------------
 
-// Issues the cp.async copies of key/value tile `tile` (kBlockN rows) into k_dst/v_dst: positions
+// Copies key/value tile `tile` (kBlockN rows) into shared memory with cp.async: positions
 // < prefix from the paged cache, positions in [prefix, kv_end) from the new-token arrays, rows
 // at or past kv_end zero-filled.
 //
 // Each thread copies part of one row (kThreadsPerRow threads per row), so the row's address (a
-// block-table lookup, or a linear index; the same for K and V) is computed once per tile; it
-// used to be most of the kernel's integer work. Chunk c = kThreadsPerRow * j + h of the row goes
-// to thread h: one copy instruction of a warp reads whole 32-byte sectors, and the 8 threads of
-// a shared-memory phase hold 8 consecutive rows, whose swizzled chunks fall in 8 distinct banks.
+// block-table lookup, or a linear index; the same for K and V) is computed once per tile. Chunk
+// c = kThreadsPerRow * j + h of the row goes to thread h: one copy instruction of a warp reads
+// whole 32-byte sectors, and the 8 threads of a shared-memory phase hold 8 consecutive rows,
+// whose swizzled chunks fall in 8 distinct banks. The kCopies copies per thread are issued one
+// pair (K and V) at a time between the Q K^T steps (issue(j)): a burst of them ahead of the
+// ldmatrix reads queued those reads behind the copies.
 template <int D>
-__device__ __forceinline__ void load_kv_tile(bf16* k_dst, bf16* v_dst, int tile,
-                                             const PrefillParams& p, const TileInfo& t) {
+struct KvTileLoader {
   using C = Config<D>;
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  constexpr int kThreadsPerRow = C::kThreads / C::kBlockN;
+  static constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  static constexpr int kThreadsPerRow = C::kThreads / C::kBlockN;
+  static constexpr int kCopies = kChunks / kThreadsPerRow;  // per thread, K and V each
+  // A V stage lies this far after its K stage.
+  static constexpr unsigned kValueOffsetBytes = C::kStages * C::kBlockN * D * 2;
   static_assert(C::kThreads % C::kBlockN == 0 && kChunks % kThreadsPerRow == 0, "tile shape");
-  const int tid = threadIdx.x;
-  const int row = (tid & 7) | ((tid / (8 * kThreadsPerRow)) << 3);
-  const int h = (tid / 8) % kThreadsPerRow;
-  const int pos = tile * C::kBlockN + row;
-  const bool valid = pos < t.kv_end;
-  const long long row_stride = (long long)p.kv.num_kv_heads * D;  // elements per token
-  const bf16 *k_src = p.key, *v_src = p.value;
-  long long offset = 0;
-  if (pos < t.prefix) {
-    const int shift = __ffs(p.kv.block_size) - 1;
-    const long long block =
-        p.kv.block_table[(long long)t.seq * p.kv.max_blocks_per_seq + (pos >> shift)];
-    offset = (block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * row_stride;
-    k_src = p.kv.key_cache;
-    v_src = p.kv.value_cache;
-  } else if (valid) {
-    offset = (long long)(t.q_begin - t.prefix + pos) * row_stride;
+  static_assert(kCopies <= D / 16, "the copies are issued within the k-steps of Q K^T");
+
+  // Few live registers (the Q K^T loop around issue() is at the register limit): the sources
+  // point at chunk h of the thread's row; dst is the row's shared address in the K stage; the
+  // swizzled chunk of copy j is (kThreadsPerRow * j + h) ^ (row & 7) = (kThreadsPerRow * j) ^ hr.
+  const bf16 *k_src, *v_src;
+  unsigned dst;
+  int hr;
+  bool valid;
+
+  __device__ __forceinline__ KvTileLoader(bf16* k_stage, int tile, const PrefillParams& p,
+                                          const TileInfo& t) {
+    const int tid = threadIdx.x;
+    const int row = (tid & 7) | ((tid / (8 * kThreadsPerRow)) << 3);
+    const int h = (tid / 8) % kThreadsPerRow;
+    const int pos = tile * C::kBlockN + row;
+    valid = pos < t.kv_end;
+    const long long row_stride = (long long)p.kv.num_kv_heads * D;  // elements per token
+    k_src = p.key;
+    v_src = p.value;
+    long long offset = 0;
+    if (pos < t.prefix) {
+      const int shift = __ffs(p.kv.block_size) - 1;
+      const long long block =
+          p.kv.block_table[(long long)t.seq * p.kv.max_blocks_per_seq + (pos >> shift)];
+      offset = (block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * row_stride;
+      k_src = p.kv.key_cache;
+      v_src = p.kv.value_cache;
+    } else if (valid) {
+      offset = (long long)(t.q_begin - t.prefix + pos) * row_stride;
+    }
+    if (valid) offset += t.kv_head * D + h * 8;
+    k_src += offset;
+    v_src += offset;
+    dst = smem_addr(k_stage + row * D);
+    hr = h ^ (row & 7);
   }
-  if (valid) offset += t.kv_head * D;
-  k_src += offset;
-  v_src += offset;
+
+  __device__ __forceinline__ void issue(int j) const {
+    const unsigned d = dst + (((kThreadsPerRow * j) ^ hr) << 4);
+    const int src = valid ? kThreadsPerRow * j * 8 : 0;
+    cp_async16_shared(d, k_src + src, valid);
+    cp_async16_shared(d + kValueOffsetBytes, v_src + src, valid);
+  }
+  __device__ __forceinline__ void issue_all() const {
 #pragma unroll
-  for (int j = 0; j < kChunks / kThreadsPerRow; ++j) {
-    const int chunk = kThreadsPerRow * j + h;
-    cp_async16(k_dst + swizzle<D>(row, chunk), k_src + chunk * 8, valid);
-    cp_async16(v_dst + swizzle<D>(row, chunk), v_src + chunk * 8, valid);
+    for (int j = 0; j < kCopies; ++j) issue(j);
   }
-}
+};
 
 // Copies the tile's rows that are this CTA's new tokens (positions [prefix + m0, kv_end)) from
 // the staged K/V tiles into the paged cache. They pass through shared memory anyway, so the
@@ -396,7 +421,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
       cp_async16(sQ + swizzle<D>(row, chunk), src, valid);
     }
   }
-  load_kv_tile<D>(sK, sV, 0, p, t);
+  KvTileLoader<D>(sK, 0, p, t).issue_all();
   cp_async_commit();
 
   Gate gate(p, t.head, scale);
@@ -423,16 +448,18 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
   for (int tile = 0; tile < n_tiles; ++tile) {
     cp_async_wait_all();
     __syncthreads();  // K/V(tile) (and Q) landed; every warp is done with tile-1's stage
-    if (tile + 1 < n_tiles) {
-      const int next = (tile + 1) % C::kStages;
-      load_kv_tile<D>(sK + next * kTileElems, sV + next * kTileElems, tile + 1, p, t);
-      cp_async_commit();
-    }
+    // Tile+1 goes into the stage that tile-1 used.
+    const bool has_next = tile + 1 < n_tiles;
+    const int next = (tile + 1) % C::kStages;
+    const KvTileLoader<D> next_tile(sK + next * kTileElems, has_next ? tile + 1 : tile, p, t);
     const bf16* k_tile = sK + (tile % C::kStages) * kTileElems;
     const bf16* v_tile = sV + (tile % C::kStages) * kTileElems;
     // On the diagonal, a warp whose rows all precede the tile's first key has nothing to do
     // (nor on any later tile): its P would be all zero.
-    if (tile * kBlockN <= warp_last_pos) {
+    if (tile * kBlockN > warp_last_pos) {
+      if (has_next) next_tile.issue_all();
+      cp_async_commit();
+    } else {
 
       // S = Q K^T for the warp's MB row blocks; each K fragment feeds all of them.
       float acc_s[MB][NB][4];
@@ -444,6 +471,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
           for (int e = 0; e < 4; ++e) acc_s[mb][nb][e] = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
+        if (has_next && ks < KvTileLoader<D>::kCopies) next_tile.issue(ks);
         unsigned a[MB][4];
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb)
@@ -459,6 +487,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
           }
         }
       }
+      cp_async_commit();
 
 #pragma unroll
       for (int mb = 0; mb < MB; ++mb) {

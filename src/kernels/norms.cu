@@ -63,14 +63,18 @@ __device__ __forceinline__ float inv_rms(float sum_squares, float inv_count, flo
   return rsqrtf(fmaf(sum_squares, inv_count, eps));
 }
 
-// x = w * clamp(x * inv_rms, -clip, clip) for 8 values; w points at the 8 matching weights.
-// An infinite clip leaves the clamp a no-op, which makes this RMSNorm.
-__device__ __forceinline__ void apply_norm8(float (&x)[8], const bf16* w, float inv_rms,
+// x = w * clamp(x * inv_rms, -clip, clip) for 8 values and their 8 weights. An infinite clip
+// leaves the clamp a no-op, which makes this RMSNorm.
+__device__ __forceinline__ void apply_norm8(float (&x)[8], const Bf16x8& w, float inv_rms,
                                             float clip) {
   float wf[8];
-  load8(w, wf);
+  to_float8(w, wf);
 #pragma unroll
   for (int i = 0; i < 8; ++i) x[i] = wf[i] * fminf(fmaxf(x[i] * inv_rms, -clip), clip);
+}
+__device__ __forceinline__ void apply_norm8(float (&x)[8], const bf16* w, float inv_rms,
+                                            float clip) {
+  apply_norm8(x, load_bf16x8(w), inv_rms, clip);
 }
 
 __device__ __forceinline__ void add8(float (&x)[8], const float (&y)[8]) {
@@ -153,13 +157,25 @@ __device__ __forceinline__ float row_inv_rms(const float (&x)[VECS][8], const Th
   return inv_rms(t.sum(s, partial), p.inv_hidden, p.eps);
 }
 
+// The thread's share of a norm's weights, loaded with the row: at decode row counts a kernel is
+// a chain of latencies, and a weight load after the reduction would add one per norm.
 template <int VECS, class Thread>
-__device__ __forceinline__ void norm_row(float (&x)[VECS][8], const bf16* weight, int vectors,
-                                         const Thread& t, float inv, float clip) {
+__device__ __forceinline__ void load_weights(const bf16* weight, int vectors, const Thread& t,
+                                             Bf16x8 (&w)[VECS]) {
 #pragma unroll
   for (int k = 0; k < VECS; ++k) {
     const int j = t.lane + k * t.stride;
-    if (j < vectors) apply_norm8(x[k], weight + 8 * j, inv, clip);
+    if (j < vectors) w[k] = load_bf16x8(weight + 8 * j);
+  }
+}
+
+template <int VECS, class Thread>
+__device__ __forceinline__ void norm_row(float (&x)[VECS][8], const Bf16x8 (&w)[VECS],
+                                         int vectors, const Thread& t, float inv, float clip) {
+#pragma unroll
+  for (int k = 0; k < VECS; ++k) {
+    const int j = t.lane + k * t.stride;
+    if (j < vectors) apply_norm8(x[k], w[k], inv, clip);
   }
 }
 
@@ -172,18 +188,23 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
   const std::int64_t base = std::int64_t(t.row) * p.vectors * 8;
 
   float x[VECS][8];
+  Bf16x8 w[VECS];
   load_row(p.x + base, p.vectors, t, x);
+  load_weights(p.weight, p.vectors, t, w);
   if constexpr (OP != RowOp::Norm) {
     float r[VECS][8];
     load_row(p.residual + base, p.vectors, t, r);  // issued before the reduction waits
-    if constexpr (OP == RowOp::PostAttnPreMlp)
-      norm_row(x, p.first_weight, p.vectors, t, row_inv_rms(x, t, partial[0], p), p.clip);
+    if constexpr (OP == RowOp::PostAttnPreMlp) {
+      Bf16x8 first_w[VECS];
+      load_weights(p.first_weight, p.vectors, t, first_w);
+      norm_row(x, first_w, p.vectors, t, row_inv_rms(x, t, partial[0], p), p.clip);
+    }
 #pragma unroll
     for (int k = 0; k < VECS; ++k) add8(x[k], r[k]);
     // The stored residual is rounded to bf16; the norm below uses the exact fp32 sum.
     store_row(p.residual + base, p.vectors, t, x);
   }
-  norm_row(x, p.weight, p.vectors, t, row_inv_rms(x, t, partial[1], p), p.clip);
+  norm_row(x, w, p.vectors, t, row_inv_rms(x, t, partial[1], p), p.clip);
   store_row(p.out + base, p.vectors, t, x);
 }
 

@@ -97,6 +97,7 @@ __device__ __forceinline__ bool is_masked(int key0, int pos0, int nb, int e, int
 // take the block index mb (a compile-time constant after unrolling).
 template <int MB>
 struct SoftmaxGate {
+  static constexpr float kRescaleLog2 = 8.0f;  // see apply()
   float scale_log2;       // scale * log2(e)
   float scale_cap;        // scale / softcap
   float softcap;          // 0: none
@@ -144,9 +145,15 @@ struct SoftmaxGate {
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       mx = fmaxf(row_max[mb][hh], mx * to_log2);  // (-inf * to_log2 stays -inf)
-      const float base = mx == -INFINITY ? 0.0f : mx;  // a row that has seen no key yet
-      const float correction = fast_exp2(row_max[mb][hh] - base);
-      row_max[mb][hh] = mx;
+      // Lazy rescaling: the row keeps its old max (the base of its P, l and O alike, so O / l
+      // is unchanged) until the new one exceeds it by more than kRescaleLog2; P stays <= 2^8
+      // then, exact enough in fp32 and within bf16's range. After the first tiles the max
+      // rarely jumps that far, so the warp usually skips the rescale of O; rescaling on every
+      // rise of the max measured slower behind the same vote (it was nearly always taken).
+      const bool rescale = mx > row_max[mb][hh] + kRescaleLog2;  // also: first keys of the row
+      const float correction = rescale ? fast_exp2(row_max[mb][hh] - mx) : 1.0f;
+      if (rescale) row_max[mb][hh] = mx;
+      const float base = row_max[mb][hh] == -INFINITY ? 0.0f : row_max[mb][hh];
       float sum = 0.0f;
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
@@ -155,12 +162,12 @@ struct SoftmaxGate {
         sum += s[nb][2 * hh] + s[nb][2 * hh + 1];
       }
       row_sum[mb][hh] = row_sum[mb][hh] * correction + sum;
-      // (Skipping this when no running max moved, behind a warp vote, measured slower: the
-      // branch keeps the multiplies from interleaving with the tensor-core work.)
+      if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-      for (int db = 0; db < DB; ++db) {
-        o[db][2 * hh] *= correction;
-        o[db][2 * hh + 1] *= correction;
+        for (int db = 0; db < DB; ++db) {
+          o[db][2 * hh] *= correction;
+          o[db][2 * hh + 1] *= correction;
+        }
       }
     }
   }

@@ -1,16 +1,19 @@
 // Few-row dense layers: see skinny_gemm.h for why. The layout of the work:
-//   * a CTA (4 warps) owns a tile of kTileN output columns and a range of K (its split); each
-//     warp takes one 16-wide K slice of every K tile, for all the tile's columns and rows (up
-//     to 64 = kRowTiles m16 tiles), and the warps' sums are added in shared memory at the end;
-//   * W and x tiles of kTileK go through a kStages-deep cp.async ring in shared memory; the
-//     warps read them with ldmatrix and multiply with mma.sync m16n8k16 (bf16 -> fp32);
+//   * a CTA owns a tile of kTileN output columns (kTileN rows of W) and a range of K (its
+//     split). A producer warp streams W and x through a ring of shared-memory stages with
+//     bulk copies (cp.async.bulk, one per row segment of kTileK), counted on mbarriers, as the
+//     decode kernel streams the KV cache: the bytes in flight do not depend on what the other
+//     warps are doing, which is what reading at the memory's rate needs (the earlier
+//     cp.async versions, where every thread issued copies behind a barrier per stage, read W
+//     at 0.5-0.7 of the copy ceiling at 32 rows);
+//   * four consumer warps each multiply 32 W rows (two m16 tiles of the mma's A operand) by all
+//     x rows (n8 tiles of its B operand) over the stage's K, with ldmatrix and mma.sync
+//     m16n8k16 (bf16 -> fp32), and release the stage;
 //   * the splits of one column tile form a thread-block cluster (Hopper): each CTA leaves its
 //     fp32 partial tile in its shared memory and, after a cluster barrier, each adds up a
 //     slice of the tile over every CTA's shared memory (DSMEM) and writes it. No global
-//     scratch, no counters, no second launch; the sum is spread over all CTAs of the cluster
-//     (a first version had the last CTA add partials from global memory alone: its tail grew
-//     with the rows and made the kernel slower than cuBLASLt). Without clusters (before sm_90)
-//     a product runs unsplit.
+//     scratch, no counters, no second launch. Without clusters (before sm_90) a product runs
+//     unsplit, and the bulk copies are made by the producer's threads (bulk_copy.cuh).
 #include "kernels/skinny_gemm.h"
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <cooperative_groups.h>
 
 #include "core/error.h"
+#include "kernels/bulk_copy.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/mma_sync.cuh"
 
@@ -27,15 +31,30 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kTileN = 64;           // output columns per CTA
-constexpr int kTileK = 64;
-constexpr int kStages = 4;
-constexpr int kPad = 8;                // bf16 per smem row of padding: ldmatrix without conflicts
-constexpr int kRowStride = kTileK + kPad;
-constexpr int kMaxSplits = 8;          // the portable thread-block cluster size
-constexpr int kMinTilesPerSplit = 4;   // shorter splits are all prologue
+constexpr int kConsumerWarps = 4;
+constexpr int kThreads = 32 * (kConsumerWarps + 1);  // and the producer warp
+constexpr int kTileN = 32 * kConsumerWarps;         // output columns per CTA
+constexpr int kTileK = 128;                          // K per stage
+// A stage row (one row segment of W or x) padded by 16 bytes: the 8 rows an ldmatrix reads
+// then start in 8 different bank groups.
+constexpr int kRowBytes = kTileK * 2 + 16;
+// The ring's shared memory per CTA: two CTAs per SM, so that one's start and end overlap the
+// other's streaming.
+constexpr int kRingBudget = 110 * 1024;
+constexpr int kMaxStages = 4;
+constexpr int kMaxSplits = 8;         // the portable thread-block cluster size
+constexpr int kMinTilesPerSplit = 2;  // shorter splits are all prologue
+
+template <int kXTiles>  // x rows, padded to 16 * kXTiles
+struct Ring {
+  static constexpr int kStageRows = kTileN + 16 * kXTiles;  // W rows, then x rows
+  static constexpr int kStageBytes = kStageRows * kRowBytes;
+  static constexpr int kStages = std::min(kMaxStages, kRingBudget / kStageBytes);
+  static constexpr int kBytes = kStages * kStageBytes;
+  static_assert(kStages >= 2, "the ring needs two stages");
+  // After the main loop the ring holds the CTA's fp32 partial tile [rows][kTileN] instead.
+  static_assert(sizeof(float) * 16 * kXTiles * kTileN <= kBytes, "the partial tile fits the ring");
+};
 
 // How a product is cut: column tiles x splits of K (one cluster per column tile).
 struct SkinnyPlan {
@@ -43,19 +62,20 @@ struct SkinnyPlan {
 };
 
 // The split count that balances the CTAs over the multiprocessors best: with T CTAs of equal
-// work over S multiprocessors the busiest one runs ceil(T / S) of them, so the efficiency is
-// T / (S ceil(T / S)). Ties go to fewer splits (less partial-sum work).
+// work over S slots (two CTAs per multiprocessor) the busiest slot runs ceil(T / S) of them, so
+// the efficiency is T / (S ceil(T / S)). Ties go to fewer splits (less partial-sum work).
 SkinnyPlan make_plan(int in, int out, int sm_count, bool clusters) {
   SkinnyPlan p;
   p.col_tiles = (out + kTileN - 1) / kTileN;
   p.k_tiles = (in + kTileK - 1) / kTileK;
+  const int slots = 2 * sm_count;
   const int max_splits = clusters ? std::clamp(p.k_tiles / kMinTilesPerSplit, 1, kMaxSplits) : 1;
   double best = -1.0;
   p.splits = 1;
   for (int s = 1; s <= max_splits; ++s) {
     const long long ctas = (long long)p.col_tiles * s;
-    const long long busiest = (ctas + sm_count - 1) / sm_count;
-    const double efficiency = double(ctas) / double(busiest * sm_count);
+    const long long busiest = (ctas + slots - 1) / slots;
+    const double efficiency = double(ctas) / double(busiest * slots);
     if (efficiency > best + 0.02) {
       best = efficiency;
       p.splits = s;
@@ -75,97 +95,108 @@ struct SkinnyArgs {
   SkinnyPlan plan;
 };
 
-template <int kRowTiles>
-struct SkinnySmem {
-  bf16 w[kStages][kTileN][kRowStride];
-  bf16 x[kStages][16 * kRowTiles][kRowStride];
-};
-// After the main loop the ring holds each warp's fp32 partial tile instead.
-template <int kRowTiles>
-constexpr bool kPartialsFit = sizeof(float) * kWarps * 16 * kRowTiles * kTileN <= sizeof(SkinnySmem<kRowTiles>);
+// The producer warp: one bulk copy per row segment of the stage (W rows past `out` and x rows
+// past `rows` are not copied: they only meet outputs that are not stored).
+template <int kXTiles>
+__device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedBarrier* full,
+                               SharedBarrier* empty, int n0, int k_tile_begin, int k_tiles) {
+  using R = Ring<kXTiles>;
+  const int lane = threadIdx.x & 31;
+  const int w_rows = min(kTileN, a.out - n0);
+  for (int t = 0; t < k_tiles; ++t) {
+    const int s = t % R::kStages;
+    if (t >= R::kStages) empty[s].wait((t / R::kStages - 1) & 1);
+    const int k0 = (k_tile_begin + t) * kTileK;
+    const unsigned bytes = unsigned(min(kTileK, a.in - k0)) * 2;
+    unsigned char* stage = ring + s * R::kStageBytes;
+    for (int r = lane; r < w_rows + a.rows; r += 32) {
+      const bf16* src = r < w_rows ? a.w + (long long)(n0 + r) * a.in + k0
+                                   : a.x + (long long)(r - w_rows) * a.in + k0;
+      const int smem_row = r < w_rows ? r : kTileN + (r - w_rows);
+      bulk_copy_to_shared(stage + smem_row * kRowBytes, src, bytes, full[s]);
+    }
+    __syncwarp();  // the copies are issued (or, emulated, done) before the arrival
+    if (lane == 0) full[s].arrive_expecting(unsigned(w_rows + a.rows) * bytes);
+  }
+}
 
-template <int kRowTiles>
-__global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs a) {
-  static_assert(kPartialsFit<kRowTiles>);
-  static_assert(kTileK == 16 * kWarps, "each warp takes one 16-wide slice of a K tile");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<SkinnySmem<kRowTiles>*>(smem_raw);
-  constexpr int kRowsPadded = 16 * kRowTiles;
+template <int kXTiles>
+__global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(SkinnyArgs a) {
+  using R = Ring<kXTiles>;
+  constexpr int kXBlocks = 2 * kXTiles;  // n8 tiles of x rows
+  extern __shared__ __align__(128) unsigned char ring[];
+  __shared__ SharedBarrier full[R::kStages], empty[R::kStages];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int col_tile = blockIdx.x, split = blockIdx.y;
   const int n0 = col_tile * kTileN;
   const int k_tile_begin = split * a.plan.tiles_per_split;
   const int k_tiles = min(a.plan.k_tiles, k_tile_begin + a.plan.tiles_per_split) - k_tile_begin;
 
-  // One K tile of W (kTileN rows) and x (kRowsPadded rows) into a ring stage; rows and columns
-  // outside the product are zero-filled.
-  auto load_stage = [&](int stage, int k_tile) {
-    const int k0 = (k_tile_begin + k_tile) * kTileK;
-    constexpr int kChunksPerRow = kTileK / 8;
-    for (int c = threadIdx.x; c < kTileN * kChunksPerRow; c += kThreads) {
-      const int r = c / kChunksPerRow, kc = (c % kChunksPerRow) * 8;
-      const bool valid = n0 + r < a.out && k0 + kc < a.in;
-      cp_async16(&sm.w[stage][r][kc], a.w + (valid ? (long long)(n0 + r) * a.in + k0 + kc : 0), valid);
-    }
-    for (int c = threadIdx.x; c < kRowsPadded * kChunksPerRow; c += kThreads) {
-      const int r = c / kChunksPerRow, kc = (c % kChunksPerRow) * 8;
-      const bool valid = r < a.rows && k0 + kc < a.in;
-      cp_async16(&sm.x[stage][r][kc], a.x + (valid ? (long long)r * a.in + k0 + kc : 0), valid);
-    }
-  };
-
-  // Each warp multiplies its 16-wide K slice of every tile for all rows and all kTileN columns
-  // (kTileN / 8 n8 tiles), so that the x fragments are read from shared memory once per CTA,
-  // not once per warp: half the ldmatrix traffic of giving each warp its own columns (the
-  // first two versions), which bounded the kernel at 32 rows. The warps' sums are added after
-  // the loop.
-  constexpr int kColTiles = kTileN / 8;
-  float acc[kRowTiles][kColTiles][4] = {};
-  const int kk = warp * 16;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    cp_async_commit();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < R::kStages; ++s) full[s].init(1), empty[s].init(kConsumerWarps);
+    SharedBarrier::fence_init();
   }
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile kt is in; every warp is done with the stage about to be refilled
-    const int next = kt + kStages - 1;
-    if (next < k_tiles) load_stage(next % kStages, next);
-    cp_async_commit();
-    const int stage = kt % kStages;
-    const int j = lane / 8, r = lane % 8;
-    unsigned af[kRowTiles][4];
+  __syncthreads();
+
+  // Accumulators: [W row tile][x row n8 tile]; the m16n8 layout puts c0,c1 at (W row g, x rows
+  // 2q, 2q+1) and c2,c3 at W row g + 8.
+  float acc[2][kXBlocks][4] = {};
+  if (warp == kConsumerWarps) {
+    produce_stages<kXTiles>(a, ring, full, empty, n0, k_tile_begin, k_tiles);
+  } else {
+    // ldmatrix lane offsets: A (W rows; row = lane & 15, k half = lane >> 4) and B (x rows, not
+    // transposed: row = (lane & 7) + 8 (lane >> 4), k half = (lane >> 3) & 1).
+    const int a_row = warp * 32 + (lane & 15), a_k = (lane >> 4) * 8;
+    const int b_row = kTileN + (lane & 7) + ((lane >> 4) << 3), b_k = ((lane >> 3) & 1) * 8;
+    for (int t = 0; t < k_tiles; ++t) {
+      const int s = t % R::kStages;
+      full[s].wait((t / R::kStages) & 1);
+      const unsigned char* stage = ring + s * R::kStageBytes;
+      const int k_valid = min(kTileK, a.in - (k_tile_begin + t) * kTileK);  // a multiple of 8
 #pragma unroll
-    for (int mt = 0; mt < kRowTiles; ++mt)
-      ldmatrix_x4(af[mt], &sm.x[stage][mt * 16 + (j % 2) * 8 + r][kk + (j / 2) * 8]);
+      for (int ks = 0; ks < kTileK / 16; ++ks) {
+        if (16 * ks >= k_valid) break;
+        unsigned af[2][4], bf[kXTiles][4];
 #pragma unroll
-    for (int np = 0; np < kColTiles / 2; ++np) {
-      // B fragments of 16 columns (two n8 tiles): W rows are columns of y.
-      unsigned b[4];
-      ldmatrix_x4(b, &sm.w[stage][np * 16 + (j / 2) * 8 + r][kk + (j % 2) * 8]);
+        for (int mt = 0; mt < 2; ++mt)
+          ldmatrix_x4(af[mt], stage + (a_row + 16 * mt) * kRowBytes + (16 * ks + a_k) * 2);
 #pragma unroll
-      for (int mt = 0; mt < kRowTiles; ++mt) {
-        mma_bf16(acc[mt][2 * np], af[mt], b[0], b[1]);
-        mma_bf16(acc[mt][2 * np + 1], af[mt], b[2], b[3]);
+        for (int xt = 0; xt < kXTiles; ++xt)
+          ldmatrix_x4(bf[xt], stage + (b_row + 16 * xt) * kRowBytes + (16 * ks + b_k) * 2);
+        if (16 * ks + 8 >= k_valid) {
+          // Only 8 of the 16 k are in the product: zero the other half on both sides (the
+          // stage holds stale bytes there, which could be anything).
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) af[mt][2] = af[mt][3] = 0u;
+#pragma unroll
+          for (int xt = 0; xt < kXTiles; ++xt) bf[xt][1] = bf[xt][3] = 0u;
+        }
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int xt = 0; xt < kXTiles; ++xt) {
+            mma_bf16(acc[mt][2 * xt], af[mt], bf[xt][0], bf[xt][1]);
+            mma_bf16(acc[mt][2 * xt + 1], af[mt], bf[xt][2], bf[xt][3]);
+          }
       }
+      __syncwarp();  // every lane's reads of the stage are done
+      if (lane == 0) empty[s].arrive();
     }
   }
-  cp_async_wait<0>();
-  __syncthreads();  // every warp is done reading the ring: it becomes the warps' partial tiles
+  __syncthreads();  // every stage has landed and been read: the ring becomes the partial tile
 
-  // The warps' partial tiles, [kWarps][kRowsPadded][kTileN]; the accumulator layout of m16n8
-  // is c0,c1 at (row g, cols 2q, 2q+1), c2,c3 at row g+8.
-  float (*partials)[kRowsPadded][kTileN] = reinterpret_cast<float (*)[kRowsPadded][kTileN]>(smem_raw);
-  const int g = lane / 4, q = lane % 4;
+  // The CTA's partial tile, [16 kXTiles x rows][kTileN] fp32.
+  float (*partial)[kTileN] = reinterpret_cast<float (*)[kTileN]>(ring);
+  if (warp < kConsumerWarps) {
+    const int g = lane / 4, q = lane % 4;
 #pragma unroll
-  for (int mt = 0; mt < kRowTiles; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < kColTiles; ++nt) {
-      const int col = nt * 8 + 2 * q;
-      *reinterpret_cast<float2*>(&partials[warp][mt * 16 + g][col]) = make_float2(acc[mt][nt][0], acc[mt][nt][1]);
-      *reinterpret_cast<float2*>(&partials[warp][mt * 16 + g + 8][col]) = make_float2(acc[mt][nt][2], acc[mt][nt][3]);
-    }
+      for (int xb = 0; xb < kXBlocks; ++xb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          partial[xb * 8 + 2 * q + (e & 1)][warp * 32 + mt * 16 + g + 8 * (e >> 1)] = acc[mt][xb][e];
+  }
   __syncthreads();
 
   auto store = [&](int row, int col, float value) {
@@ -175,61 +206,47 @@ __global__ void __launch_bounds__(kThreads) skinny_gemm_kernel(SkinnyArgs a) {
     else
       static_cast<bf16*>(a.y)[at] = __float2bfloat16(value);
   };
-  // The CTA's tile: the sum over its warps, float4 by float4, left in partials[0] (each float4
-  // is read and written by one thread only). With one split it is the output.
+  // Writes the sums of float4 number i of the tile (row i / kQuadsPerRow).
   constexpr int kQuadsPerRow = kTileN / 4;
+  auto store_quad = [&](int i, float4 v) {
+    const int row = i / kQuadsPerRow, col = n0 + (i % kQuadsPerRow) * 4;
+    const float values[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (col + e < a.out) store(row, col + e, values[e]);
+  };
   const int quads = a.rows * kQuadsPerRow;
-  for (int i = threadIdx.x; i < quads; i += kThreads) {
-    float4 total = reinterpret_cast<const float4*>(&partials[0][0][0])[i];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) {
-      const float4 v = reinterpret_cast<const float4*>(&partials[w][0][0])[i];
-      total.x += v.x;
-      total.y += v.y;
-      total.z += v.z;
-      total.w += v.w;
-    }
-    if (a.plan.splits == 1) {
-      const int row = i / kQuadsPerRow, col = n0 + (i % kQuadsPerRow) * 4;
-      const float values[4] = {total.x, total.y, total.z, total.w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        if (col + e < a.out) store(row, col + e, values[e]);
-    } else {
-      reinterpret_cast<float4*>(&partials[0][0][0])[i] = total;
-    }
+  if (a.plan.splits == 1) {
+    for (int i = threadIdx.x; i < quads; i += kThreads)
+      store_quad(i, reinterpret_cast<const float4*>(&partial[0][0])[i]);
+    return;
   }
-  if (a.plan.splits == 1) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Several splits: the cluster adds the CTAs' tiles through distributed shared memory.
   cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every CTA's tile is summed and visible to the cluster
+  cluster.sync();  // every CTA's tile is written and visible to the cluster
   // CTA `split` adds up its slice of the tile's float4s over the whole cluster.
   const int splits = a.plan.splits;
   const int per_cta = (quads + splits - 1) / splits;
   for (int i = split * per_cta + threadIdx.x; i < min(quads, (split + 1) * per_cta); i += kThreads) {
     float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s = 0; s < splits; ++s) {
-      const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(&partials[0][0][0], s))[i];
+      const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(&partial[0][0], s))[i];
       total.x += v.x;
       total.y += v.y;
       total.z += v.z;
       total.w += v.w;
     }
-    const int row = i / kQuadsPerRow, col = n0 + (i % kQuadsPerRow) * 4;
-    const float values[4] = {total.x, total.y, total.z, total.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      if (col + e < a.out) store(row, col + e, values[e]);
+    store_quad(i, total);
   }
   cluster.sync();  // no CTA leaves (freeing its shared memory) while others still read it
 #endif
 }
 
-template <int kRowTiles>
+template <int kXTiles>
 void launch_tiles(const SkinnyArgs& a, cudaStream_t stream) {
-  const int smem = int(sizeof(SkinnySmem<kRowTiles>));
-  allow_dynamic_smem<skinny_gemm_kernel<kRowTiles>>(smem);
+  const int smem = Ring<kXTiles>::kBytes;
+  allow_dynamic_smem<skinny_gemm_kernel<kXTiles>>(smem);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(a.plan.col_tiles, a.plan.splits);
   config.blockDim = dim3(kThreads);
@@ -242,7 +259,7 @@ void launch_tiles(const SkinnyArgs& a, cudaStream_t stream) {
   cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = a.plan.splits > 1 ? 1 : 0;
-  ASYNCT_CUDA_CHECK(cudaLaunchKernelEx(&config, skinny_gemm_kernel<kRowTiles>, a));
+  ASYNCT_CUDA_CHECK(cudaLaunchKernelEx(&config, skinny_gemm_kernel<kXTiles>, a));
   check_launch("skinny_gemm");
 }
 

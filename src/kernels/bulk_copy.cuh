@@ -98,4 +98,19 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
 #endif
 }
 
+#ifndef ASYNCT_BULK_COPY_EMULATED
+// Copies the box at coordinates (x0 innermost, y0) of a 2-D tensor map (its box size, swizzle
+// and zero fill past the tensor's edges are the map's) into shared memory and counts the box's
+// bytes on `barrier`. `tensor_map` is the address of a __grid_constant__ kernel parameter.
+// Hopper only: there is no emulation of tensor maps before sm_90.
+__device__ __forceinline__ void tensor_copy_2d_to_shared(void* dst, const void* tensor_map, int x0, int y0,
+                                                         SharedBarrier& barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          shared_address(dst)),
+      "l"(tensor_map), "r"(x0), "r"(y0), "r"(shared_address(&barrier.word))
+      : "memory");
+}
+#endif
+
 }  // namespace asynct::kernels

@@ -1,25 +1,30 @@
 // Few-row dense layers: see skinny_gemm.h for why. The layout of the work:
 //   * a CTA owns a tile of kTileN output columns (kTileN rows of W) and a range of K (its
-//     split). A producer warp streams W and x through a ring of shared-memory stages with
-//     bulk copies (cp.async.bulk, one per row segment of kTileK), counted on mbarriers, as the
-//     decode kernel streams the KV cache: the bytes in flight do not depend on what the other
-//     warps are doing, which is what reading at the memory's rate needs (the earlier
-//     cp.async versions, where every thread issued copies behind a barrier per stage, read W
-//     at 0.5-0.7 of the copy ceiling at 32 rows);
+//     split). A producer thread streams W and x through a ring of shared-memory stages, one
+//     2-D tensor copy (TMA) per operand and stage, counted on mbarriers: the bytes in flight do
+//     not depend on what the other warps are doing, which is what reading at the memory's rate
+//     needs. The copies zero-fill past the edges of W and x (no tail cases) and store 128-byte
+//     rows swizzled (16-byte chunk c of row r at c ^ (r % 8)), so ldmatrix reads them without
+//     bank conflicts. (Earlier versions: every thread issuing cp.async behind a barrier per
+//     stage read W at 0.5-0.7 of the copy ceiling at 32 rows; one 1-D bulk copy per 256-byte
+//     row segment, 0.1-0.44: the copy engine issues small copies slowly.)
 //   * four consumer warps each multiply 32 W rows (two m16 tiles of the mma's A operand) by all
 //     x rows (n8 tiles of its B operand) over the stage's K, with ldmatrix and mma.sync
 //     m16n8k16 (bf16 -> fp32), and release the stage;
-//   * the splits of one column tile form a thread-block cluster (Hopper): each CTA leaves its
-//     fp32 partial tile in its shared memory and, after a cluster barrier, each adds up a
-//     slice of the tile over every CTA's shared memory (DSMEM) and writes it. No global
-//     scratch, no counters, no second launch. Without clusters (before sm_90) a product runs
-//     unsplit, and the bulk copies are made by the producer's threads (bulk_copy.cuh).
+//   * the splits of one column tile form a thread-block cluster: each CTA leaves its fp32
+//     partial tile in its shared memory and, after a cluster barrier, each adds up a slice of
+//     the tile over every CTA's shared memory (DSMEM) and writes it. No global scratch, no
+//     counters, no second launch.
+// Tensor maps and clusters are Hopper's: before sm_90 the producer warp copies the tiles itself
+// (same layout, same zero fill) and a product runs unsplit.
 #include "kernels/skinny_gemm.h"
 
 #include <algorithm>
 #include <cstdint>
 
 #include <cooperative_groups.h>
+#include <cuda.h>  // CUtensorMap (the encoder is reached through the runtime: no libcuda link)
+#include <cudaTypedefs.h>
 
 #include "core/error.h"
 #include "kernels/bulk_copy.cuh"
@@ -34,14 +39,13 @@ namespace cg = cooperative_groups;
 constexpr int kConsumerWarps = 4;
 constexpr int kThreads = 32 * (kConsumerWarps + 1);  // and the producer warp
 constexpr int kTileN = 32 * kConsumerWarps;         // output columns per CTA
-constexpr int kTileK = 128;                          // K per stage
-// A stage row (one row segment of W or x) padded by 16 bytes: the 8 rows an ldmatrix reads
-// then start in 8 different bank groups.
-constexpr int kRowBytes = kTileK * 2 + 16;
+constexpr int kTileK = 64;                           // K per stage: 128-byte rows
+constexpr int kRowBytes = kTileK * 2;
 // The ring's shared memory per CTA: two CTAs per SM, so that one's start and end overlap the
-// other's streaming.
+// other's streaming. 1 KB of it aligns the ring for the swizzled copies.
 constexpr int kRingBudget = 110 * 1024;
-constexpr int kMaxStages = 4;
+constexpr int kRingAlign = 1024;
+constexpr int kMaxStages = 6;
 constexpr int kMaxSplits = 8;         // the portable thread-block cluster size
 constexpr int kMinTilesPerSplit = 2;  // shorter splits are all prologue
 
@@ -49,8 +53,9 @@ template <int kXTiles>  // x rows, padded to 16 * kXTiles
 struct Ring {
   static constexpr int kStageRows = kTileN + 16 * kXTiles;  // W rows, then x rows
   static constexpr int kStageBytes = kStageRows * kRowBytes;
-  static constexpr int kStages = std::min(kMaxStages, kRingBudget / kStageBytes);
+  static constexpr int kStages = std::min(kMaxStages, (kRingBudget - kRingAlign) / kStageBytes);
   static constexpr int kBytes = kStages * kStageBytes;
+  static_assert(kStageBytes % kRingAlign == 0, "every stage starts on a swizzle period");
   static_assert(kStages >= 2, "the ring needs two stages");
   // After the main loop the ring holds the CTA's fp32 partial tile [rows][kTileN] instead.
   static_assert(sizeof(float) * 16 * kXTiles * kTileN <= kBytes, "the partial tile fits the ring");
@@ -87,6 +92,8 @@ SkinnyPlan make_plan(int in, int out, int sm_count, bool clusters) {
 }
 
 struct SkinnyArgs {
+  CUtensorMap w_map;  // W [out][in], boxes of kTileN x kTileK (sm_90)
+  CUtensorMap x_map;  // x [rows][in], boxes of 16 kXTiles x kTileK (sm_90)
   const bf16* x;
   const bf16* w;
   void* y;
@@ -95,36 +102,58 @@ struct SkinnyArgs {
   SkinnyPlan plan;
 };
 
-// The producer warp: one bulk copy per row segment of the stage (W rows past `out` and x rows
-// past `rows` are not copied: they only meet outputs that are not stored).
+// The byte offset of 16-byte chunk `chunk` of row `row` in a stage's swizzled 128-byte rows.
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+
+#ifdef ASYNCT_BULK_COPY_EMULATED
+// Before sm_90: the producer warp copies a box itself, with the tensor copy's layout and zero
+// fill ([box_rows][kTileK] of the [rows][in] matrix at (row0, k0)).
+__device__ void copy_box(unsigned char* dst, const bf16* src, int rows, int in, int row0, int k0,
+                         int box_rows) {
+  constexpr int kChunks = kRowBytes / 16;
+  for (int i = threadIdx.x & 31; i < box_rows * kChunks; i += 32) {
+    const int r = i / kChunks, c = i % kChunks, k = k0 + 8 * c;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (row0 + r < rows && k < in) v = *reinterpret_cast<const uint4*>(src + (long long)(row0 + r) * in + k);
+    *reinterpret_cast<uint4*>(dst + swizzled(r, c)) = v;
+  }
+}
+#endif
+
+// The producer: per stage, one tensor copy of W's tile and one of x's (lane 0 alone).
 template <int kXTiles>
 __device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedBarrier* full,
                                SharedBarrier* empty, int n0, int k_tile_begin, int k_tiles) {
   using R = Ring<kXTiles>;
   const int lane = threadIdx.x & 31;
-  const int w_rows = min(kTileN, a.out - n0);
   for (int t = 0; t < k_tiles; ++t) {
     const int s = t % R::kStages;
     if (t >= R::kStages) empty[s].wait((t / R::kStages - 1) & 1);
     const int k0 = (k_tile_begin + t) * kTileK;
-    const unsigned bytes = unsigned(min(kTileK, a.in - k0)) * 2;
     unsigned char* stage = ring + s * R::kStageBytes;
-    for (int r = lane; r < w_rows + a.rows; r += 32) {
-      const bf16* src = r < w_rows ? a.w + (long long)(n0 + r) * a.in + k0
-                                   : a.x + (long long)(r - w_rows) * a.in + k0;
-      const int smem_row = r < w_rows ? r : kTileN + (r - w_rows);
-      bulk_copy_to_shared(stage + smem_row * kRowBytes, src, bytes, full[s]);
+#ifndef ASYNCT_BULK_COPY_EMULATED
+    if (lane == 0) {
+      full[s].arrive_expecting(unsigned(R::kStageBytes));  // zero-filled bytes count too
+      tensor_copy_2d_to_shared(stage, &a.w_map, k0, n0, full[s]);
+      tensor_copy_2d_to_shared(stage + kTileN * kRowBytes, &a.x_map, k0, 0, full[s]);
     }
-    __syncwarp();  // the copies are issued (or, emulated, done) before the arrival
-    if (lane == 0) full[s].arrive_expecting(unsigned(w_rows + a.rows) * bytes);
+#else
+    copy_box(stage, a.w, a.out, a.in, n0, k0, kTileN);
+    copy_box(stage + kTileN * kRowBytes, a.x, a.rows, a.in, 0, k0, 16 * kXTiles);
+    __syncwarp();
+    if (lane == 0) full[s].arrive_expecting(unsigned(R::kStageBytes));
+#endif
   }
 }
 
 template <int kXTiles>
-__global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(SkinnyArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_constant__ SkinnyArgs a) {
   using R = Ring<kXTiles>;
   constexpr int kXBlocks = 2 * kXTiles;  // n8 tiles of x rows
-  extern __shared__ __align__(128) unsigned char ring[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* ring = smem_raw + ((kRingAlign - shared_address(smem_raw) % kRingAlign) % kRingAlign);
   __shared__ SharedBarrier full[R::kStages], empty[R::kStages];
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int col_tile = blockIdx.x, split = blockIdx.y;
@@ -146,31 +175,22 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(SkinnyArgs a) 
   } else {
     // ldmatrix lane offsets: A (W rows; row = lane & 15, k half = lane >> 4) and B (x rows, not
     // transposed: row = (lane & 7) + 8 (lane >> 4), k half = (lane >> 3) & 1).
-    const int a_row = warp * 32 + (lane & 15), a_k = (lane >> 4) * 8;
-    const int b_row = kTileN + (lane & 7) + ((lane >> 4) << 3), b_k = ((lane >> 3) & 1) * 8;
+    const int a_row = warp * 32 + (lane & 15), a_half = lane >> 4;
+    const int b_row = (lane & 7) + ((lane >> 4) << 3), b_half = (lane >> 3) & 1;
     for (int t = 0; t < k_tiles; ++t) {
       const int s = t % R::kStages;
       full[s].wait((t / R::kStages) & 1);
-      const unsigned char* stage = ring + s * R::kStageBytes;
-      const int k_valid = min(kTileK, a.in - (k_tile_begin + t) * kTileK);  // a multiple of 8
+      const unsigned char* w_tile = ring + s * R::kStageBytes;
+      const unsigned char* x_tile = w_tile + kTileN * kRowBytes;
 #pragma unroll
       for (int ks = 0; ks < kTileK / 16; ++ks) {
-        if (16 * ks >= k_valid) break;
         unsigned af[2][4], bf[kXTiles][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
-          ldmatrix_x4(af[mt], stage + (a_row + 16 * mt) * kRowBytes + (16 * ks + a_k) * 2);
+          ldmatrix_x4(af[mt], w_tile + swizzled(a_row + 16 * mt, 2 * ks + a_half));
 #pragma unroll
         for (int xt = 0; xt < kXTiles; ++xt)
-          ldmatrix_x4(bf[xt], stage + (b_row + 16 * xt) * kRowBytes + (16 * ks + b_k) * 2);
-        if (16 * ks + 8 >= k_valid) {
-          // Only 8 of the 16 k are in the product: zero the other half on both sides (the
-          // stage holds stale bytes there, which could be anything).
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) af[mt][2] = af[mt][3] = 0u;
-#pragma unroll
-          for (int xt = 0; xt < kXTiles; ++xt) bf[xt][1] = bf[xt][3] = 0u;
-        }
+          ldmatrix_x4(bf[xt], x_tile + swizzled(b_row + 16 * xt, 2 * ks + b_half));
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -243,9 +263,37 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(SkinnyArgs a) 
 #endif
 }
 
+// A 2-D tensor map of a row-major bf16 matrix [rows][cols] with boxes of box_rows x kTileK,
+// 128-byte swizzle and zero fill past the edges. The encoder is the driver's, reached through
+// the runtime once.
+CUtensorMap tensor_map(const bf16* base, int rows, int cols, int box_rows) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    ASYNCT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    check(found == cudaDriverEntryPointSuccess && fn != nullptr, "skinny_gemm: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
+  const cuuint32_t box[2] = {cuuint32_t(kTileK), cuuint32_t(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
+                                 element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check(result == CUDA_SUCCESS, "skinny_gemm: cuTensorMapEncodeTiled failed (", int(result), ") for a [", rows,
+        " x ", cols, "] matrix");
+  return map;
+}
+
 template <int kXTiles>
-void launch_tiles(const SkinnyArgs& a, cudaStream_t stream) {
-  const int smem = Ring<kXTiles>::kBytes;
+void launch_tiles(SkinnyArgs& a, bool tensor_maps, cudaStream_t stream) {
+  if (tensor_maps) {
+    a.w_map = tensor_map(a.w, a.out, a.in, kTileN);
+    a.x_map = tensor_map(a.x, a.rows, a.in, 16 * kXTiles);
+  }
+  const int smem = Ring<kXTiles>::kBytes + kRingAlign;
   allow_dynamic_smem<skinny_gemm_kernel<kXTiles>>(smem);
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(a.plan.col_tiles, a.plan.splits);
@@ -295,12 +343,21 @@ void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, in
         "] (rows 1..", kSkinnyMaxRows, ", in a multiple of 8, 16-byte aligned)");
   check(out >= 1 && y != nullptr, "skinny_gemm: no output");
   const DeviceTraits traits = device_traits();
-  SkinnyArgs a{x, weight, y, rows, in, out, out_fp32, make_plan(in, out, traits.sm_count, traits.clusters)};
+  SkinnyArgs a{};
+  a.x = x;
+  a.w = weight;
+  a.y = y;
+  a.rows = rows;
+  a.in = in;
+  a.out = out;
+  a.out_fp32 = out_fp32;
+  a.plan = make_plan(in, out, traits.sm_count, traits.clusters);
+  const bool tensor_maps = traits.clusters;  // both are sm_90's
   switch ((rows + 15) / 16) {
-    case 1: return launch_tiles<1>(a, stream);
-    case 2: return launch_tiles<2>(a, stream);
-    case 3: return launch_tiles<3>(a, stream);
-    default: return launch_tiles<4>(a, stream);
+    case 1: return launch_tiles<1>(a, tensor_maps, stream);
+    case 2: return launch_tiles<2>(a, tensor_maps, stream);
+    case 3: return launch_tiles<3>(a, tensor_maps, stream);
+    default: return launch_tiles<4>(a, tensor_maps, stream);
   }
 }
 

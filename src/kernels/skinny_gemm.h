@@ -2,8 +2,11 @@
 // row-major, bf16 in, fp32 accumulation, bf16 or fp32 out. With 64 rows or fewer the product is
 // a stream over the weights (each weight is used rows times, far below what the tensor cores
 // could do per byte), so this kernel is built to read W at the memory's rate: split-K over
-// enough CTAs to fill the GPU evenly, a cp.async pipeline, and the split sums added inside each
-// thread-block cluster through distributed shared memory (no scratch, no second launch).
+// enough CTAs to fill the GPU evenly, a producer thread feeding a ring of shared-memory stages
+// with Hopper's tensor copies, and the split sums added inside each thread-block cluster
+// through distributed shared memory (no scratch, no second launch). Opt-in
+// (ASYNCT_GEMM=skinny): on the H200 it is still slower than cuBLASLt on most decode shapes
+// (bench/RESULTS.md).
 #pragma once
 
 #include <cuda_runtime_api.h>

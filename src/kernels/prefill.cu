@@ -60,6 +60,18 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
+// c[mb][n] and c[mb][n + 1] += a[mb] times the two n8 tiles of one ldmatrix_x4 B fragment, for
+// each of the warp's MB row blocks: every B fragment read from shared memory feeds all of them.
+template <int MB, int N>
+__device__ __forceinline__ void mma_row_blocks(float (&c)[MB][N][4], const unsigned (&a)[MB][4],
+                                               const unsigned (&b)[4], int n) {
+#pragma unroll
+  for (int mb = 0; mb < MB; ++mb) {
+    mma_bf16(c[mb][n], a[mb], b[0], b[1]);
+    mma_bf16(c[mb][n + 1], a[mb], b[2], b[3]);
+  }
+}
+
 // ---- Configuration -------------------------------------------------------------------------
 
 template <int D>
@@ -487,11 +499,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
         for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
           unsigned b[4];
           ldmatrix_x4(b, k_tile + swizzle<D>(nb2 * 16 + k_row, 2 * ks + k_chunk));
-#pragma unroll
-          for (int mb = 0; mb < MB; ++mb) {
-            mma_bf16(acc_s[mb][2 * nb2], a[mb], b[0], b[1]);
-            mma_bf16(acc_s[mb][2 * nb2 + 1], a[mb], b[2], b[3]);
-          }
+          mma_row_blocks(acc_s, a, b, 2 * nb2);
         }
       }
       cp_async_commit();
@@ -519,11 +527,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
         for (int db2 = 0; db2 < DB / 2; ++db2) {
           unsigned b[4];
           ldmatrix_x4_trans(b, v_tile + swizzle<D>(kk * 16 + v_row, 2 * db2 + v_chunk));
-#pragma unroll
-          for (int mb = 0; mb < MB; ++mb) {
-            mma_bf16(acc_o[mb][2 * db2], a[mb], b[0], b[1]);
-            mma_bf16(acc_o[mb][2 * db2 + 1], a[mb], b[2], b[3]);
-          }
+          mma_row_blocks(acc_o, a, b, 2 * db2);
         }
       }
     }

@@ -10,10 +10,11 @@
 // rounded to bf16 for the PV product. The grid runs the heaviest (last) query tiles of every
 // (sequence, head) first, so that the short causal tiles fill the tail.
 //
-// The gate is a policy (SoftmaxGate, AsyncGate<kMaxW, kExact>) with two hooks: apply() turns
-// one tile of scores into P in place (softmax: online max/sum and the rescale of O; async: the
-// pooled-ReLU gate, no rescale), finish() runs once before the output is written (softmax: the
-// 1/l normalisation; async: nothing). Everything else is shared.
+// The gate is a policy (SoftmaxGate<MB>, AsyncGate<MB, kMaxW, kExact>; MB row blocks per warp)
+// with two hooks: apply() turns one tile of a row block's raw scores into P in place (softmax:
+// online max/sum with lazy rescaling of O; async: the pooled-ReLU gate, no rescale), finish()
+// runs once before the output is written (softmax: the 1/l normalisation; async: gamma).
+// Everything else is shared.
 //
 // The async halo: P of key j needs the ReLU'd scores of keys j-1 .. j-W+1. Within a tile they
 // come from the neighbouring lanes of the quad that holds the row (mma C-fragment layout: lane
@@ -24,8 +25,9 @@
 //
 // Keys at positions < prefix come from the paged cache through the block table; keys at
 // positions >= prefix come from the `key`/`value` inputs. The CTAs of the first query head of
-// each KV-head group also copy their tile's new K/V rows into the paged cache (exactly one CTA
-// writes each new row; no CTA reads the cache at new positions, so there is no race).
+// each KV-head group also copy their tile's new K/V rows from shared memory into the paged cache
+// (exactly one CTA writes each new row; no CTA reads the cache at new positions, so there is no
+// race).
 #include "kernels/prefill.h"
 
 #include <cmath>

@@ -40,6 +40,16 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(smem_addr(smem)));
 }
 
+// The element offset of 16-byte chunk `chunk` of row `row` in a shared-memory tile of
+// kRowElems bf16 per row, with each row's chunks XOR-swizzled by the row's low 3 bits: the 8
+// rows one ldmatrix (or one phase of 16-byte copies) touches at a chunk fall in 8 distinct bank
+// groups. For 64-element rows it is also the layout of Hopper's 128-byte tensor-copy swizzle
+// (on a 1024-byte aligned tile).
+template <int kRowElems>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return row * kRowElems + ((chunk ^ (row & 7)) << 3);
+}
+
 // c += a * b, m16n8k16, bf16 inputs, fp32 accumulators.
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0,
                                          unsigned b1) {
@@ -48,6 +58,18 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c[mb][n] and c[mb][n + 1] += a[mb] times the two n8 tiles of one ldmatrix_x4 B fragment, for
+// each of a warp's MB m16 row blocks: every B fragment read from shared memory feeds all of them.
+template <int MB, int N>
+__device__ __forceinline__ void mma_row_blocks(float (&c)[MB][N][4], const unsigned (&a)[MB][4],
+                                               const unsigned (&b)[4], int n) {
+#pragma unroll
+  for (int mb = 0; mb < MB; ++mb) {
+    mma_bf16(c[mb][n], a[mb], b[0], b[1]);
+    mma_bf16(c[mb][n + 1], a[mb], b[2], b[3]);
+  }
 }
 
 }  // namespace asynct::kernels

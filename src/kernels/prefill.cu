@@ -55,24 +55,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Shared-memory tiles are [rows][D] bf16 with the 16-byte chunks of each row XOR-swizzled by
-// the row's low 3 bits, so that ldmatrix (8 rows, one chunk) and cp.async are conflict-free.
-template <int D>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  return row * D + ((chunk ^ (row & 7)) << 3);
-}
-
-// c[mb][n] and c[mb][n + 1] += a[mb] times the two n8 tiles of one ldmatrix_x4 B fragment, for
-// each of the warp's MB row blocks: every B fragment read from shared memory feeds all of them.
-template <int MB, int N>
-__device__ __forceinline__ void mma_row_blocks(float (&c)[MB][N][4], const unsigned (&a)[MB][4],
-                                               const unsigned (&b)[4], int n) {
-#pragma unroll
-  for (int mb = 0; mb < MB; ++mb) {
-    mma_bf16(c[mb][n], a[mb], b[0], b[1]);
-    mma_bf16(c[mb][n + 1], a[mb], b[2], b[3]);
-  }
-}
+// Shared-memory tiles are [rows][D] bf16 in the swizzled layout of swizzle<D> (mma_sync.cuh).
 
 // ---- Configuration -------------------------------------------------------------------------
 

@@ -102,22 +102,17 @@ struct SkinnyArgs {
   SkinnyPlan plan;
 };
 
-// The byte offset of 16-byte chunk `chunk` of row `row` in a stage's swizzled 128-byte rows.
-__device__ __forceinline__ int swizzled(int row, int chunk) {
-  return row * kRowBytes + ((chunk ^ (row & 7)) << 4);
-}
-
 #ifdef ASYNCT_BULK_COPY_EMULATED
 // Before sm_90: the producer warp copies a box itself, with the tensor copy's layout and zero
 // fill ([box_rows][kTileK] of the [rows][in] matrix at (row0, k0)).
-__device__ void copy_box(unsigned char* dst, const bf16* src, int rows, int in, int row0, int k0,
+__device__ void copy_box(bf16* dst, const bf16* src, int rows, int in, int row0, int k0,
                          int box_rows) {
-  constexpr int kChunks = kRowBytes / 16;
+  constexpr int kChunks = kTileK / 8;
   for (int i = threadIdx.x & 31; i < box_rows * kChunks; i += 32) {
     const int r = i / kChunks, c = i % kChunks, k = k0 + 8 * c;
     uint4 v = make_uint4(0u, 0u, 0u, 0u);
     if (row0 + r < rows && k < in) v = *reinterpret_cast<const uint4*>(src + (long long)(row0 + r) * in + k);
-    *reinterpret_cast<uint4*>(dst + swizzled(r, c)) = v;
+    *reinterpret_cast<uint4*>(dst + swizzle<kTileK>(r, c)) = v;
   }
 }
 #endif
@@ -132,16 +127,16 @@ __device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedB
     const int s = t % R::kStages;
     if (t >= R::kStages) empty[s].wait((t / R::kStages - 1) & 1);
     const int k0 = (k_tile_begin + t) * kTileK;
-    unsigned char* stage = ring + s * R::kStageBytes;
+    bf16* stage = reinterpret_cast<bf16*>(ring + s * R::kStageBytes);
 #ifndef ASYNCT_BULK_COPY_EMULATED
     if (lane == 0) {
       full[s].arrive_expecting(unsigned(R::kStageBytes));  // zero-filled bytes count too
       tensor_copy_2d_to_shared(stage, &a.w_map, k0, n0, full[s]);
-      tensor_copy_2d_to_shared(stage + kTileN * kRowBytes, &a.x_map, k0, 0, full[s]);
+      tensor_copy_2d_to_shared(stage + kTileN * kTileK, &a.x_map, k0, 0, full[s]);
     }
 #else
     copy_box(stage, a.w, a.out, a.in, n0, k0, kTileN);
-    copy_box(stage + kTileN * kRowBytes, a.x, a.rows, a.in, 0, k0, 16 * kXTiles);
+    copy_box(stage + kTileN * kTileK, a.x, a.rows, a.in, 0, k0, 16 * kXTiles);
     __syncwarp();
     if (lane == 0) full[s].arrive_expecting(unsigned(R::kStageBytes));
 #endif
@@ -180,24 +175,19 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     for (int t = 0; t < k_tiles; ++t) {
       const int s = t % R::kStages;
       full[s].wait((t / R::kStages) & 1);
-      const unsigned char* w_tile = ring + s * R::kStageBytes;
-      const unsigned char* x_tile = w_tile + kTileN * kRowBytes;
+      const bf16* w_tile = reinterpret_cast<const bf16*>(ring + s * R::kStageBytes);
+      const bf16* x_tile = w_tile + kTileN * kTileK;
 #pragma unroll
       for (int ks = 0; ks < kTileK / 16; ++ks) {
         unsigned af[2][4], bf[kXTiles][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
-          ldmatrix_x4(af[mt], w_tile + swizzled(a_row + 16 * mt, 2 * ks + a_half));
+          ldmatrix_x4(af[mt], w_tile + swizzle<kTileK>(a_row + 16 * mt, 2 * ks + a_half));
 #pragma unroll
         for (int xt = 0; xt < kXTiles; ++xt)
-          ldmatrix_x4(bf[xt], x_tile + swizzled(b_row + 16 * xt, 2 * ks + b_half));
+          ldmatrix_x4(bf[xt], x_tile + swizzle<kTileK>(b_row + 16 * xt, 2 * ks + b_half));
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int xt = 0; xt < kXTiles; ++xt) {
-            mma_bf16(acc[mt][2 * xt], af[mt], bf[xt][0], bf[xt][1]);
-            mma_bf16(acc[mt][2 * xt + 1], af[mt], bf[xt][2], bf[xt][3]);
-          }
+        for (int xt = 0; xt < kXTiles; ++xt) mma_row_blocks(acc, af, bf[xt], 2 * xt);
       }
       __syncwarp();  // every lane's reads of the stage are done
       if (lane == 0) empty[s].arrive();
@@ -343,15 +333,8 @@ void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, in
         "] (rows 1..", kSkinnyMaxRows, ", in a multiple of 8, 16-byte aligned)");
   check(out >= 1 && y != nullptr, "skinny_gemm: no output");
   const DeviceTraits traits = device_traits();
-  SkinnyArgs a{};
-  a.x = x;
-  a.w = weight;
-  a.y = y;
-  a.rows = rows;
-  a.in = in;
-  a.out = out;
-  a.out_fp32 = out_fp32;
-  a.plan = make_plan(in, out, traits.sm_count, traits.clusters);
+  SkinnyArgs a{.x = x, .w = weight, .y = y, .rows = rows, .in = in, .out = out, .out_fp32 = out_fp32,
+               .plan = make_plan(in, out, traits.sm_count, traits.clusters)};
   const bool tensor_maps = traits.clusters;  // both are sm_90's
   switch ((rows + 15) / 16) {
     case 1: return launch_tiles<1>(a, tensor_maps, stream);

@@ -5,7 +5,13 @@ and the greedy tokens of several prompts for 32 steps.
 - CPU engine against PyTorch in float32 on the CPU: logits within 1e-4 (both compute in float32
   or better from the same bf16-exact weights).
 - CUDA engine (when PyTorch sees a GPU, bf16 activations) against the same float32 PyTorch on the
-  GPU: logits within 1e-2.
+  GPU: logits within 1e-2 for Qwen3. For AsyncT within max(1e-2, 2.5 x the error of PyTorch's own
+  bf16 run of that prompt): AsyncT's Peri-LN output norms rescale rows whose gated attention
+  output is nearly empty, so the model amplifies bf16 rounding to about the 1% level wherever it
+  happens. PyTorch's own bf16 run misses 1e-2 on 16 of 20 prompts of the seed 11-14 test models
+  (up to 2.4%), and a float32 model of the engine's rounding points (rounding_budget.py) lands at
+  0.5-2.0x PyTorch's bf16 error on the same 20; a real defect (pool window 2 in one layer)
+  errs by 16-46%, and the kernels themselves are checked against float64 in the GPU tests.
 Greedy tokens must agree for all 32 steps, with one allowance: the CUDA engine rounds to bf16, so
 where the float32 reference's top two logits are closer than the engine's own logit error
 (TIE_FACTOR x the RMS logit error measured on the first token) it may pick the other one. The
@@ -29,6 +35,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [200, 17], [9] * 20 + [31, 64, 5], [255, 0, 128, 64], list(range(40, 100, 3))]
 STEPS = 32
 LOGIT_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-2}
+BF16_FACTOR = 2.5  # AsyncT on the GPU: times PyTorch's own bf16 error on the prompt (see above)
 TIE_FACTOR = 4.0
 
 
@@ -77,10 +84,12 @@ def compare(binary, arch, workdir, device):
         ref = logits_of(model, prompt)
         got = torch.tensor(result["first_logits"], dtype=torch.float64, device=ref.device)
         err = ((got - ref).norm() / ref.norm()).item()
-        bf16_note = ""
+        bf16_note, tolerance = "", LOGIT_TOLERANCE[device]
         if model_bf16 is not None:
             bf16_err = ((logits_of(model_bf16, prompt) - ref).norm() / ref.norm()).item()
-            bf16_note = f" (PyTorch in bf16: {bf16_err:.2e})"
+            if arch == "asynct":
+                tolerance = max(tolerance, BF16_FACTOR * bf16_err)
+            bf16_note = f" (PyTorch in bf16: {bf16_err:.2e}; bar {tolerance:.2e})"
         tie = TIE_FACTOR * (got - ref).norm().item() / len(ref) ** 0.5 if device == "cuda" else 0.0
         ids, same, note = list(prompt), 0, ""
         for engine_token in result["tokens"][:STEPS]:
@@ -92,7 +101,7 @@ def compare(binary, arch, workdir, device):
                 break
             same += 1
             ids.append(token)
-        ok = err <= LOGIT_TOLERANCE[device] and (same == STEPS or "near-tie" in note)
+        ok = err <= tolerance and (same == STEPS or "near-tie" in note)
         failures += not ok
         print(f"{device:4} {arch:7} prompt of {len(prompt):2} tokens: logits rel err {err:.2e}{bf16_note}, "
               f"greedy tokens agree for {same}/{STEPS} steps{note} {'ok' if ok else 'FAIL'}")

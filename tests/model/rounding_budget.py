@@ -23,7 +23,11 @@ The rounding points, in the order of a layer:
 (The Peri-LN output norms are computed in fp32 inside the fused norm kernels and added to the
 residual unrounded, so they have no point of their own.)
 
+With --seeds it prints, for each of several test models, the engine's model beside PyTorch's own
+bf16 run (the comparison that sets compare_with_pytorch.py's AsyncT bar on the GPU).
+
 Usage: python3 tests/model/rounding_budget.py --asynct build/release/src/asynct [--seed 11]
+       python3 tests/model/rounding_budget.py --asynct build/release/src/asynct --seeds 11,12,13,14
 """
 import argparse
 import math
@@ -114,28 +118,44 @@ class RoundedForward:
         return (h @ self.model.lm_head.weight.T)[-1].double()
 
 
+@torch.no_grad()
+def load_model(binary, seed, dtype):
+    """The seed's random AsyncT checkpoint as a RoundedForward, and its unrounded logits."""
+    with tempfile.TemporaryDirectory() as workdir:
+        checkpoint = os.path.join(workdir, "asynct")
+        subprocess.run([binary, "init-checkpoint", "--arch", "asynct", "--seed", str(seed), "--out", checkpoint],
+                       check=True, stdout=subprocess.DEVNULL)
+        forward = RoundedForward(load_asynct(checkpoint, dtype=dtype, device="cpu"))
+    return forward, [forward.last_logits(p, set()) for p in PROMPTS] if dtype == torch.float32 else None
+
+
+def report(forward, exact, label, on):
+    errors = [((forward.last_logits(p, on) - ref).norm() / ref.norm()).item() for p, ref in zip(PROMPTS, exact)]
+    print(f"{label:<28}" + " ".join(f"{e * 100:6.2f}%" for e in errors), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--asynct", required=True, help="the asynct binary (writes the random checkpoint)")
     ap.add_argument("--seed", type=int, default=11, help="the checkpoint's seed (compare_with_pytorch uses 11)")
+    ap.add_argument("--seeds", help="comma-separated seeds: only the engine's model against PyTorch's bf16 run")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as workdir:
-        checkpoint = os.path.join(workdir, "asynct")
-        subprocess.run([args.asynct, "init-checkpoint", "--arch", "asynct", "--seed", str(args.seed), "--out",
-                        checkpoint], check=True, stdout=subprocess.DEVNULL)
-        forward = RoundedForward(load_asynct(checkpoint, dtype=torch.float32, device="cpu"))
-    exact = [forward.last_logits(p, set()) for p in PROMPTS]
-
-    def report(label, on):
-        errors = [((forward.last_logits(p, on) - ref).norm() / ref.norm()).item() for p, ref in zip(PROMPTS, exact)]
-        print(f"{label:<28}" + " ".join(f"{e * 100:6.2f}%" for e in errors))
-
     print(f"first-token logit error against float32, prompts of {', '.join(str(len(p)) for p in PROMPTS)} tokens")
-    report("every point (the engine)", set(POINTS))
+    if args.seeds:
+        for seed in map(int, args.seeds.split(",")):
+            forward, exact = load_model(args.asynct, seed, torch.float32)
+            report(forward, exact, f"seed {seed}: every point", set(POINTS))
+            bf16 = load_model(args.asynct, seed, torch.bfloat16)[0].model
+            errors = [((bf16(torch.tensor([p]))[0, -1].double() - ref).norm() / ref.norm()).item()
+                      for p, ref in zip(PROMPTS, exact)]
+            print(f"{f'seed {seed}: PyTorch in bf16':<28}" + " ".join(f"{e * 100:6.2f}%" for e in errors))
+        return
+    forward, exact = load_model(args.asynct, args.seed, torch.float32)
+    report(forward, exact, "every point (the engine)", set(POINTS))
     for point in POINTS:
-        report(f"every point but {point}", set(POINTS) - {point})
+        report(forward, exact, f"every point but {point}", set(POINTS) - {point})
     for point in POINTS:
-        report(f"{point} alone", {point})
+        report(forward, exact, f"{point} alone", {point})
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@
 #include "kernels/bf16.cuh"
 #include "kernels/bulk_copy.cuh"
 #include "kernels/cuda_check.h"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/gate.cuh"
 
 namespace asynct::kernels {
@@ -480,6 +481,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   using Ring = StageRing<kHeadDim, kGroup, Gate>;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ SharedBarrier full[Ring::kStages], empty[Ring::kStages];
+  wait_for_prior_grids();  // the cache's new rows come from the kernel before
+  allow_next_grid();
   const DecodeParams& p = a.p;
   const int heads = a.heads_per_cta;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -629,6 +632,8 @@ __global__ void __launch_bounds__(kStage2Warps * 32) decode_stage2(const float* 
   __shared__ float weight[kMaxSplits];
   __shared__ float warp_values[kStage2Warps];
   __shared__ float warp_part[kStage2Warps][kMaxHeadDim];
+  wait_for_prior_grids();
+  allow_next_grid();
   const int row = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int warps = blockDim.x / 32;
   if constexpr (kSoftmax) {
@@ -689,9 +694,8 @@ void launch_with(const Stage1Args& a, const Gate& gate, int splits, cudaStream_t
   }();
   (void)big_shared_memory_allowed;
   dim3 grid(a.p.kv.num_kv_heads / a.heads_per_cta, a.p.num_seqs, splits);
-  decode_stage1<kHeadDim, kGroup, Gate>
-      <<<grid, (a.heads_per_cta + 1) * 32, Ring::bytes(a.heads_per_cta), stream>>>(a, gate);
-  check_launch("decode_stage1");
+  launch_dependent(decode_stage1<kHeadDim, kGroup, Gate>, grid, (a.heads_per_cta + 1) * 32,
+                   Ring::bytes(a.heads_per_cta), stream, "decode_stage1", a, gate);
 }
 
 template <int kHeadDim, typename Gate>
@@ -801,13 +805,11 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (splits > 1) {
     const int rows = p.num_seqs * p.num_q_heads;
     const int threads = 32 * std::min(splits, kStage2Warps);
-    if (softmax)
-      decode_stage2<true><<<rows, threads, 0, stream>>>(a.partial_out, a.partial_max, a.partial_sum, p.out,
-                                                        splits, rows, p.kv.head_dim);
-    else
-      decode_stage2<false><<<rows, threads, 0, stream>>>(a.partial_out, nullptr, nullptr, p.out, splits, rows,
-                                                         p.kv.head_dim);
-    check_launch("decode_stage2");
+    const float* partial_max = softmax ? a.partial_max : nullptr;
+    const float* partial_sum = softmax ? a.partial_sum : nullptr;
+    launch_dependent(softmax ? decode_stage2<true> : decode_stage2<false>, rows, threads, 0, stream, "decode_stage2",
+                     static_cast<const float*>(a.partial_out), partial_max, partial_sum, p.out, splits, rows,
+                     p.kv.head_dim);
   }
 }
 

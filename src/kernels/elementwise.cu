@@ -2,12 +2,15 @@
 
 #include "kernels/bf16.cuh"
 #include "kernels/cuda_check.h"
+#include "kernels/dependent_launch.cuh"
 
 namespace asynct::kernels {
 namespace {
 
 __global__ void gather_rows_kernel(const bf16* table, const std::int32_t* rows, bf16* out, int num_rows,
                                    int width) {
+  wait_for_prior_grids();
+  allow_next_grid();
   const int i = blockIdx.x;
   const int row = rows[i];
   const bool valid = row >= 0 && row < num_rows;
@@ -18,16 +21,21 @@ __global__ void gather_rows_kernel(const bf16* table, const std::int32_t* rows, 
   }
 }
 
-__global__ void silu_and_mul_kernel(const bf16* gate_up, bf16* out, int inter) {
+// One 8-wide vector per thread, the grid spread over the row's width too: at decode row counts
+// a loop over the row would chain its loads (out may alias gate_up, so they are not hoisted).
+constexpr int kSiluThreads = 128;
+__global__ void __launch_bounds__(kSiluThreads) silu_and_mul_kernel(const bf16* gate_up, bf16* out, int inter) {
+  wait_for_prior_grids();
+  allow_next_grid();
   const long long t = blockIdx.x;
-  for (int c = threadIdx.x * 8; c < inter; c += blockDim.x * 8) {
-    float g[8], u[8], y[8];
-    to_float8(load_bf16x8(gate_up + t * 2 * inter + c), g);
-    to_float8(load_bf16x8(gate_up + t * 2 * inter + inter + c), u);
+  const int c = (blockIdx.y * kSiluThreads + threadIdx.x) * 8;
+  if (c >= inter) return;
+  float g[8], u[8], y[8];
+  to_float8(load_bf16x8(gate_up + t * 2 * inter + c), g);
+  to_float8(load_bf16x8(gate_up + t * 2 * inter + inter + c), u);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) y[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
-    store_bf16x8(out + t * inter + c, from_float8(y));
-  }
+  for (int i = 0; i < 8; ++i) y[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
+  store_bf16x8(out + t * inter + c, from_float8(y));
 }
 
 int threads_for(int width) { return width / 8 >= 256 ? 256 : ((width / 8 + 31) / 32) * 32; }
@@ -39,16 +47,16 @@ void launch_gather_rows(const bf16* table, const std::int32_t* rows, bf16* out, 
   check(width > 0 && width % 8 == 0, "gather_rows: width ", width, " must be a positive multiple of 8");
   check(table && rows && out, "gather_rows: null pointer");
   if (count == 0) return;
-  gather_rows_kernel<<<count, threads_for(width), 0, stream>>>(table, rows, out, num_rows, width);
-  check_launch("gather_rows");
+  launch_dependent(gather_rows_kernel, count, threads_for(width), 0, stream, "gather_rows", table, rows, out, num_rows,
+                   width);
 }
 
 void launch_silu_and_mul(const bf16* gate_up, bf16* out, int tokens, int inter, cudaStream_t stream) {
   check(inter > 0 && inter % 8 == 0, "silu_and_mul: width ", inter, " must be a positive multiple of 8");
   check(gate_up && out, "silu_and_mul: null pointer");
   if (tokens == 0) return;
-  silu_and_mul_kernel<<<tokens, threads_for(inter), 0, stream>>>(gate_up, out, inter);
-  check_launch("silu_and_mul");
+  const dim3 grid(tokens, (inter / 8 + kSiluThreads - 1) / kSiluThreads);
+  launch_dependent(silu_and_mul_kernel, grid, kSiluThreads, 0, stream, "silu_and_mul", gate_up, out, inter);
 }
 
 }  // namespace asynct::kernels

@@ -41,12 +41,17 @@ struct Gemm::Plan {
 Gemm::Gemm() {
   lt_check(cublasLtCreate(&handle_), "create");
   ASYNCT_CUDA_CHECK(cudaMalloc(&workspace_, workspace_bytes_));
+  // The skinny kernel's split scratch: its counters start at zero and every launch leaves them so.
+  ASYNCT_CUDA_CHECK(cudaMalloc(&skinny_scratch_, kSkinnyPartialBytes + kSkinnyCounters * sizeof(unsigned)));
+  ASYNCT_CUDA_CHECK(cudaMemset(static_cast<char*>(skinny_scratch_) + kSkinnyPartialBytes, 0,
+                               kSkinnyCounters * sizeof(unsigned)));
   if (const char* path = std::getenv("ASYNCT_GEMM"); path && *path) default_path_ = gemm_path_from_name(path);
 }
 
 Gemm::~Gemm() {
   plans_.clear();
   if (workspace_) cudaFree(workspace_);
+  if (skinny_scratch_) cudaFree(skinny_scratch_);
   if (handle_) cublasLtDestroy(handle_);
 }
 
@@ -131,8 +136,12 @@ void Gemm::linear(const bf16* x, const bf16* weight, void* y, int rows, int in, 
                   cudaStream_t stream, GemmPath path) {
   check(rows >= 1 && in >= 1 && out >= 1, "linear: empty product [", rows, " x ", in, "] -> ", out);
   if (path == GemmPath::Default) path = default_path_;
-  if (path == GemmPath::Skinny && skinny_gemm_supports(x, weight, rows, in))
-    return launch_skinny_gemm(x, weight, y, rows, in, out, out_fp32, stream);
+  if (path == GemmPath::Skinny && skinny_gemm_supports(x, weight, rows, in)) {
+    const SkinnyWorkspace scratch{static_cast<float*>(skinny_scratch_), kSkinnyPartialBytes,
+                                  reinterpret_cast<unsigned*>(static_cast<char*>(skinny_scratch_) + kSkinnyPartialBytes),
+                                  kSkinnyCounters};
+    return launch_skinny_gemm(x, weight, y, rows, in, out, out_fp32, scratch, stream);
+  }
   const bool tuned = path == GemmPath::CublasLtTuned && rows <= kTunedMaxRows;
   Plan& p = plan(rows, in, out, out_fp32, tuned);
   if (tuned && !p.tuned) {

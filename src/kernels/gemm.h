@@ -56,6 +56,7 @@ class Gemm {
   GemmPath default_path_ = GemmPath::CublasLt;
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 32u << 20;
+  void* skinny_scratch_ = nullptr;  // the skinny kernel's SkinnyWorkspace (partials, then counters)
   std::map<Key, std::unique_ptr<Plan>> plans_;
 };
 

@@ -18,6 +18,7 @@
 
 #include "kernels/bf16.cuh"
 #include "kernels/cuda_check.h"
+#include "kernels/dependent_launch.cuh"
 
 namespace asynct::kernels {
 namespace {
@@ -187,18 +188,19 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
   if (t.row >= p.rows) return;
   const std::int64_t base = std::int64_t(t.row) * p.vectors * 8;
 
-  float x[VECS][8];
-  Bf16x8 w[VECS];
-  load_row(p.x + base, p.vectors, t, x);
+  // The weights first: they do not depend on the kernel before this one (dependent_launch.cuh).
+  Bf16x8 w[VECS], first_w[VECS];
   load_weights(p.weight, p.vectors, t, w);
+  if constexpr (OP == RowOp::PostAttnPreMlp) load_weights(p.first_weight, p.vectors, t, first_w);
+  wait_for_prior_grids();
+  allow_next_grid();
+  float x[VECS][8];
+  load_row(p.x + base, p.vectors, t, x);
   if constexpr (OP != RowOp::Norm) {
     float r[VECS][8];
     load_row(p.residual + base, p.vectors, t, r);  // issued before the reduction waits
-    if constexpr (OP == RowOp::PostAttnPreMlp) {
-      Bf16x8 first_w[VECS];
-      load_weights(p.first_weight, p.vectors, t, first_w);
+    if constexpr (OP == RowOp::PostAttnPreMlp)
       norm_row(x, first_w, p.vectors, t, row_inv_rms(x, t, partial[0], p), p.clip);
-    }
 #pragma unroll
     for (int k = 0; k < VECS; ++k) add8(x[k], r[k]);
     // The stored residual is rounded to bf16; the norm below uses the exact fp32 sum.
@@ -214,6 +216,8 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
 template <RowOp OP>
 __global__ void __launch_bounds__(kMaxThreads) row_norm_multipass_kernel(RowParams p) {
   __shared__ float partial[2][kMaxWarps];
+  wait_for_prior_grids();
+  allow_next_grid();
   const std::int64_t base = std::int64_t(blockIdx.x) * p.vectors * 8;
   const bf16* source = OP == RowOp::Norm ? p.x : p.residual;
 
@@ -257,13 +261,13 @@ template <RowOp OP, int VECS>
 void launch_warp_per_row(const RowParams& p, cudaStream_t stream) {
   constexpr int kRowsPerBlock = 4;
   const int blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  row_norm_kernel<OP, VECS, true><<<blocks, kRowsPerBlock * kWarp, 0, stream>>>(p);
+  launch_dependent(row_norm_kernel<OP, VECS, true>, blocks, kRowsPerBlock * kWarp, 0, stream, "norm", p);
 }
 
 template <RowOp OP, int VECS>
 void launch_block_per_row(const RowParams& p, cudaStream_t stream) {
   const int threads = round_up((p.vectors + VECS - 1) / VECS, kWarp);
-  row_norm_kernel<OP, VECS, false><<<p.rows, threads, 0, stream>>>(p);
+  launch_dependent(row_norm_kernel<OP, VECS, false>, p.rows, threads, 0, stream, "norm", p);
 }
 
 // The widest row each configuration holds in registers: 8 vectors of 8 per thread at most,
@@ -282,7 +286,7 @@ void launch_row(const RowParams& p, cudaStream_t stream, const char* who) {
   else if (v <= 2 * kMaxThreads) launch_block_per_row<OP, 2>(p, stream);
   else if (v <= 4 * kMaxThreads) launch_block_per_row<OP, 4>(p, stream);
   else if (v <= kMaxRegisterVectors) launch_block_per_row<OP, 8>(p, stream);
-  else row_norm_multipass_kernel<OP><<<p.rows, kMaxThreads, 0, stream>>>(p);
+  else launch_dependent(row_norm_multipass_kernel<OP>, p.rows, kMaxThreads, 0, stream, who, p);
   check_launch(who);
 }
 
@@ -353,6 +357,8 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   // cos/sin per frequency, shared by the block's heads (all of one token): computed once per
   // block and in double precision (see below), not once per element.
   __shared__ float2 rotation[kHalf];
+  wait_for_prior_grids();
+  allow_next_grid();
 
   const int token = blockIdx.x;
   const int lane = threadIdx.x % kLanes;
@@ -432,7 +438,7 @@ void launch_qk(const QkParams& p, int tokens, cudaStream_t stream) {
   const int threads = round_up(std::min(heads * kLanes, kMaxThreads), kWarp);
   const int heads_per_block = threads / kLanes;
   const dim3 grid(tokens, (heads + heads_per_block - 1) / heads_per_block);
-  qk_norm_rope_kernel<HEAD_DIM><<<grid, threads, 0, stream>>>(p);
+  launch_dependent(qk_norm_rope_kernel<HEAD_DIM>, grid, threads, 0, stream, "qk_norm_rope", p);
 }
 
 }  // namespace

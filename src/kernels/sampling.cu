@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda_check.h"
+#include "kernels/dependent_launch.cuh"
 
 namespace asynct::kernels {
 namespace {
@@ -63,6 +64,8 @@ __device__ __forceinline__ void warp_reduce(Best& b) {
 template <bool kVec4>
 __global__ void __launch_bounds__(kThreads) summarize_logits_kernel(const float* logits, int vocab,
                                                                     LogitSummary* out) {
+  wait_for_prior_grids();
+  allow_next_grid();
   const float* row = logits + (long long)blockIdx.x * vocab;
   Best b{-INFINITY, INT_MAX, INT_MAX};
   if constexpr (kVec4) {  // vocab % 4 == 0: every row starts 16-byte aligned
@@ -108,10 +111,9 @@ void launch_summarize_logits(const float* logits, int rows, int vocab, LogitSumm
   if (rows == 0) return;
   const bool vec4 = vocab % 4 == 0 && reinterpret_cast<std::uintptr_t>(logits) % 16 == 0;
   if (vec4)
-    summarize_logits_kernel<true><<<rows, kThreads, 0, stream>>>(logits, vocab, out);
+    launch_dependent(summarize_logits_kernel<true>, rows, kThreads, 0, stream, "summarize_logits", logits, vocab, out);
   else
-    summarize_logits_kernel<false><<<rows, kThreads, 0, stream>>>(logits, vocab, out);
-  check_launch("summarize_logits");
+    launch_dependent(summarize_logits_kernel<false>, rows, kThreads, 0, stream, "summarize_logits", logits, vocab, out);
 }
 
 }  // namespace asynct::kernels

@@ -8,33 +8,36 @@
 //     bank conflicts. (Earlier versions: every thread issuing cp.async behind a barrier per
 //     stage read W at 0.5-0.7 of the copy ceiling at 32 rows; one 1-D bulk copy per 256-byte
 //     row segment, 0.1-0.44: the copy engine issues small copies slowly.)
+//   * the kernel is launched as a dependent launch (dependent_launch.cuh): W does not depend on
+//     the kernel before it, so the producer fills the whole ring with W before it waits for
+//     that kernel, and only then copies x. At decode sizes a stage ring holds most of a CTA's
+//     share of W, so the weight stream overlaps the previous kernel and the launch;
 //   * four consumer warps each multiply 32 W rows (two m16 tiles of the mma's A operand) by all
 //     x rows (n8 tiles of its B operand) over the stage's K, with ldmatrix and mma.sync
 //     m16n8k16 (bf16 -> fp32), and release the stage;
-//   * the splits of one column tile form a thread-block cluster: each CTA leaves its fp32
-//     partial tile in its shared memory and, after a cluster barrier, each adds up a slice of
-//     the tile over every CTA's shared memory (DSMEM) and writes it. No global scratch, no
-//     counters, no second launch.
-// Tensor maps and clusters are Hopper's: before sm_90 the producer warp copies the tiles itself
-// (same layout, same zero fill) and a product runs unsplit.
+//   * with several splits, each CTA stores its fp32 partial tile in a global workspace and
+//     counts itself on its column tile's counter; the last to arrive adds the tiles up in split
+//     order (so the result does not depend on which CTA came last) and resets the counter.
+//     (The previous version added the tiles inside a thread-block cluster through distributed
+//     shared memory: its two cluster barriers and the co-scheduling of a cluster's CTAs made
+//     the epilogue the kernel's largest stall.)
+// Before sm_90 the producer warp copies the tiles itself (same layout, same zero fill).
 #include "kernels/skinny_gemm.h"
 
 #include <algorithm>
 #include <cstdint>
 
-#include <cooperative_groups.h>
 #include <cuda.h>  // CUtensorMap (the encoder is reached through the runtime: no libcuda link)
 #include <cudaTypedefs.h>
 
 #include "core/error.h"
 #include "kernels/bulk_copy.cuh"
 #include "kernels/cuda_check.h"
+#include "kernels/dependent_launch.cuh"
 #include "kernels/mma_sync.cuh"
 
 namespace asynct::kernels {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kConsumerWarps = 4;
 constexpr int kThreads = 32 * (kConsumerWarps + 1);  // and the producer warp
@@ -46,7 +49,7 @@ constexpr int kRowBytes = kTileK * 2;
 constexpr int kRingBudget = 110 * 1024;
 constexpr int kRingAlign = 1024;
 constexpr int kMaxStages = 6;
-constexpr int kMaxSplits = 8;         // the portable thread-block cluster size
+constexpr int kMaxSplits = 8;
 constexpr int kMinTilesPerSplit = 2;  // shorter splits are all prologue
 
 template <int kXTiles>  // x rows, padded to 16 * kXTiles
@@ -61,20 +64,27 @@ struct Ring {
   static_assert(sizeof(float) * 16 * kXTiles * kTileN <= kBytes, "the partial tile fits the ring");
 };
 
-// How a product is cut: column tiles x splits of K (one cluster per column tile).
+// How a product is cut: column tiles x splits of K.
 struct SkinnyPlan {
   int col_tiles, k_tiles, splits, tiles_per_split;
 };
 
+// One CTA's partial tile in the workspace: [16 x 4 rows][kTileN] fp32 (the widest x).
+constexpr std::size_t kPartialTileFloats = std::size_t(16 * 4) * kTileN;
+
 // The split count that balances the CTAs over the multiprocessors best: with T CTAs of equal
 // work over S slots (two CTAs per multiprocessor) the busiest slot runs ceil(T / S) of them, so
 // the efficiency is T / (S ceil(T / S)). Ties go to fewer splits (less partial-sum work).
-SkinnyPlan make_plan(int in, int out, int sm_count, bool clusters) {
+// Splits need a partial tile per CTA and a counter per column tile in the workspace.
+SkinnyPlan make_plan(int in, int out, int sm_count, const SkinnyWorkspace& ws) {
   SkinnyPlan p;
   p.col_tiles = (out + kTileN - 1) / kTileN;
   p.k_tiles = (in + kTileK - 1) / kTileK;
   const int slots = 2 * sm_count;
-  const int max_splits = clusters ? std::clamp(p.k_tiles / kMinTilesPerSplit, 1, kMaxSplits) : 1;
+  const std::size_t tiles_that_fit = ws.partial_bytes / (kPartialTileFloats * sizeof(float));
+  const bool room = p.col_tiles <= ws.counter_count && ws.partials != nullptr && ws.counters != nullptr;
+  const int fit = room ? int(std::min<std::size_t>(kMaxSplits, tiles_that_fit / p.col_tiles)) : 1;
+  const int max_splits = std::clamp(std::min(p.k_tiles / kMinTilesPerSplit, fit), 1, kMaxSplits);
   double best = -1.0;
   p.splits = 1;
   for (int s = 1; s <= max_splits; ++s) {
@@ -97,6 +107,8 @@ struct SkinnyArgs {
   const bf16* x;
   const bf16* w;
   void* y;
+  float* partials;     // [col_tiles][splits] partial tiles (splits > 1)
+  unsigned* counters;  // [col_tiles], zero between launches (splits > 1)
   int rows, in, out;
   bool out_fp32;
   SkinnyPlan plan;
@@ -117,30 +129,50 @@ __device__ void copy_box(bf16* dst, const bf16* src, int rows, int in, int row0,
 }
 #endif
 
-// The producer: per stage, one tensor copy of W's tile and one of x's (lane 0 alone).
+// The producer: per stage, one tensor copy of W's tile and one of x's (lane 0 alone). The
+// first ring's worth of W is requested before waiting for the kernel that writes x.
 template <int kXTiles>
 __device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedBarrier* full,
                                SharedBarrier* empty, int n0, int k_tile_begin, int k_tiles) {
   using R = Ring<kXTiles>;
   const int lane = threadIdx.x & 31;
+  constexpr int kXOffset = kTileN * kTileK;  // elements: W rows, then x rows
+  auto stage_of = [&](int t) { return reinterpret_cast<bf16*>(ring + (t % R::kStages) * R::kStageBytes); };
+  const int prefetched = min(k_tiles, R::kStages);
+#ifndef ASYNCT_BULK_COPY_EMULATED
+  if (lane == 0) {
+    for (int t = 0; t < prefetched; ++t) {
+      full[t].arrive_expecting(unsigned(R::kStageBytes));  // W's and x's bytes; zero fill counts
+      tensor_copy_2d_to_shared(stage_of(t), &a.w_map, (k_tile_begin + t) * kTileK, n0, full[t]);
+    }
+  }
+  wait_for_prior_grids();
+  allow_next_grid();
+  if (lane == 0)
+    for (int t = 0; t < prefetched; ++t)
+      tensor_copy_2d_to_shared(stage_of(t) + kXOffset, &a.x_map, (k_tile_begin + t) * kTileK, 0, full[t]);
+  for (int t = prefetched; t < k_tiles; ++t) {
+    const int s = t % R::kStages;
+    empty[s].wait((t / R::kStages - 1) & 1);
+    if (lane == 0) {
+      const int k0 = (k_tile_begin + t) * kTileK;
+      full[s].arrive_expecting(unsigned(R::kStageBytes));
+      tensor_copy_2d_to_shared(stage_of(t), &a.w_map, k0, n0, full[s]);
+      tensor_copy_2d_to_shared(stage_of(t) + kXOffset, &a.x_map, k0, 0, full[s]);
+    }
+  }
+#else
+  (void)prefetched;
   for (int t = 0; t < k_tiles; ++t) {
     const int s = t % R::kStages;
     if (t >= R::kStages) empty[s].wait((t / R::kStages - 1) & 1);
     const int k0 = (k_tile_begin + t) * kTileK;
-    bf16* stage = reinterpret_cast<bf16*>(ring + s * R::kStageBytes);
-#ifndef ASYNCT_BULK_COPY_EMULATED
-    if (lane == 0) {
-      full[s].arrive_expecting(unsigned(R::kStageBytes));  // zero-filled bytes count too
-      tensor_copy_2d_to_shared(stage, &a.w_map, k0, n0, full[s]);
-      tensor_copy_2d_to_shared(stage + kTileN * kTileK, &a.x_map, k0, 0, full[s]);
-    }
-#else
-    copy_box(stage, a.w, a.out, a.in, n0, k0, kTileN);
-    copy_box(stage + kTileN * kTileK, a.x, a.rows, a.in, 0, k0, 16 * kXTiles);
+    copy_box(stage_of(t), a.w, a.out, a.in, n0, k0, kTileN);
+    copy_box(stage_of(t) + kXOffset, a.x, a.rows, a.in, 0, k0, 16 * kXTiles);
     __syncwarp();
     if (lane == 0) full[s].arrive_expecting(unsigned(R::kStageBytes));
-#endif
   }
+#endif
 }
 
 template <int kXTiles>
@@ -165,6 +197,10 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
   // Accumulators: [W row tile][x row n8 tile]; the m16n8 layout puts c0,c1 at (W row g, x rows
   // 2q, 2q+1) and c2,c3 at W row g + 8.
   float acc[2][kXBlocks][4] = {};
+  if (warp != kConsumerWarps) {  // the producer waits after its W prefetch
+    wait_for_prior_grids();
+    allow_next_grid();
+  }
   if (warp == kConsumerWarps) {
     produce_stages<kXTiles>(a, ring, full, empty, n0, k_tile_begin, k_tiles);
   } else {
@@ -231,17 +267,24 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
       store_quad(i, reinterpret_cast<const float4*>(&partial[0][0])[i]);
     return;
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Several splits: the cluster adds the CTAs' tiles through distributed shared memory.
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // every CTA's tile is written and visible to the cluster
-  // CTA `split` adds up its slice of the tile's float4s over the whole cluster.
+  // Several splits: this CTA's tile goes to the workspace, and the last CTA of the column
+  // tile to arrive adds them all up.
   const int splits = a.plan.splits;
-  const int per_cta = (quads + splits - 1) / splits;
-  for (int i = split * per_cta + threadIdx.x; i < min(quads, (split + 1) * per_cta); i += kThreads) {
+  const int tile_quads = 16 * kXTiles * kQuadsPerRow;
+  float4* tiles = reinterpret_cast<float4*>(a.partials) + (long long)col_tile * splits * (kPartialTileFloats / 4);
+  for (int i = threadIdx.x; i < tile_quads; i += kThreads)
+    __stcg(tiles + (long long)split * (kPartialTileFloats / 4) + i, reinterpret_cast<const float4*>(&partial[0][0])[i]);
+  __threadfence();  // the tile is visible before the count says so
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(&a.counters[col_tile], 1u) == unsigned(splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // the other CTAs' tiles are read after their counts
+  for (int i = threadIdx.x; i < quads; i += kThreads) {
     float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s = 0; s < splits; ++s) {
-      const float4 v = reinterpret_cast<const float4*>(cluster.map_shared_rank(&partial[0][0], s))[i];
+      const float4 v = __ldcg(tiles + (long long)s * (kPartialTileFloats / 4) + i);
       total.x += v.x;
       total.y += v.y;
       total.z += v.z;
@@ -249,8 +292,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     }
     store_quad(i, total);
   }
-  cluster.sync();  // no CTA leaves (freeing its shared memory) while others still read it
-#endif
+  if (threadIdx.x == 0) a.counters[col_tile] = 0u;  // ready for the next launch
 }
 
 // A 2-D tensor map of a row-major bf16 matrix [rows][cols] with boxes of box_rows x kTileK,
@@ -285,26 +327,14 @@ void launch_tiles(SkinnyArgs& a, bool tensor_maps, cudaStream_t stream) {
   }
   const int smem = Ring<kXTiles>::kBytes + kRingAlign;
   allow_dynamic_smem<skinny_gemm_kernel<kXTiles>>(smem);
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(a.plan.col_tiles, a.plan.splits);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = a.plan.splits;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = a.plan.splits > 1 ? 1 : 0;
-  ASYNCT_CUDA_CHECK(cudaLaunchKernelEx(&config, skinny_gemm_kernel<kXTiles>, a));
-  check_launch("skinny_gemm");
+  launch_dependent(skinny_gemm_kernel<kXTiles>, dim3(a.plan.col_tiles, a.plan.splits), dim3(kThreads), smem, stream,
+                   "skinny_gemm", a);
 }
 
-// The multiprocessor count and cluster support of the current device, asked once per device.
+// The multiprocessor count and tensor-map support of the current device, asked once per device.
 struct DeviceTraits {
   int sm_count = 0;
-  bool clusters = false;
+  bool tensor_maps = false;
 };
 DeviceTraits device_traits() {
   static DeviceTraits cached[64];
@@ -315,7 +345,7 @@ DeviceTraits device_traits() {
     int major = 0;
     ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
     ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&t.sm_count, cudaDevAttrMultiProcessorCount, device));
-    t.clusters = major >= 9;
+    t.tensor_maps = major >= 9;
   }
   return t;
 }
@@ -328,14 +358,15 @@ bool skinny_gemm_supports(const void* x, const void* weight, int rows, int in) {
 }
 
 void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, int in, int out,
-                        bool out_fp32, cudaStream_t stream) {
+                        bool out_fp32, const SkinnyWorkspace& workspace, cudaStream_t stream) {
   check(skinny_gemm_supports(x, weight, rows, in), "skinny_gemm: unsupported product [", rows, " x ", in,
         "] (rows 1..", kSkinnyMaxRows, ", in a multiple of 8, 16-byte aligned)");
   check(out >= 1 && y != nullptr, "skinny_gemm: no output");
   const DeviceTraits traits = device_traits();
-  SkinnyArgs a{.x = x, .w = weight, .y = y, .rows = rows, .in = in, .out = out, .out_fp32 = out_fp32,
-               .plan = make_plan(in, out, traits.sm_count, traits.clusters)};
-  const bool tensor_maps = traits.clusters;  // both are sm_90's
+  SkinnyArgs a{.x = x, .w = weight, .y = y, .partials = workspace.partials, .counters = workspace.counters,
+               .rows = rows, .in = in, .out = out, .out_fp32 = out_fp32,
+               .plan = make_plan(in, out, traits.sm_count, workspace)};
+  const bool tensor_maps = traits.tensor_maps;
   switch ((rows + 15) / 16) {
     case 1: return launch_tiles<1>(a, tensor_maps, stream);
     case 2: return launch_tiles<2>(a, tensor_maps, stream);

@@ -3,11 +3,12 @@
 // a stream over the weights (each weight is used rows times, far below what the tensor cores
 // could do per byte), so this kernel is built to read W at the memory's rate: split-K over
 // enough CTAs to fill the GPU evenly, a producer thread feeding a ring of shared-memory stages
-// with Hopper's tensor copies, and the split sums added inside each thread-block cluster
-// through distributed shared memory (no scratch, no second launch). Opt-in
-// (ASYNCT_GEMM=skinny): on the H200 it is still slower than cuBLASLt on most decode shapes
-// (bench/RESULTS.md).
+// with Hopper's tensor copies (the weights' part started before the previous kernel ends: a
+// dependent launch), and the split sums added by the last CTA of each column tile (no second
+// launch). Opt-in (ASYNCT_GEMM=skinny) until it beats cuBLASLt on the H200 (bench/RESULTS.md).
 #pragma once
+
+#include <cstddef>
 
 #include <cuda_runtime_api.h>
 
@@ -21,7 +22,19 @@ constexpr int kSkinnyMaxRows = 64;
 // and 16-byte aligned x and W (each row starts on a 16-byte boundary).
 bool skinny_gemm_supports(const void* x, const void* weight, int rows, int in);
 
+// Device scratch for split products: fp32 partial tiles, and one counter per column tile that
+// must be zero before the first launch (each launch leaves them zero). Products on one
+// workspace must run in stream order. Without room a product runs unsplit.
+struct SkinnyWorkspace {
+  float* partials = nullptr;
+  std::size_t partial_bytes = 0;
+  unsigned* counters = nullptr;
+  int counter_count = 0;
+};
+constexpr std::size_t kSkinnyPartialBytes = std::size_t(16) << 20;
+constexpr int kSkinnyCounters = 4096;
+
 void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, int in, int out,
-                        bool out_fp32, cudaStream_t stream);
+                        bool out_fp32, const SkinnyWorkspace& workspace, cudaStream_t stream);
 
 }  // namespace asynct::kernels

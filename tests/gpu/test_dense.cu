@@ -57,7 +57,7 @@ TEST(Gemm, PathNamesParseAndUnknownOnesAreRejected) {
 }
 
 // Small enough for compute-sanitizer: one and three row tiles, partial tiles in every
-// direction, one split and several (a cluster adding partial tiles), uneven splits with a
+// direction, one split and several (the last CTA adding the partial tiles), uneven splits with a
 // partial last K tile (1032 = 16 tiles of 64 and 8).
 TEST(Gemm, SmallSkinnyShapes) {
   check_linear({{1, 64, 8}, {3, 136, 200}, {48, 72, 70}, {5, 1024, 64}, {7, 1032, 130}});

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include <cuda.h>  // CUtensorMap (the encoder is reached through the runtime: no libcuda link)
 #include <cudaTypedefs.h>
@@ -44,19 +45,24 @@ constexpr int kThreads = 32 * (kConsumerWarps + 1);  // and the producer warp
 constexpr int kTileN = 32 * kConsumerWarps;         // output columns per CTA
 constexpr int kTileK = 64;                           // K per stage: 128-byte rows
 constexpr int kRowBytes = kTileK * 2;
-// The ring's shared memory per CTA: two CTAs per SM, so that one's start and end overlap the
-// other's streaming. 1 KB of it aligns the ring for the swizzled copies.
-constexpr int kRingBudget = 110 * 1024;
+// The ring's shared memory per CTA. A product with at least as many CTAs as multiprocessors
+// runs two per multiprocessor (110 KB each), so that one's start and end overlap the other's
+// streaming; one with fewer runs one per multiprocessor with a ring twice as deep, which also
+// doubles what the dependent launch prefetches. 1 KB of it aligns the ring for the swizzled
+// copies.
 constexpr int kRingAlign = 1024;
-constexpr int kMaxStages = 6;
+constexpr int kSmallRingBytes = 110 * 1024;
+constexpr int kLargeRingBytes = 200 * 1024;  // Hopper's 227 KB per CTA; not taken before sm_90
+constexpr int kMaxStages = 12;
 constexpr int kMaxSplits = 8;
 constexpr int kMinTilesPerSplit = 2;  // shorter splits are all prologue
 
-template <int kXTiles>  // x rows, padded to 16 * kXTiles
+template <int kXTiles, int kCtasPerSm>  // x rows, padded to 16 * kXTiles
 struct Ring {
+  static constexpr int kBudget = kCtasPerSm == 2 ? kSmallRingBytes : kLargeRingBytes;
   static constexpr int kStageRows = kTileN + 16 * kXTiles;  // W rows, then x rows
   static constexpr int kStageBytes = kStageRows * kRowBytes;
-  static constexpr int kStages = std::min(kMaxStages, (kRingBudget - kRingAlign) / kStageBytes);
+  static constexpr int kStages = std::min(kMaxStages, (kBudget - kRingAlign) / kStageBytes);
   static constexpr int kBytes = kStages * kStageBytes;
   static_assert(kStageBytes % kRingAlign == 0, "every stage starts on a swizzle period");
   static_assert(kStages >= 2, "the ring needs two stages");
@@ -64,40 +70,57 @@ struct Ring {
   static_assert(sizeof(float) * 16 * kXTiles * kTileN <= kBytes, "the partial tile fits the ring");
 };
 
-// How a product is cut: column tiles x splits of K.
+// How a product is cut: column tiles x splits of K, and the CTAs per multiprocessor.
 struct SkinnyPlan {
   int col_tiles, k_tiles, splits, tiles_per_split;
+  bool large_ring;
 };
 
 // One CTA's partial tile in the workspace: [16 x 4 rows][kTileN] fp32 (the widest x).
 constexpr std::size_t kPartialTileFloats = std::size_t(16 * 4) * kTileN;
 
-// The split count that balances the CTAs over the multiprocessors best: with T CTAs of equal
-// work over S slots (two CTAs per multiprocessor) the busiest slot runs ceil(T / S) of them, so
-// the efficiency is T / (S ceil(T / S)). Ties go to fewer splits (less partial-sum work).
+// The cost model behind the split count, in units of one W tile (kTileN x kTileK, 16 KB): the
+// busiest multiprocessor streams ceil(CTAs / SMs) CTAs of ceil(k_tiles / splits) tiles each;
+// every CTA adds its start-up and every split product its partial-sum epilogue. Checked against
+// a sweep of forced split counts on the H200 (bench/RESULTS.md, sixth run): on the 1.7B decode
+// shapes at 1 and 32 rows the model's choice is within 0.5 us of the best count, except the
+// fused qkv product at 32 rows (11.8 against 10.7 us).
+constexpr double kCtaCostTiles = 4.0;
+constexpr double kSplitCostTiles = 4.0;
+
+// ASYNCT_SKINNY_SPLITS=n forces n splits (clamped to what the product allows): for measuring.
+int forced_splits() {
+  static const int forced = [] {
+    const char* value = std::getenv("ASYNCT_SKINNY_SPLITS");
+    return value ? std::atoi(value) : 0;
+  }();
+  return forced;
+}
+
 // Splits need a partial tile per CTA and a counter per column tile in the workspace.
-SkinnyPlan make_plan(int in, int out, int sm_count, const SkinnyWorkspace& ws) {
+SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, const SkinnyWorkspace& ws) {
   SkinnyPlan p;
   p.col_tiles = (out + kTileN - 1) / kTileN;
   p.k_tiles = (in + kTileK - 1) / kTileK;
-  const int slots = 2 * sm_count;
   const std::size_t tiles_that_fit = ws.partial_bytes / (kPartialTileFloats * sizeof(float));
   const bool room = p.col_tiles <= ws.counter_count && ws.partials != nullptr && ws.counters != nullptr;
   const int fit = room ? int(std::min<std::size_t>(kMaxSplits, tiles_that_fit / p.col_tiles)) : 1;
   const int max_splits = std::clamp(std::min(p.k_tiles / kMinTilesPerSplit, fit), 1, kMaxSplits);
-  double best = -1.0;
+  double best = 0.0;
   p.splits = 1;
   for (int s = 1; s <= max_splits; ++s) {
     const long long ctas = (long long)p.col_tiles * s;
-    const long long busiest = (ctas + slots - 1) / slots;
-    const double efficiency = double(ctas) / double(busiest * slots);
-    if (efficiency > best + 0.02) {
-      best = efficiency;
+    const long long per_sm = (ctas + sm_count - 1) / sm_count;
+    const double cost = double(per_sm) * ((p.k_tiles + s - 1) / s + kCtaCostTiles) + (s > 1 ? kSplitCostTiles : 0.0);
+    if (s == 1 || cost < best) {
+      best = cost;
       p.splits = s;
     }
   }
+  if (forced_splits() > 0) p.splits = std::clamp(forced_splits(), 1, max_splits);
   p.tiles_per_split = (p.k_tiles + p.splits - 1) / p.splits;
   p.splits = (p.k_tiles + p.tiles_per_split - 1) / p.tiles_per_split;  // no empty split
+  p.large_ring = large_rings && (long long)p.col_tiles * p.splits <= sm_count;
   return p;
 }
 
@@ -131,10 +154,10 @@ __device__ void copy_box(bf16* dst, const bf16* src, int rows, int in, int row0,
 
 // The producer: per stage, one tensor copy of W's tile and one of x's (lane 0 alone). The
 // first ring's worth of W is requested before waiting for the kernel that writes x.
-template <int kXTiles>
+template <int kXTiles, int kCtasPerSm>
 __device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedBarrier* full,
                                SharedBarrier* empty, int n0, int k_tile_begin, int k_tiles) {
-  using R = Ring<kXTiles>;
+  using R = Ring<kXTiles, kCtasPerSm>;
   const int lane = threadIdx.x & 31;
   constexpr int kXOffset = kTileN * kTileK;  // elements: W rows, then x rows
   auto stage_of = [&](int t) { return reinterpret_cast<bf16*>(ring + (t % R::kStages) * R::kStageBytes); };
@@ -175,9 +198,9 @@ __device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedB
 #endif
 }
 
-template <int kXTiles>
-__global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_constant__ SkinnyArgs a) {
-  using R = Ring<kXTiles>;
+template <int kXTiles, int kCtasPerSm>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const __grid_constant__ SkinnyArgs a) {
+  using R = Ring<kXTiles, kCtasPerSm>;
   constexpr int kXBlocks = 2 * kXTiles;  // n8 tiles of x rows
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* ring = smem_raw + ((kRingAlign - shared_address(smem_raw) % kRingAlign) % kRingAlign);
@@ -202,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 2) skinny_gemm_kernel(const __grid_c
     allow_next_grid();
   }
   if (warp == kConsumerWarps) {
-    produce_stages<kXTiles>(a, ring, full, empty, n0, k_tile_begin, k_tiles);
+    produce_stages<kXTiles, kCtasPerSm>(a, ring, full, empty, n0, k_tile_begin, k_tiles);
   } else {
     // ldmatrix lane offsets: A (W rows; row = lane & 15, k half = lane >> 4) and B (x rows, not
     // transposed: row = (lane & 7) + 8 (lane >> 4), k half = (lane >> 3) & 1).
@@ -319,16 +342,24 @@ CUtensorMap tensor_map(const bf16* base, int rows, int cols, int box_rows) {
   return map;
 }
 
+template <int kXTiles, int kCtasPerSm>
+void launch_ring(SkinnyArgs& a, cudaStream_t stream) {
+  const int smem = Ring<kXTiles, kCtasPerSm>::kBytes + kRingAlign;
+  allow_dynamic_smem<skinny_gemm_kernel<kXTiles, kCtasPerSm>>(smem);
+  launch_dependent(skinny_gemm_kernel<kXTiles, kCtasPerSm>, dim3(a.plan.col_tiles, a.plan.splits), dim3(kThreads),
+                   smem, stream, "skinny_gemm", a);
+}
+
 template <int kXTiles>
 void launch_tiles(SkinnyArgs& a, bool tensor_maps, cudaStream_t stream) {
   if (tensor_maps) {
     a.w_map = tensor_map(a.w, a.out, a.in, kTileN);
     a.x_map = tensor_map(a.x, a.rows, a.in, 16 * kXTiles);
   }
-  const int smem = Ring<kXTiles>::kBytes + kRingAlign;
-  allow_dynamic_smem<skinny_gemm_kernel<kXTiles>>(smem);
-  launch_dependent(skinny_gemm_kernel<kXTiles>, dim3(a.plan.col_tiles, a.plan.splits), dim3(kThreads), smem, stream,
-                   "skinny_gemm", a);
+  if (a.plan.large_ring)
+    launch_ring<kXTiles, 1>(a, stream);
+  else
+    launch_ring<kXTiles, 2>(a, stream);
 }
 
 // The multiprocessor count and tensor-map support of the current device, asked once per device.
@@ -365,7 +396,7 @@ void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, in
   const DeviceTraits traits = device_traits();
   SkinnyArgs a{.x = x, .w = weight, .y = y, .partials = workspace.partials, .counters = workspace.counters,
                .rows = rows, .in = in, .out = out, .out_fp32 = out_fp32,
-               .plan = make_plan(in, out, traits.sm_count, workspace)};
+               .plan = make_plan(in, out, traits.sm_count, traits.tensor_maps, workspace)};
   const bool tensor_maps = traits.tensor_maps;
   switch ((rows + 15) / 16) {
     case 1: return launch_tiles<1>(a, tensor_maps, stream);

@@ -175,9 +175,12 @@ TEST(Checkpoint, MissingUnexpectedAndMisshapenTensorsAreNamed) {
   expect_error([&] { load_weights(dir.path().string()); }, "'model.norm.weight' has shape [127], the config implies [128]");
 
   auto non_finite = tensors;
-  non_finite["model.norm.weight"] = Tensor::from_vector<float>(std::vector<float>(128, NAN), {128});
+  std::vector<float> norm_values(128, 1.0f);
+  norm_values[77] = NAN;
+  norm_values[100] = INFINITY;
+  non_finite["model.norm.weight"] = Tensor::from_vector<float>(norm_values, {128});
   rewrite(non_finite);
-  expect_error([&] { load_weights(dir.path().string()); }, "non-finite value");
+  expect_error([&] { load_weights(dir.path().string()); }, "non-finite value at element 77");
 }
 
 TEST(Checkpoint, BadConfigsAreNamed) {

@@ -19,7 +19,7 @@ import subprocess
 GROUPS = [  # first match wins
     ("attention", re.compile(r"decode|prefill")),
     ("norms", re.compile(r"norm|rope", re.I)),
-    ("GEMMs", re.compile(r"gemm|xmma|cutlass|sm90|sm80|skinny|ampere|hopper", re.I)),
+    ("GEMMs", re.compile(r"gemm|xmma|cutlass|nvjet|splitKreduce|skinny", re.I)),
     ("other", re.compile(r".")),
 ]
 

@@ -107,24 +107,8 @@ bool is_float(DType t) {
   return t == DType::F32 || t == DType::F64 || t == DType::BF16 || t == DType::F16;
 }
 
-// Elements converted per piece of work. A model's weights are ~2e9 elements (seconds on one
-// core), so large conversions run on the host's threads; a tensor of one piece or less stays on
-// the caller's thread, where starting threads would cost more than they save.
+// Elements converted per piece of work (parallel_pieces).
 constexpr std::int64_t kConvertPiece = std::int64_t(1) << 20;
-
-// Runs convert(begin, end) over [0, count) in pieces, in parallel when there is more than one.
-template <typename Convert>
-void convert_in_pieces(std::int64_t count, const Convert& convert) {
-  const std::int64_t pieces = (count + kConvertPiece - 1) / kConvertPiece;
-  if (pieces <= 1) {
-    convert(std::int64_t(0), count);
-    return;
-  }
-  parallel_for(std::size_t(pieces), [&](std::size_t p) {
-    const std::int64_t begin = std::int64_t(p) * kConvertPiece;
-    convert(begin, std::min(count, begin + kConvertPiece));
-  });
-}
 
 // bf16 -> float as the element-wise path through double gives it: exact, except that a
 // signalling NaN comes out quiet (the float -> double conversion sets the quiet bit).
@@ -135,7 +119,7 @@ inline float bf16_to_float_quiet(std::uint16_t bits) {
 }  // namespace
 
 void floats_to_bf16(const float* values, std::uint16_t* out, std::size_t count) {
-  convert_in_pieces(std::int64_t(count), [&](std::int64_t begin, std::int64_t end) {
+  parallel_pieces(std::int64_t(count), kConvertPiece, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) out[i] = float_to_bf16(values[i]);
   });
 }
@@ -154,14 +138,14 @@ Tensor Tensor::to(DType dtype) const {
   if (dtype_ == DType::F32 && dtype == DType::BF16) {
     floats_to_bf16(static_cast<const float*>(in), static_cast<std::uint16_t*>(result), std::size_t(numel()));
   } else if (dtype_ == DType::BF16 && dtype == DType::F32) {
-    convert_in_pieces(numel(), [&](std::int64_t begin, std::int64_t end) {
+    parallel_pieces(numel(), kConvertPiece, [&](std::int64_t begin, std::int64_t end) {
       const auto* bits = static_cast<const std::uint16_t*>(in);
       auto* values = static_cast<float*>(result);
       for (std::int64_t i = begin; i < end; ++i) values[i] = bf16_to_float_quiet(bits[i]);
     });
   } else {
     const DType from = dtype_;
-    convert_in_pieces(numel(), [&](std::int64_t begin, std::int64_t end) {
+    parallel_pieces(numel(), kConvertPiece, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t i = begin; i < end; ++i) write_from_double(result, dtype, i, read_as_double(in, from, i));
     });
   }

@@ -261,16 +261,16 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_multipass_kernel(RowPara
 constexpr int round_up(int n, int m) { return (n + m - 1) / m * m; }
 
 template <RowOp OP, int VECS>
-void launch_warp_per_row(const RowParams& p, cudaStream_t stream) {
+void launch_warp_per_row(const RowParams& p, cudaStream_t stream, const char* who) {
   constexpr int kRowsPerBlock = 4;
   const int blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  launch_dependent(row_norm_kernel<OP, VECS, true>, blocks, kRowsPerBlock * kWarp, 0, stream, "norm", p);
+  launch_dependent(row_norm_kernel<OP, VECS, true>, blocks, kRowsPerBlock * kWarp, 0, stream, who, p);
 }
 
 template <RowOp OP, int VECS>
-void launch_block_per_row(const RowParams& p, cudaStream_t stream) {
+void launch_block_per_row(const RowParams& p, cudaStream_t stream, const char* who) {
   const int threads = round_up((p.vectors + VECS - 1) / VECS, kWarp);
-  launch_dependent(row_norm_kernel<OP, VECS, false>, p.rows, threads, 0, stream, "norm", p);
+  launch_dependent(row_norm_kernel<OP, VECS, false>, p.rows, threads, 0, stream, who, p);
 }
 
 // The widest row each configuration holds in registers: 8 vectors of 8 per thread at most,
@@ -280,17 +280,16 @@ constexpr int kMaxRegisterVectors = kMaxThreads * 8;
 template <RowOp OP>
 void launch_row(const RowParams& p, cudaStream_t stream, const char* who) {
   const int v = p.vectors;
-  if (v <= kWarp) launch_warp_per_row<OP, 1>(p, stream);
-  else if (v <= 2 * kWarp) launch_warp_per_row<OP, 2>(p, stream);
-  else if (v <= 4 * kWarp) launch_warp_per_row<OP, 4>(p, stream);
+  if (v <= kWarp) launch_warp_per_row<OP, 1>(p, stream, who);
+  else if (v <= 2 * kWarp) launch_warp_per_row<OP, 2>(p, stream, who);
+  else if (v <= 4 * kWarp) launch_warp_per_row<OP, 4>(p, stream, who);
   // FusedAdd already has two loads (x, residual) in flight per vector: one vector per thread
   // measured ~4% faster for it at hidden 2048; the others measured faster with two.
-  else if (OP == RowOp::FusedAdd && v <= kMaxThreads) launch_block_per_row<OP, 1>(p, stream);
-  else if (v <= 2 * kMaxThreads) launch_block_per_row<OP, 2>(p, stream);
-  else if (v <= 4 * kMaxThreads) launch_block_per_row<OP, 4>(p, stream);
-  else if (v <= kMaxRegisterVectors) launch_block_per_row<OP, 8>(p, stream);
+  else if (OP == RowOp::FusedAdd && v <= kMaxThreads) launch_block_per_row<OP, 1>(p, stream, who);
+  else if (v <= 2 * kMaxThreads) launch_block_per_row<OP, 2>(p, stream, who);
+  else if (v <= 4 * kMaxThreads) launch_block_per_row<OP, 4>(p, stream, who);
+  else if (v <= kMaxRegisterVectors) launch_block_per_row<OP, 8>(p, stream, who);
   else launch_dependent(row_norm_multipass_kernel<OP>, p.rows, kMaxThreads, 0, stream, who, p);
-  check_launch(who);
 }
 
 using NamedPointer = std::pair<const void*, const char*>;
@@ -522,7 +521,6 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
     case 128: launch_qk<128>(p, args.tokens, stream); break;
     default: launch_qk<256>(p, args.tokens, stream); break;
   }
-  check_launch(who);
 }
 
 }  // namespace asynct::kernels

@@ -57,17 +57,14 @@ ModelWeights empty_model(const ModelConfig& config) {
 
 bool is_gate_param(const std::string& name) { return name.find(".self_attn.gate_") != std::string::npos; }
 
-// The index of the first NaN or infinity in values[0, count), or -1. Scanned in pieces on the
-// host's threads: a 1.7B checkpoint holds ~2e9 values.
+// The index of the first NaN or infinity in values[0, count), or -1; on the host's threads.
 std::int64_t first_non_finite(const float* values, std::int64_t count) {
   constexpr std::int64_t kPiece = std::int64_t(1) << 22;
-  const std::size_t pieces = std::size_t((count + kPiece - 1) / kPiece);
-  std::vector<std::int64_t> first(pieces, -1);
-  parallel_for(pieces, [&](std::size_t piece) {
-    const std::int64_t begin = std::int64_t(piece) * kPiece, end = std::min(count, begin + kPiece);
+  std::vector<std::int64_t> first(std::size_t((count + kPiece - 1) / kPiece), -1);
+  parallel_pieces(count, kPiece, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i)
       if (!std::isfinite(values[i])) {
-        first[piece] = i;
+        first[std::size_t(begin / kPiece)] = i;
         return;
       }
   });

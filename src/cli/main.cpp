@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "tiny", "1.7b"}));
   bench_cmd->add_option("--scale", bench.scale, "divide prompt and output lengths by this (0: 1 on the GPU, 64 on the CPU)")
       ->check(CLI::Range(0, 1 << 20));
-  bench_cmd->add_option("--scenario", bench.only, "run only this scenario");
+  bench_cmd->add_option("--scenario", bench.only, "run only this scenario (decode_b1, single-stream decode, runs only when named)");
   bench_cmd->add_option("--json", bench.json_path, "where to write the results");
   bench_cmd->add_option("--seed", bench.seed, "weights and prompts seed");
   bench_cmd->add_flag("!--no-profile", bench.profile, "do not time the phases of each step");

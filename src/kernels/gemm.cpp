@@ -45,7 +45,10 @@ Gemm::Gemm() {
   ASYNCT_CUDA_CHECK(cudaMalloc(&skinny_scratch_, kSkinnyPartialBytes + kSkinnyCounters * sizeof(unsigned)));
   ASYNCT_CUDA_CHECK(cudaMemset(static_cast<char*>(skinny_scratch_) + kSkinnyPartialBytes, 0,
                                kSkinnyCounters * sizeof(unsigned)));
-  if (const char* path = std::getenv("ASYNCT_GEMM"); path && *path) default_path_ = gemm_path_from_name(path);
+  if (const char* path = std::getenv("ASYNCT_GEMM"); path && *path) {
+    default_path_ = gemm_path_from_name(path);
+    partials_allowed_ = default_path_ == GemmPath::Skinny;
+  }
 }
 
 Gemm::~Gemm() {
@@ -150,6 +153,16 @@ void Gemm::linear(const bf16* x, const bf16* weight, void* y, int rows, int in, 
     if (capturing == cudaStreamCaptureStatusNone) tune(p, x, weight, y, stream);
   }
   matmul(p, p.algo, x, weight, y, stream);
+}
+
+LinearOutput Gemm::linear_for_reader(const bf16* x, const bf16* weight, bf16* y, float* partials,
+                                     std::size_t partial_floats, int rows, int in, int out, cudaStream_t stream) {
+  check(rows >= 1 && in >= 1 && out >= 1, "linear: empty product [", rows, " x ", in, "] -> ", out);
+  if (partials_allowed_ && partials != nullptr && skinny_gemm_supports(x, weight, rows, in) && skinny_gemm_fast_here() &&
+      partial_floats >= std::size_t(kSkinnyMaxRows) * out)
+    return launch_skinny_gemm_partials(x, weight, partials, partial_floats, rows, in, out, stream);
+  linear(x, weight, y, rows, in, out, false, stream);
+  return LinearOutput::of(y);
 }
 
 }  // namespace asynct::kernels

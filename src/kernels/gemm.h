@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention_args.h"  // bf16
+#include "kernels/linear_output.h"
 
 namespace asynct::kernels {
 
@@ -39,6 +40,13 @@ class Gemm {
   void linear(const bf16* x, const bf16* weight, void* y, int rows, int in, int out, bool out_fp32,
               cudaStream_t stream, GemmPath path = GemmPath::Default);
 
+  // The product y = x W^T for a kernel that can add split partial sums as it reads (see
+  // linear_output.h): with few rows (the skinny kernel's range) on a device where the skinny
+  // kernel runs at speed, and no other path named by ASYNCT_GEMM, it is left as fp32 partials in
+  // `partials` (partial_floats floats); otherwise it is a dense bf16 product in y.
+  LinearOutput linear_for_reader(const bf16* x, const bf16* weight, bf16* y, float* partials,
+                                 std::size_t partial_floats, int rows, int in, int out, cudaStream_t stream);
+
   // Products of at most this many rows are tuned on the CublasLtTuned path.
   static constexpr int kTunedMaxRows = 256;
 
@@ -54,6 +62,7 @@ class Gemm {
 
   cublasLtHandle_t handle_ = nullptr;
   GemmPath default_path_ = GemmPath::CublasLt;
+  bool partials_allowed_ = true;  // linear_for_reader may split (ASYNCT_GEMM unset or skinny)
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 32u << 20;
   void* skinny_scratch_ = nullptr;  // the skinny kernel's SkinnyWorkspace (partials, then counters)

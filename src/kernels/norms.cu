@@ -89,6 +89,9 @@ enum class RowOp { Norm, FusedAdd, PostAttnPreMlp };
 
 struct RowParams {
   const bf16* x = nullptr;             // Norm/FusedAdd: x; PostAttnPreMlp: attn_out
+  const float* x_partials = nullptr;   // or x as split partial sums (linear_output.h)
+  int x_splits = 0;
+  std::int64_t x_split_stride = 0;
   bf16* residual = nullptr;            // FusedAdd, PostAttnPreMlp (updated in place)
   const bf16* first_weight = nullptr;  // PostAttnPreMlp: the norm applied to attn_out
   const bf16* weight = nullptr;        // the norm that produces `out`
@@ -138,6 +141,39 @@ __device__ __forceinline__ void load_row(const bf16* row, int vectors, const Thr
   }
 }
 
+// The same from split partial sums: vector j of the row is the sum, in split order, of the
+// splits' fp32 vectors. All the splits' loads of a vector are issued before the first add (the
+// loop is unrolled to the most splits there can be): a chain of one L2 trip per split would
+// cost more than the GEMM epilogue it replaces.
+template <int VECS, class Thread>
+__device__ __forceinline__ void load_partial_row(const float* row, int splits, std::int64_t split_stride,
+                                                 int vectors, const Thread& t, float (&x)[VECS][8]) {
+#pragma unroll
+  for (int k = 0; k < VECS; ++k) {
+    const int j = t.lane + k * t.stride;
+    float4 parts[kMaxLinearSplits][2];
+#pragma unroll
+    for (int s = 0; s < kMaxLinearSplits; ++s) {
+      if (s < splits && j < vectors) {
+        const float4* at = reinterpret_cast<const float4*>(row + s * split_stride + 8 * j);
+        parts[s][0] = __ldcg(at);
+        parts[s][1] = __ldcg(at + 1);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[k][i] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxLinearSplits; ++s) {
+      if (s < splits && j < vectors) {
+        const float v[8] = {parts[s][0].x, parts[s][0].y, parts[s][0].z, parts[s][0].w,
+                            parts[s][1].x, parts[s][1].y, parts[s][1].z, parts[s][1].w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[k][i] += v[i];
+      }
+    }
+  }
+}
+
 template <int VECS, class Thread>
 __device__ __forceinline__ void store_row(bf16* row, int vectors, const Thread& t,
                                           const float (&x)[VECS][8]) {
@@ -180,7 +216,7 @@ __device__ __forceinline__ void norm_row(float (&x)[VECS][8], const Bf16x8 (&w)[
   }
 }
 
-template <RowOp OP, int VECS, bool WARP_PER_ROW>
+template <RowOp OP, int VECS, bool WARP_PER_ROW, bool SPLIT_X>
 __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
   __shared__ float partial[2][kMaxWarps];
   const RowThread<WARP_PER_ROW> t;
@@ -194,7 +230,10 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
   allow_next_grid();
   float x[VECS][8];
   Bf16x8 w[VECS];
-  load_row(p.x + base, p.vectors, t, x);
+  if constexpr (SPLIT_X)
+    load_partial_row(p.x_partials + base, p.x_splits, p.x_split_stride, p.vectors, t, x);
+  else
+    load_row(p.x + base, p.vectors, t, x);
   load_weights(p.weight, p.vectors, t, w);
   if constexpr (OP != RowOp::Norm) {
     float r[VECS][8];
@@ -260,17 +299,17 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_multipass_kernel(RowPara
 
 constexpr int round_up(int n, int m) { return (n + m - 1) / m * m; }
 
-template <RowOp OP, int VECS>
+template <RowOp OP, int VECS, bool SPLIT_X>
 void launch_warp_per_row(const RowParams& p, cudaStream_t stream, const char* who) {
   constexpr int kRowsPerBlock = 4;
   const int blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  launch_dependent(row_norm_kernel<OP, VECS, true>, blocks, kRowsPerBlock * kWarp, 0, stream, who, p);
+  launch_dependent(row_norm_kernel<OP, VECS, true, SPLIT_X>, blocks, kRowsPerBlock * kWarp, 0, stream, who, p);
 }
 
-template <RowOp OP, int VECS>
+template <RowOp OP, int VECS, bool SPLIT_X>
 void launch_block_per_row(const RowParams& p, cudaStream_t stream, const char* who) {
   const int threads = round_up((p.vectors + VECS - 1) / VECS, kWarp);
-  launch_dependent(row_norm_kernel<OP, VECS, false>, p.rows, threads, 0, stream, who, p);
+  launch_dependent(row_norm_kernel<OP, VECS, false, SPLIT_X>, p.rows, threads, 0, stream, who, p);
 }
 
 // The widest row each configuration holds in registers: 8 vectors of 8 per thread at most,
@@ -280,16 +319,30 @@ constexpr int kMaxRegisterVectors = kMaxThreads * 8;
 template <RowOp OP>
 void launch_row(const RowParams& p, cudaStream_t stream, const char* who) {
   const int v = p.vectors;
-  if (v <= kWarp) launch_warp_per_row<OP, 1>(p, stream, who);
-  else if (v <= 2 * kWarp) launch_warp_per_row<OP, 2>(p, stream, who);
-  else if (v <= 4 * kWarp) launch_warp_per_row<OP, 4>(p, stream, who);
+  if (v <= kWarp) launch_warp_per_row<OP, 1, false>(p, stream, who);
+  else if (v <= 2 * kWarp) launch_warp_per_row<OP, 2, false>(p, stream, who);
+  else if (v <= 4 * kWarp) launch_warp_per_row<OP, 4, false>(p, stream, who);
   // FusedAdd already has two loads (x, residual) in flight per vector: one vector per thread
   // measured ~4% faster for it at hidden 2048; the others measured faster with two.
-  else if (OP == RowOp::FusedAdd && v <= kMaxThreads) launch_block_per_row<OP, 1>(p, stream, who);
-  else if (v <= 2 * kMaxThreads) launch_block_per_row<OP, 2>(p, stream, who);
-  else if (v <= 4 * kMaxThreads) launch_block_per_row<OP, 4>(p, stream, who);
-  else if (v <= kMaxRegisterVectors) launch_block_per_row<OP, 8>(p, stream, who);
+  else if (OP == RowOp::FusedAdd && v <= kMaxThreads) launch_block_per_row<OP, 1, false>(p, stream, who);
+  else if (v <= 2 * kMaxThreads) launch_block_per_row<OP, 2, false>(p, stream, who);
+  else if (v <= 4 * kMaxThreads) launch_block_per_row<OP, 4, false>(p, stream, who);
+  else if (v <= kMaxRegisterVectors) launch_block_per_row<OP, 8, false>(p, stream, who);
   else launch_dependent(row_norm_multipass_kernel<OP>, p.rows, kMaxThreads, 0, stream, who, p);
+}
+
+// x from split partial sums (decode-sized products): each thread loads every split of its
+// vectors, so one vector per thread up to kMaxThreads vectors keeps the loads in flight wide.
+template <RowOp OP>
+void launch_row_from_splits(const RowParams& p, cudaStream_t stream, const char* who) {
+  const int v = p.vectors;
+  if (v <= kWarp) launch_warp_per_row<OP, 1, true>(p, stream, who);
+  else if (v <= 2 * kWarp) launch_warp_per_row<OP, 2, true>(p, stream, who);
+  else if (v <= kMaxThreads) launch_block_per_row<OP, 1, true>(p, stream, who);
+  else if (v <= 2 * kMaxThreads) launch_block_per_row<OP, 2, true>(p, stream, who);
+  else if (v <= 4 * kMaxThreads) launch_block_per_row<OP, 4, true>(p, stream, who);
+  else check(false, who, ": rows of ", 8 * v, " values from split partial sums are not supported (at most ",
+             32 * kMaxThreads, ")");
 }
 
 using NamedPointer = std::pair<const void*, const char*>;
@@ -455,32 +508,70 @@ void launch_norm(const bf16* x, const bf16* weight, bf16* out, int rows, int hid
   launch_row<RowOp::Norm>(p, stream, who);
 }
 
-void launch_fused_add_norm(const bf16* x, bf16* residual, const bf16* weight, bf16* out,
+namespace {
+
+// The x operand of a fused norm: dense bf16, or split partial sums (checked like a pointer, and
+// for a split count and stride that the kernels can read).
+void set_x(RowParams& p, const LinearOutput& x, const char* who) {
+  if (!x.is_split()) {
+    check_pointers(who, {{x.dense, "x"}});
+    p.x = x.dense;
+    return;
+  }
+  check_pointers(who, {{x.partials, "x partials"}});
+  check(x.splits >= 1 && x.splits <= kMaxLinearSplits, who, ": x has ", x.splits, " splits; 1..",
+        kMaxLinearSplits, " are supported");
+  check(x.split_stride >= std::int64_t(p.rows) * p.vectors * 8 && x.split_stride % 4 == 0, who,
+        ": x's split stride ", x.split_stride, " is not a multiple of 4 of at least rows x hidden");
+  p.x_partials = x.partials;
+  p.x_splits = x.splits;
+  p.x_split_stride = x.split_stride;
+}
+
+template <RowOp OP>
+void launch_with_x(const RowParams& p, cudaStream_t stream, const char* who) {
+  if (p.x_partials) launch_row_from_splits<OP>(p, stream, who);
+  else launch_row<OP>(p, stream, who);
+}
+
+}  // namespace
+
+void launch_fused_add_norm(const LinearOutput& x, bf16* residual, const bf16* weight, bf16* out,
                            int rows, int hidden, NormArgs args, cudaStream_t stream) {
   constexpr const char* who = "launch_fused_add_norm";
-  RowParams p = row_params(who, rows, hidden, args,
-                           {{x, "x"}, {residual, "residual"}, {weight, "weight"}, {out, "out"}});
-  p.x = x;
+  RowParams p = row_params(who, rows, hidden, args, {{residual, "residual"}, {weight, "weight"}, {out, "out"}});
+  set_x(p, x, who);
   p.residual = residual;
   p.weight = weight;
   p.out = out;
-  launch_row<RowOp::FusedAdd>(p, stream, who);
+  launch_with_x<RowOp::FusedAdd>(p, stream, who);
+}
+
+void launch_fused_add_norm(const bf16* x, bf16* residual, const bf16* weight, bf16* out,
+                           int rows, int hidden, NormArgs args, cudaStream_t stream) {
+  launch_fused_add_norm(LinearOutput::of(x), residual, weight, out, rows, hidden, args, stream);
+}
+
+void launch_post_attn_pre_mlp(const LinearOutput& attn_out, bf16* residual, const bf16* out_weight,
+                              const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
+                              NormArgs args, cudaStream_t stream) {
+  constexpr const char* who = "launch_post_attn_pre_mlp";
+  RowParams p = row_params(who, rows, hidden, args,
+                           {{residual, "residual"}, {out_weight, "out_weight"},
+                            {next_weight, "next_weight"}, {mlp_in, "mlp_in"}});
+  set_x(p, attn_out, who);
+  p.residual = residual;
+  p.first_weight = out_weight;
+  p.weight = next_weight;
+  p.out = mlp_in;
+  launch_with_x<RowOp::PostAttnPreMlp>(p, stream, who);
 }
 
 void launch_post_attn_pre_mlp(const bf16* attn_out, bf16* residual, const bf16* out_weight,
                               const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
                               NormArgs args, cudaStream_t stream) {
-  constexpr const char* who = "launch_post_attn_pre_mlp";
-  RowParams p = row_params(who, rows, hidden, args,
-                           {{attn_out, "attn_out"}, {residual, "residual"},
-                            {out_weight, "out_weight"}, {next_weight, "next_weight"},
-                            {mlp_in, "mlp_in"}});
-  p.x = attn_out;
-  p.residual = residual;
-  p.first_weight = out_weight;
-  p.weight = next_weight;
-  p.out = mlp_in;
-  launch_row<RowOp::PostAttnPreMlp>(p, stream, who);
+  launch_post_attn_pre_mlp(LinearOutput::of(attn_out), residual, out_weight, next_weight, mlp_in, rows, hidden,
+                           args, stream);
 }
 
 void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t stream) {

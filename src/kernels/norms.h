@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention_args.h"  // bf16
+#include "kernels/linear_output.h"
 
 namespace asynct::kernels {
 
@@ -21,13 +22,19 @@ struct NormArgs {
 void launch_norm(const bf16* x, const bf16* weight, bf16* out, int rows, int hidden,
                  NormArgs args, cudaStream_t stream);
 
-// residual += x; out = norm(residual). residual is updated in place.
+// residual += x; out = norm(residual). residual is updated in place. x may also come as a
+// GEMM's split partial sums (linear_output.h), added in fp32 as they are read.
 void launch_fused_add_norm(const bf16* x, bf16* residual, const bf16* weight, bf16* out,
+                           int rows, int hidden, NormArgs args, cudaStream_t stream);
+void launch_fused_add_norm(const LinearOutput& x, bf16* residual, const bf16* weight, bf16* out,
                            int rows, int hidden, NormArgs args, cudaStream_t stream);
 
 // AsyncT's Peri-LN step: residual += norm(attn_out, out_weight); mlp_in = norm(residual,
-// next_weight). residual is updated in place.
+// next_weight). residual is updated in place. attn_out may come as split partial sums.
 void launch_post_attn_pre_mlp(const bf16* attn_out, bf16* residual, const bf16* out_weight,
+                              const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
+                              NormArgs args, cudaStream_t stream);
+void launch_post_attn_pre_mlp(const LinearOutput& attn_out, bf16* residual, const bf16* out_weight,
                               const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
                               NormArgs args, cudaStream_t stream);
 

@@ -15,13 +15,13 @@
 //   * four consumer warps each multiply 32 W rows (two m16 tiles of the mma's A operand) by all
 //     x rows (n8 tiles of its B operand) over the stage's K, with ldmatrix and mma.sync
 //     m16n8k16 (bf16 -> fp32), and release the stage;
-//   * with several splits, each CTA stores its fp32 partial tile in a global workspace and
-//     counts itself on its column tile's counter; the last to arrive adds the tiles up in split
-//     order (so the result does not depend on which CTA came last) and resets the counter.
-//     (The previous version added the tiles inside a thread-block cluster through distributed
-//     shared memory, which needs a cluster's CTAs co-scheduled and two cluster barriers. Both
-//     epilogues cost ~4 us at 32 rows: one CTA's loads of every split's tile form a chain of L2
-//     round trips. Adding the partials in the kernel that reads y would remove it.)
+//   * with several splits, either each CTA writes its fp32 partial tile to its split's matrix
+//     and the kernel that reads y adds the splits (launch_skinny_gemm_partials: no epilogue),
+//     or (launch_skinny_gemm) each CTA stores its tile in a global workspace and counts itself
+//     on its column tile's counter; the last to arrive adds the tiles up in split order (so the
+//     result does not depend on which CTA came last) and resets the counter. That epilogue, like
+//     the cluster reduction of an earlier version, costs ~4 us at 32 rows: one CTA's loads of
+//     every split's tile form a chain of L2 round trips.
 // Before sm_90 the producer warp copies the tiles itself (same layout, same zero fill).
 #include "kernels/skinny_gemm.h"
 
@@ -55,7 +55,7 @@ constexpr int kRingAlign = 1024;
 constexpr int kSmallRingBytes = 110 * 1024;
 constexpr int kLargeRingBytes = 200 * 1024;  // Hopper's 227 KB per CTA; not taken before sm_90
 constexpr int kMaxStages = 12;
-constexpr int kMaxSplits = 8;
+constexpr int kMaxSplits = kMaxLinearSplits;
 constexpr int kMinTilesPerSplit = 2;  // shorter splits are all prologue
 
 template <int kXTiles, int kCtasPerSm>  // x rows, padded to 16 * kXTiles
@@ -88,6 +88,10 @@ constexpr std::size_t kPartialTileFloats = std::size_t(16 * 4) * kTileN;
 // fused qkv product at 32 rows (11.8 against 10.7 us).
 constexpr double kCtaCostTiles = 4.0;
 constexpr double kSplitCostTiles = 4.0;
+// With the splits left to the reading kernel there is no epilogue; what remains per split is
+// the tile the CTA writes and the reader loads (16 KB per 32 rows, about one W tile's worth of
+// traffic through L2, half of it on the critical path).
+constexpr double kPartialCostTiles = 0.5;
 
 // ASYNCT_SKINNY_SPLITS=n forces n splits (clamped to what the product allows): for measuring.
 int forced_splits() {
@@ -98,21 +102,20 @@ int forced_splits() {
   return forced;
 }
 
-// Splits need a partial tile per CTA and a counter per column tile in the workspace.
-SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, const SkinnyWorkspace& ws) {
+// room_splits: how many splits the scratch can hold; partial_out: the splits are left to the
+// reading kernel (no epilogue).
+SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, int room_splits, bool partial_out) {
   SkinnyPlan p;
   p.col_tiles = (out + kTileN - 1) / kTileN;
   p.k_tiles = (in + kTileK - 1) / kTileK;
-  const std::size_t tiles_that_fit = ws.partial_bytes / (kPartialTileFloats * sizeof(float));
-  const bool room = p.col_tiles <= ws.counter_count && ws.partials != nullptr && ws.counters != nullptr;
-  const int fit = room ? int(std::min<std::size_t>(kMaxSplits, tiles_that_fit / p.col_tiles)) : 1;
-  const int max_splits = std::clamp(std::min(p.k_tiles / kMinTilesPerSplit, fit), 1, kMaxSplits);
+  const int max_splits = std::clamp(std::min(p.k_tiles / kMinTilesPerSplit, room_splits), 1, kMaxSplits);
   double best = 0.0;
   p.splits = 1;
   for (int s = 1; s <= max_splits; ++s) {
     const long long ctas = (long long)p.col_tiles * s;
     const long long per_sm = (ctas + sm_count - 1) / sm_count;
-    const double cost = double(per_sm) * ((p.k_tiles + s - 1) / s + kCtaCostTiles) + (s > 1 ? kSplitCostTiles : 0.0);
+    const double split_cost = partial_out ? kPartialCostTiles * s : (s > 1 ? kSplitCostTiles : 0.0);
+    const double cost = double(per_sm) * ((p.k_tiles + s - 1) / s + kCtaCostTiles) + split_cost;
     if (s == 1 || cost < best) {
       best = cost;
       p.splits = s;
@@ -133,6 +136,8 @@ struct SkinnyArgs {
   void* y;
   float* partials;     // [col_tiles][splits] partial tiles (splits > 1)
   unsigned* counters;  // [col_tiles], zero between launches (splits > 1)
+  float* split_out;    // or, when set: split s writes split_out[s * split_stride + row * out + col]
+  long long split_stride;
   int rows, in, out;
   bool out_fp32;
   SkinnyPlan plan;
@@ -286,6 +291,22 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
       if (col + e < a.out) store(row, col + e, values[e]);
   };
   const int quads = a.rows * kQuadsPerRow;
+  if (a.split_out != nullptr) {  // the reading kernel adds the splits
+    float* dst = a.split_out + split * a.split_stride;
+    const bool vector_rows = a.out % 4 == 0 && a.split_stride % 4 == 0;  // 16-byte aligned float4s
+    for (int i = threadIdx.x; i < quads; i += kThreads) {
+      const int row = i / kQuadsPerRow, col = n0 + (i % kQuadsPerRow) * 4;
+      const float4 v = reinterpret_cast<const float4*>(&partial[0][0])[i];
+      float* at = dst + (long long)row * a.out + col;
+      if (vector_rows && col + 3 < a.out) {
+        *reinterpret_cast<float4*>(at) = v;
+      } else {
+        const float values[4] = {v.x, v.y, v.z, v.w};
+        for (int e = 0; e < 4 && col + e < a.out; ++e) at[e] = values[e];
+      }
+    }
+    return;
+  }
   if (a.plan.splits == 1) {
     for (int i = threadIdx.x; i < quads; i += kThreads)
       store_quad(i, reinterpret_cast<const float4*>(&partial[0][0])[i]);
@@ -382,6 +403,16 @@ DeviceTraits device_traits() {
   return t;
 }
 
+// The kernel instance for the product's row count (x rows padded to 16, 32, 48 or 64).
+void launch_rows(SkinnyArgs& a, bool tensor_maps, cudaStream_t stream) {
+  switch ((a.rows + 15) / 16) {
+    case 1: return launch_tiles<1>(a, tensor_maps, stream);
+    case 2: return launch_tiles<2>(a, tensor_maps, stream);
+    case 3: return launch_tiles<3>(a, tensor_maps, stream);
+    default: return launch_tiles<4>(a, tensor_maps, stream);
+  }
+}
+
 }  // namespace
 
 bool skinny_gemm_supports(const void* x, const void* weight, int rows, int in) {
@@ -395,16 +426,37 @@ void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, in
         "] (rows 1..", kSkinnyMaxRows, ", in a multiple of 8, 16-byte aligned)");
   check(out >= 1 && y != nullptr, "skinny_gemm: no output");
   const DeviceTraits traits = device_traits();
+  // Splits need a partial tile per CTA and a counter per column tile in the workspace.
+  const int col_tiles = (out + kTileN - 1) / kTileN;
+  const std::size_t tiles_that_fit = workspace.partial_bytes / (kPartialTileFloats * sizeof(float));
+  const bool room = col_tiles <= workspace.counter_count && workspace.partials && workspace.counters;
+  const int room_splits = room ? int(std::min<std::size_t>(kMaxSplits, tiles_that_fit / col_tiles)) : 1;
   SkinnyArgs a{.x = x, .w = weight, .y = y, .partials = workspace.partials, .counters = workspace.counters,
-               .rows = rows, .in = in, .out = out, .out_fp32 = out_fp32,
-               .plan = make_plan(in, out, traits.sm_count, traits.tensor_maps, workspace)};
-  const bool tensor_maps = traits.tensor_maps;
-  switch ((rows + 15) / 16) {
-    case 1: return launch_tiles<1>(a, tensor_maps, stream);
-    case 2: return launch_tiles<2>(a, tensor_maps, stream);
-    case 3: return launch_tiles<3>(a, tensor_maps, stream);
-    default: return launch_tiles<4>(a, tensor_maps, stream);
-  }
+               .split_out = nullptr, .split_stride = 0, .rows = rows, .in = in, .out = out, .out_fp32 = out_fp32,
+               .plan = make_plan(in, out, traits.sm_count, traits.tensor_maps, room_splits, false)};
+  launch_rows(a, traits.tensor_maps, stream);
 }
+
+LinearOutput launch_skinny_gemm_partials(const bf16* x, const bf16* weight, float* partials,
+                                         std::size_t partial_floats, int rows, int in, int out,
+                                         cudaStream_t stream) {
+  check(skinny_gemm_supports(x, weight, rows, in), "skinny_gemm: unsupported product [", rows, " x ", in,
+        "] (rows 1..", kSkinnyMaxRows, ", in a multiple of 8, 16-byte aligned)");
+  check(out >= 1 && partials != nullptr, "skinny_gemm: no output");
+  // Room counted for the widest batch, so that the split count (and a row's sums) never depend
+  // on how many rows this call has.
+  const std::size_t split_floats = std::size_t(kSkinnyMaxRows) * out;
+  check(partial_floats >= split_floats, "skinny_gemm: ", partial_floats, " floats of partials hold no split of [",
+        kSkinnyMaxRows, " x ", out, "]");
+  const DeviceTraits traits = device_traits();
+  const int room_splits = int(std::min<std::size_t>(kMaxSplits, partial_floats / split_floats));
+  SkinnyArgs a{.x = x, .w = weight, .y = nullptr, .partials = nullptr, .counters = nullptr,
+               .split_out = partials, .split_stride = (long long)rows * out, .rows = rows, .in = in, .out = out,
+               .out_fp32 = true, .plan = make_plan(in, out, traits.sm_count, traits.tensor_maps, room_splits, true)};
+  launch_rows(a, traits.tensor_maps, stream);
+  return LinearOutput{nullptr, partials, a.plan.splits, a.split_stride};
+}
+
+bool skinny_gemm_fast_here() { return device_traits().tensor_maps; }
 
 }  // namespace asynct::kernels

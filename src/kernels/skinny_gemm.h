@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention_args.h"  // bf16
+#include "kernels/linear_output.h"
 
 namespace asynct::kernels {
 
@@ -36,5 +37,17 @@ constexpr int kSkinnyCounters = 4096;
 
 void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, int in, int out,
                         bool out_fp32, const SkinnyWorkspace& workspace, cudaStream_t stream);
+
+// The same product left as split partial sums for the kernel that reads y (linear_output.h):
+// split s of K writes its fp32 result to partials[s][rows][out]. The split count depends on
+// (in, out) and on the room, partial_floats, counted for kSkinnyMaxRows rows, never on `rows`,
+// so that a row's result does not depend on the batch it is in.
+LinearOutput launch_skinny_gemm_partials(const bf16* x, const bf16* weight, float* partials,
+                                         std::size_t partial_floats, int rows, int in, int out,
+                                         cudaStream_t stream);
+
+// Whether the skinny kernel runs at its designed speed on the current device (the tensor
+// copies of sm_90); before sm_90 it is correct but slow.
+bool skinny_gemm_fast_here();
 
 }  // namespace asynct::kernels

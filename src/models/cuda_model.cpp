@@ -16,6 +16,7 @@
 #include "kernels/norms.h"
 #include "kernels/prefill.h"
 #include "kernels/sampling.h"
+#include "kernels/skinny_gemm.h"
 
 namespace asynct {
 
@@ -233,6 +234,9 @@ struct CudaModelRunner::Impl {
   // Activations, sized for `capacity` tokens.
   std::size_t capacity = 0;
   DeviceArray<bf16> residual, hidden, qkv, q, k, v, attn, attn_out, gate_up, act, mlp_out, last;
+  // The o and down products of a decode-sized step, as split partial sums for the norm after
+  // them (linear_output.h): [splits][rows][hidden], room for the most splits at the most rows.
+  DeviceArray<float> linear_partials;
   DeviceArray<float> logits;  // [rows that sample, vocab]
   DeviceArray<LogitSummary> summaries;  // [rows that sample]: greedy token, finiteness
   DeviceArray<std::uint8_t> decode_workspace;
@@ -267,6 +271,7 @@ struct CudaModelRunner::Impl {
                             (const void*)k.get(), (const void*)v.get(), (const void*)attn.get(),
                             (const void*)attn_out.get(), (const void*)gate_up.get(), (const void*)act.get(),
                             (const void*)mlp_out.get(), (const void*)last.get(), (const void*)logits.get(),
+                            (const void*)linear_partials.get(),
                             (const void*)summaries.get(), (const void*)decode_workspace.get(),
                             (const void*)step.tokens, (const void*)step.positions, (const void*)step.slots,
                             (const void*)step.prefill_cu_seqlens, (const void*)step.kv_lens,
@@ -376,6 +381,7 @@ struct CudaModelRunner::Impl {
     act.resize(t * in);
     mlp_out.resize(t * h);
     last.resize(t * h);
+    linear_partials.reserve(std::size_t(kernels::kMaxLinearSplits) * kernels::kSkinnyMaxRows * h);
     capacity = t;
   }
 
@@ -540,6 +546,7 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
   const int t = shape.tokens;
   const int h = c.hidden_size, qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
   const int inter = c.intermediate_size;
+  const std::size_t partial_floats = linear_partials.size();
   kernels::launch_gather_rows(embed_tokens.get(), step.tokens, residual.get(), t, c.vocab_size, h, stream);
   kernels::launch_norm(residual.get(), layers[0].input_layernorm.get(), hidden.get(), t, h, norm, stream);
   timer.mark("other");
@@ -571,29 +578,31 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
     timer.mark("norms");
     attention(layer, shape);
     timer.mark("attention");
-    gemm.linear(attn.get(), layer.o_proj.get(), attn_out.get(), t, qd, h, false, stream);
+    const kernels::LinearOutput attn_proj = gemm.linear_for_reader(
+        attn.get(), layer.o_proj.get(), attn_out.get(), linear_partials.get(), partial_floats, t, qd, h, stream);
     timer.mark("gemm");
     // Qwen3: residual += attn; AsyncT (Peri-LN): residual += norm(attn). Then the MLP's norm.
     if (c.is_async())
-      kernels::launch_post_attn_pre_mlp(attn_out.get(), residual.get(), layer.attn_output_layernorm.get(),
+      kernels::launch_post_attn_pre_mlp(attn_proj, residual.get(), layer.attn_output_layernorm.get(),
                                         layer.post_attention_layernorm.get(), hidden.get(), t, h, norm, stream);
     else
-      kernels::launch_fused_add_norm(attn_out.get(), residual.get(), layer.post_attention_layernorm.get(),
+      kernels::launch_fused_add_norm(attn_proj, residual.get(), layer.post_attention_layernorm.get(),
                                      hidden.get(), t, h, norm, stream);
     timer.mark("norms");
     gemm.linear(hidden.get(), layer.gate_up_proj.get(), gate_up.get(), t, h, 2 * inter, false, stream);
     timer.mark("gemm");
     kernels::launch_silu_and_mul(gate_up.get(), act.get(), t, inter, stream);
     timer.mark("other");
-    gemm.linear(act.get(), layer.down_proj.get(), mlp_out.get(), t, inter, h, false, stream);
+    const kernels::LinearOutput mlp_proj = gemm.linear_for_reader(
+        act.get(), layer.down_proj.get(), mlp_out.get(), linear_partials.get(), partial_floats, t, inter, h, stream);
     timer.mark("gemm");
     // The same step closes the MLP and opens the next layer (or the final norm).
     const bf16* next = l + 1 < layers.size() ? layers[l + 1].input_layernorm.get() : final_norm.get();
     if (c.is_async())
-      kernels::launch_post_attn_pre_mlp(mlp_out.get(), residual.get(), layer.mlp_output_layernorm.get(), next,
+      kernels::launch_post_attn_pre_mlp(mlp_proj, residual.get(), layer.mlp_output_layernorm.get(), next,
                                         hidden.get(), t, h, norm, stream);
     else
-      kernels::launch_fused_add_norm(mlp_out.get(), residual.get(), next, hidden.get(), t, h, norm, stream);
+      kernels::launch_fused_add_norm(mlp_proj, residual.get(), next, hidden.get(), t, h, norm, stream);
     timer.mark("norms");
   }
 

@@ -8,6 +8,7 @@
 #include "gpu/device_buffer.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
+#include "kernels/skinny_gemm.h"
 #include "reference/layers.h"
 #include "support/compare.h"
 #include "support/random.h"
@@ -67,6 +68,67 @@ TEST(Gemm, SmallSkinnyShapes) {
 // that go to cuBLASLt (100 rows; in = 100 is not a multiple of 8).
 TEST(Gemm, LinearMatchesReferenceOnAwkwardShapes) {
   check_linear({{32, 2048, 4096}, {37, 512, 1000}, {64, 6144, 2048}, {5, 1000, 333}, {100, 264, 300}, {7, 100, 50}});
+}
+
+// linear_for_reader: at decode sizes on a Hopper device the product comes back as split
+// partial sums, whose sum (host, split order) is the product; elsewhere (100 rows, or no room
+// for a split) dense bf16. The split count must not depend on the row count (a row's result
+// would then depend on its batch).
+void check_linear_for_reader(int rows, int in, int out, int expected_splits_of_first, Random& rng,
+                             kernels::Gemm& gemm, int& first_splits) {
+  SCOPED_TRACE(::testing::Message() << rows << " x " << in << " -> " << out);
+  Tensor x = rng.normal({rows, in}, 1.0f, true), w = rng.normal({out, in}, 0.05f, true);
+  Tensor expected = linear(x, w);
+  DeviceBuffer dx = DeviceBuffer::upload(x, DType::BF16), dw = DeviceBuffer::upload(w, DType::BF16);
+  DeviceBuffer dy(DType::BF16, {rows, out});
+  const std::int64_t room = std::int64_t(kernels::kMaxLinearSplits) * kernels::kSkinnyMaxRows * out;
+  DeviceBuffer partials(DType::F32, {room});
+  dy.poison();
+  partials.poison();
+  const kernels::LinearOutput y = gemm.linear_for_reader(dx.as<bf16>(), dw.as<bf16>(), dy.as<bf16>(),
+                                                         partials.as<float>(), std::size_t(room), rows, in, out, nullptr);
+  testing::check_launch("linear_for_reader");
+  if (!y.is_split()) {
+    EXPECT_EQ(y.dense, dy.as<bf16>());
+    EXPECT_TRUE(close_to(dy.download_float(), expected, kTolerance));
+    return;
+  }
+  EXPECT_GE(y.splits, 1);
+  EXPECT_LE(y.splits, kernels::kMaxLinearSplits);
+  EXPECT_EQ(y.split_stride, std::int64_t(rows) * out);
+  if (expected_splits_of_first >= 0) {
+    if (first_splits < 0) first_splits = y.splits;
+    EXPECT_EQ(y.splits, first_splits) << "the split count changed with the row count";
+  }
+  Tensor all = partials.download_float();
+  Tensor sum = Tensor::empty(DType::F32, {rows, out});
+  for (std::int64_t i = 0; i < std::int64_t(rows) * out; ++i) {
+    float total = 0.0f;
+    for (int s = 0; s < y.splits; ++s) total += all.data_as<float>()[s * y.split_stride + i];
+    sum.data_as<float>()[i] = total;
+  }
+  EXPECT_TRUE(close_to(sum, expected, 1e-3));
+}
+
+TEST(Gemm, SmallLinearForReaderLeavesSplitsThatAddUp) {
+  testing::require_gpu();
+  Random rng(2);
+  kernels::Gemm gemm;
+  int first = -1, unused = -1;
+  for (int rows : {1, 5, 17}) check_linear_for_reader(rows, 1032, 130, 0, rng, gemm, first);
+  check_linear_for_reader(3, 64, 8, -1, rng, gemm, unused);
+}
+
+TEST(Gemm, LinearForReaderOnDecodeShapes) {
+  testing::require_gpu();
+  Random rng(3);
+  kernels::Gemm gemm;
+  int o_splits = -1, down_splits = -1, unused = -1;
+  for (int rows : {1, 32, 64}) {
+    check_linear_for_reader(rows, 2048, 2048, 0, rng, gemm, o_splits);
+    check_linear_for_reader(rows, 6144, 2048, 0, rng, gemm, down_splits);
+  }
+  check_linear_for_reader(100, 512, 256, -1, rng, gemm, unused);  // past the skinny range: dense
 }
 
 TEST(Elementwise, SmallGatherRowsLooksUpAndZeroesBadIds) {

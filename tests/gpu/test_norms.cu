@@ -179,6 +179,100 @@ TEST(PostAttnPreMlpKernel, MatchesReference) {
   check_post_attn_pre_mlp(1000, 2048, /*uclip=*/true, 6);
 }
 
+// ---- x as a GEMM's split partial sums (linear_output.h) ------------------------------------
+
+// x arrives as `splits` fp32 matrices whose sum (in split order, in fp32: what the kernel
+// adds) is the x of the reference. The partials are not bf16-exact: they are what a GEMM's
+// splits write. The split stride is padded past rows x hidden, as a caller's buffer may be.
+struct SplitX {
+  Tensor total;        // [rows, hidden] fp32, the sum the kernel should see
+  DeviceBuffer parts;  // [splits, stride] fp32
+  kernels::LinearOutput view;
+};
+SplitX split_x(Random& rng, int rows, int hidden, int splits) {
+  const std::int64_t stride = std::int64_t(rows) * hidden + 8;
+  Tensor parts = rng.normal({splits, stride}, kInputStddev / std::sqrt(float(splits)));
+  Tensor total = Tensor::empty(DType::F32, {rows, hidden});
+  std::fill_n(total.data_as<float>(), total.numel(), 0.0f);
+  for (int s = 0; s < splits; ++s)
+    for (std::int64_t i = 0; i < std::int64_t(rows) * hidden; ++i)
+      total.data_as<float>()[i] += parts.data_as<float>()[s * stride + i];
+  SplitX x{total, DeviceBuffer::upload(parts, DType::F32), {}};
+  x.view = kernels::LinearOutput{nullptr, x.parts.as<float>(), splits, stride};
+  return x;
+}
+
+void check_norms_from_splits(int rows, int hidden, int splits, bool uclip, std::uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "rows " << rows << ", hidden " << hidden << ", splits " << splits
+                                    << (uclip ? ", UClip" : ", RMS"));
+  Random rng(seed);
+  const SplitX x = split_x(rng, rows, hidden, splits);
+  Tensor residual = rng.normal({rows, hidden}, kInputStddev, true);
+  Tensor w_out = rng.normal({hidden}, 1.0f, true), w_next = rng.normal({hidden}, 1.0f, true);
+  const NormConfig config = config_for(uclip);
+  DeviceBuffer dw_out = to_device(w_out), dw_next = to_device(w_next);
+  {
+    NormAndResidual ref = fused_add_norm(x.total, residual, w_next, config);
+    DeviceBuffer dres = to_device(residual), dout = poisoned({rows, hidden});
+    kernels::launch_fused_add_norm(x.view, dres.as<bf16>(), dw_next.as<bf16>(), dout.as<bf16>(), rows, hidden,
+                                   device_args(config), nullptr);
+    testing::check_launch("launch_fused_add_norm (splits)");
+    EXPECT_TRUE(close_to(dout.download_float(), ref.out, kTolerance)) << "fused_add_norm out";
+    EXPECT_TRUE(close_to(dres.download_float(), ref.residual, kTolerance)) << "fused_add_norm residual";
+  }
+  {
+    NormAndResidual ref = post_attn_pre_mlp(x.total, residual, w_out, w_next, config);
+    DeviceBuffer dres = to_device(residual), dout = poisoned({rows, hidden});
+    kernels::launch_post_attn_pre_mlp(x.view, dres.as<bf16>(), dw_out.as<bf16>(), dw_next.as<bf16>(),
+                                      dout.as<bf16>(), rows, hidden, device_args(config), nullptr);
+    testing::check_launch("launch_post_attn_pre_mlp (splits)");
+    EXPECT_TRUE(close_to(dout.download_float(), ref.out, kTolerance)) << "post_attn_pre_mlp mlp_in";
+    EXPECT_TRUE(close_to(dres.download_float(), ref.residual, kTolerance)) << "post_attn_pre_mlp residual";
+  }
+}
+
+TEST(FusedNormsFromSplits, SmallMatchReference) {
+  testing::require_gpu();
+  check_norms_from_splits(1, 64, 1, true, 7);
+  check_norms_from_splits(3, 2048, 3, false, 7);
+}
+
+// Every configuration the split reader has: warp per row (64, 256 values... up to 512), block
+// per row with one (2048), two (4096) and four (5120) vectors per thread; 1..8 splits; decode
+// batch sizes.
+TEST(FusedNormsFromSplits, MatchReference) {
+  testing::require_gpu();
+  for (int hidden : {64, 512, 1000, 2048, 4096, 5120})
+    for (int splits : {1, 2, 5, 8})
+      for (int rows : {1, 17}) check_norms_from_splits(rows, hidden, splits, splits % 2 == 0, 8);
+  check_norms_from_splits(64, 2048, 8, true, 8);
+  check_norms_from_splits(32, 2048, 4, false, 8);
+}
+
+TEST(FusedNormsFromSplits, SmallBadSplitsThrow) {
+  testing::require_gpu();
+  const int rows = 2, hidden = 64;
+  DeviceBuffer parts(DType::F32, {9, rows * hidden}), w(DType::BF16, {hidden});
+  DeviceBuffer out(DType::BF16, {rows, hidden}), res(DType::BF16, {rows, hidden});
+  const kernels::NormArgs args;
+  auto run = [&](kernels::LinearOutput x) {
+    kernels::launch_fused_add_norm(x, res.as<bf16>(), w.as<bf16>(), out.as<bf16>(), rows, hidden, args, nullptr);
+  };
+  const float* p = parts.as<float>();
+  expect_error([&] { run({nullptr, p, 0, rows * hidden}); }, "splits");
+  expect_error([&] { run({nullptr, p, 9, rows * hidden}); }, "splits");
+  expect_error([&] { run({nullptr, p, 2, rows * hidden - 4}); }, "split stride");
+  expect_error([&] { run({nullptr, p, 2, rows * hidden + 2}); }, "split stride");
+  expect_error([&] { run({nullptr, p + 1, 2, rows * hidden}); }, "aligned");
+  expect_error([&] { run(kernels::LinearOutput{}); }, "x is null");
+  expect_error(
+      [&] {
+        kernels::launch_fused_add_norm({nullptr, p, 1, 8 * 20000}, res.as<bf16>(), w.as<bf16>(), out.as<bf16>(), 1,
+                                       20000, args, nullptr);
+      },
+      "not supported");
+}
+
 // ---- launch_qk_norm_rope_cache_write ------------------------------------------------------
 
 struct QkCase {

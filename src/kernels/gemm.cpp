@@ -139,6 +139,8 @@ void Gemm::linear(const bf16* x, const bf16* weight, void* y, int rows, int in, 
                   cudaStream_t stream, GemmPath path) {
   check(rows >= 1 && in >= 1 && out >= 1, "linear: empty product [", rows, " x ", in, "] -> ", out);
   if (path == GemmPath::Default) path = default_path_;
+  if (path == GemmPath::Default)
+    path = rows <= kSkinnyDefaultMaxRows && skinny_gemm_fast_here() ? GemmPath::Skinny : GemmPath::CublasLt;
   if (path == GemmPath::Skinny && skinny_gemm_supports(x, weight, rows, in)) {
     const SkinnyWorkspace scratch{static_cast<float*>(skinny_scratch_), kSkinnyPartialBytes,
                                   reinterpret_cast<unsigned*>(static_cast<char*>(skinny_scratch_) + kSkinnyPartialBytes),

@@ -5,7 +5,9 @@
 // enough CTAs to fill the GPU evenly, a producer thread feeding a ring of shared-memory stages
 // with Hopper's tensor copies (the weights' part started before the previous kernel ends: a
 // dependent launch), and the split sums added by the last CTA of each column tile (no second
-// launch). Opt-in (ASYNCT_GEMM=skinny) until it beats cuBLASLt on the H200 (bench/RESULTS.md).
+// launch) or left to the kernel that reads the output. The engine's choice (gemm.h) for
+// products of 1-4 rows, and for the decode step's o and down products up to 64 rows as split
+// partial sums; cuBLASLt stays faster for the other products at 16-64 rows (bench/RESULTS.md).
 #pragma once
 
 #include <cstddef>

@@ -30,11 +30,13 @@ __global__ void __launch_bounds__(kSiluThreads) silu_and_mul_kernel(const bf16* 
   const long long t = blockIdx.x;
   const int c = (blockIdx.y * kSiluThreads + threadIdx.x) * 8;
   if (c >= inter) return;
+  // The 8 columns lie in one gate/up block (its width is a multiple of 8).
+  const GluColumns at = glu_columns(c, inter);
   float g[8], u[8], y[8];
-  to_float8(load_bf16x8(gate_up + t * 2 * inter + c), g);
-  to_float8(load_bf16x8(gate_up + t * 2 * inter + inter + c), u);
+  to_float8(load_bf16x8(gate_up + t * 2 * inter + at.gate), g);
+  to_float8(load_bf16x8(gate_up + t * 2 * inter + at.up), u);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) y[i] = g[i] / (1.0f + __expf(-g[i])) * u[i];
+  for (int i = 0; i < 8; ++i) y[i] = silu_times(g[i], u[i]);
   store_bf16x8(out + t * inter + c, from_float8(y));
 }
 

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention_args.h"  // bf16
+#include "kernels/linear_output.h"     // the gate/up block order
 
 namespace asynct::kernels {
 
@@ -15,7 +16,8 @@ namespace asynct::kernels {
 void launch_gather_rows(const bf16* table, const std::int32_t* rows, bf16* out, int count, int num_rows,
                         int width, cudaStream_t stream);
 
-// out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i]; inter a multiple of 8.
+// out[t, i] = silu(gate) * up, with gate and up at glu_columns(i, inter) of row t of gate_up
+// [tokens, 2 inter] (the kGluBlock order of linear_output.h); inter a multiple of 8.
 void launch_silu_and_mul(const bf16* gate_up, bf16* out, int tokens, int inter, cudaStream_t stream);
 
 }  // namespace asynct::kernels

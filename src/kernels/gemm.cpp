@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/cuda_check.h"
+#include "kernels/elementwise.h"
 #include "kernels/skinny_gemm.h"
 
 namespace asynct::kernels {
@@ -47,7 +48,7 @@ Gemm::Gemm() {
                                kSkinnyCounters * sizeof(unsigned)));
   if (const char* path = std::getenv("ASYNCT_GEMM"); path && *path) {
     default_path_ = gemm_path_from_name(path);
-    partials_allowed_ = default_path_ == GemmPath::Skinny;
+    skinny_forms_allowed_ = default_path_ == GemmPath::Skinny;
   }
 }
 
@@ -160,11 +161,23 @@ void Gemm::linear(const bf16* x, const bf16* weight, void* y, int rows, int in, 
 LinearOutput Gemm::linear_for_reader(const bf16* x, const bf16* weight, bf16* y, float* partials,
                                      std::size_t partial_floats, int rows, int in, int out, cudaStream_t stream) {
   check(rows >= 1 && in >= 1 && out >= 1, "linear: empty product [", rows, " x ", in, "] -> ", out);
-  if (partials_allowed_ && partials != nullptr && skinny_gemm_supports(x, weight, rows, in) && skinny_gemm_fast_here() &&
-      partial_floats >= std::size_t(kSkinnyMaxRows) * out)
+  if (skinny_forms_here(x, weight, rows, in) && partials != nullptr && partial_floats >= std::size_t(kSkinnyMaxRows) * out)
     return launch_skinny_gemm_partials(x, weight, partials, partial_floats, rows, in, out, stream);
   linear(x, weight, y, rows, in, out, false, stream);
   return LinearOutput::of(y);
+}
+
+void Gemm::gated_linear(const bf16* x, const bf16* weight, bf16* gate_up, bf16* act, int rows, int in, int inter,
+                        cudaStream_t stream) {
+  check(rows >= 1 && in >= 1 && inter >= 1, "gated_linear: empty product [", rows, " x ", in, "] -> 2 x ", inter);
+  if (skinny_forms_here(x, weight, rows, in)) return launch_skinny_gemm_glu(x, weight, act, rows, in, inter, stream);
+  linear(x, weight, gate_up, rows, in, 2 * inter, false, stream);
+  launch_silu_and_mul(gate_up, act, rows, inter, stream);
+}
+
+bool Gemm::skinny_forms_here(const bf16* x, const bf16* weight, int rows, int in) const {
+  return skinny_forms_allowed_ && rows <= kSkinnyFormsMaxRows && skinny_gemm_supports(x, weight, rows, in) &&
+         skinny_gemm_fast_here();
 }
 
 }  // namespace asynct::kernels

@@ -41,11 +41,23 @@ class Gemm {
               cudaStream_t stream, GemmPath path = GemmPath::Default);
 
   // The product y = x W^T for a kernel that can add split partial sums as it reads (see
-  // linear_output.h): with few rows (the skinny kernel's range) on a device where the skinny
-  // kernel runs at speed, and no other path named by ASYNCT_GEMM, it is left as fp32 partials in
-  // `partials` (partial_floats floats); otherwise it is a dense bf16 product in y.
+  // linear_output.h): with at most kSkinnyFormsMaxRows rows on a device where the skinny kernel
+  // runs at speed, and no path other than skinny named by ASYNCT_GEMM, it is left as fp32
+  // partials in `partials` (partial_floats floats); otherwise it is a dense bf16 product in y.
   LinearOutput linear_for_reader(const bf16* x, const bf16* weight, bf16* y, float* partials,
                                  std::size_t partial_floats, int rows, int in, int out, cudaStream_t stream);
+
+  // act [rows][inter] = SiLU(x Wg^T) * (x Wu^T), W the merged gate/up projection [2 inter][in] in
+  // the kGluBlock order (linear_output.h). Under the same conditions as above one skinny kernel
+  // with the SiLU in its epilogue; otherwise the product into gate_up [rows][2 inter] and
+  // launch_silu_and_mul.
+  void gated_linear(const bf16* x, const bf16* weight, bf16* gate_up, bf16* act, int rows, int in, int inter,
+                    cudaStream_t stream);
+
+  // The skinny kernel's split-partial and gated forms serve products of at most this many rows:
+  // the decode batch the engine was measured at (32; 1.7B decode_heavy step 2.41 -> 2.30 ms with
+  // the split partials). Past it cuBLASLt's products pull ahead (bench/RESULTS.md).
+  static constexpr int kSkinnyFormsMaxRows = 32;
 
   // On the default path, products of at most this many rows take the skinny kernel (on sm_90):
   // at 1-4 rows it reads the weights faster than cuBLASLt on every decode shape but the fused
@@ -60,6 +72,7 @@ class Gemm {
   using Key = std::tuple<int, int, int, bool, bool>;  // rows, in, out, out_fp32, tuned
   Plan& plan(int rows, int in, int out, bool out_fp32, bool tuned);
   void tune(Plan& p, const bf16* x, const bf16* weight, void* y, cudaStream_t stream);
+  bool skinny_forms_here(const bf16* x, const bf16* weight, int rows, int in) const;
   cublasStatus_t try_matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const bf16* x, const bf16* weight,
                             void* y, cudaStream_t stream);
   void matmul(const Plan& p, const cublasLtMatmulAlgo_t& algo, const bf16* x, const bf16* weight, void* y,
@@ -67,7 +80,7 @@ class Gemm {
 
   cublasLtHandle_t handle_ = nullptr;
   GemmPath default_path_ = GemmPath::Default;  // ASYNCT_GEMM's path, or the choice by rows
-  bool partials_allowed_ = true;  // linear_for_reader may split (ASYNCT_GEMM unset or skinny)
+  bool skinny_forms_allowed_ = true;  // linear_for_reader, gated_linear (ASYNCT_GEMM unset or skinny)
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 32u << 20;
   void* skinny_scratch_ = nullptr;  // the skinny kernel's SkinnyWorkspace (partials, then counters)

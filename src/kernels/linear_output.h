@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include <cuda_runtime.h>
+
 #include "kernels/attention_args.h"  // bf16
 
 namespace asynct::kernels {
@@ -26,5 +28,25 @@ struct LinearOutput {
   static LinearOutput of(const bf16* dense) { return LinearOutput{dense, nullptr, 0, 0}; }
   bool is_split() const { return partials != nullptr; }
 };
+
+// The merged gate/up projection (SwiGLU) on the device: its 2 x inter rows come in blocks of
+// kGluBlock gate rows followed by the same up rows ([g0..g63, u0..u63, g64..g127, u64..], the
+// last block narrower when inter is not a multiple of kGluBlock), so that a GEMM tile of
+// 2 x kGluBlock output columns holds matching gate and up columns and can apply SiLU(gate) * up
+// itself. Products of few rows do that (Gemm::gated_linear); others go through
+// launch_silu_and_mul, which reads the same order.
+constexpr int kGluBlock = 64;
+
+// Where act column j's gate and up values are in a row of the merged product.
+struct GluColumns {
+  int gate, up;
+};
+__host__ __device__ inline GluColumns glu_columns(int j, int inter) {
+  const int block = j / kGluBlock, first = block * kGluBlock;
+  const int width = inter - first < kGluBlock ? inter - first : kGluBlock;
+  return {2 * first + (j - first), 2 * first + width + (j - first)};
+}
+
+__device__ __forceinline__ float silu_times(float gate, float up) { return gate / (1.0f + __expf(-gate)) * up; }
 
 }  // namespace asynct::kernels

@@ -33,6 +33,7 @@
 #include <cudaTypedefs.h>
 
 #include "core/error.h"
+#include "kernels/bf16.cuh"
 #include "kernels/bulk_copy.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/dependent_launch.cuh"
@@ -138,6 +139,7 @@ struct SkinnyArgs {
   unsigned* counters;  // [col_tiles], zero between launches (splits > 1)
   float* split_out;    // or, when set: split s writes split_out[s * split_stride + row * out + col]
   long long split_stride;
+  bool glu;            // or: W is a merged gate/up projection (kGluBlock order) and y = SiLU(gate) * up
   int rows, in, out;
   bool out_fp32;
   SkinnyPlan plan;
@@ -291,6 +293,19 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
       if (col + e < a.out) store(row, col + e, values[e]);
   };
   const int quads = a.rows * kQuadsPerRow;
+  if (a.glu) {  // one split: this tile is gate/up block col_tile, whole
+    static_assert(kTileN == 2 * kGluBlock, "a column tile is one gate/up block");
+    const int inter = a.out / 2, first = col_tile * kGluBlock;
+    const int width = min(kGluBlock, inter - first), vectors = width / 8;
+    for (int i = threadIdx.x; i < a.rows * vectors; i += kThreads) {
+      const int row = i / vectors, c = (i % vectors) * 8;
+      float y[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) y[e] = silu_times(partial[row][c + e], partial[row][width + c + e]);
+      store_bf16x8(static_cast<bf16*>(a.y) + (long long)row * inter + first + c, from_float8(y));
+    }
+    return;
+  }
   if (a.split_out != nullptr) {  // the reading kernel adds the splits
     float* dst = a.split_out + split * a.split_stride;
     const bool vector_rows = a.out % 4 == 0 && a.split_stride % 4 == 0;  // 16-byte aligned float4s
@@ -432,7 +447,7 @@ void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, in
   const bool room = col_tiles <= workspace.counter_count && workspace.partials && workspace.counters;
   const int room_splits = room ? int(std::min<std::size_t>(kMaxSplits, tiles_that_fit / col_tiles)) : 1;
   SkinnyArgs a{.x = x, .w = weight, .y = y, .partials = workspace.partials, .counters = workspace.counters,
-               .split_out = nullptr, .split_stride = 0, .rows = rows, .in = in, .out = out, .out_fp32 = out_fp32,
+               .split_out = nullptr, .split_stride = 0, .glu = false, .rows = rows, .in = in, .out = out, .out_fp32 = out_fp32,
                .plan = make_plan(in, out, traits.sm_count, traits.tensor_maps, room_splits, false)};
   launch_rows(a, traits.tensor_maps, stream);
 }
@@ -451,10 +466,23 @@ LinearOutput launch_skinny_gemm_partials(const bf16* x, const bf16* weight, floa
   const DeviceTraits traits = device_traits();
   const int room_splits = int(std::min<std::size_t>(kMaxSplits, partial_floats / split_floats));
   SkinnyArgs a{.x = x, .w = weight, .y = nullptr, .partials = nullptr, .counters = nullptr,
-               .split_out = partials, .split_stride = (long long)rows * out, .rows = rows, .in = in, .out = out,
+               .split_out = partials, .split_stride = (long long)rows * out, .glu = false, .rows = rows, .in = in, .out = out,
                .out_fp32 = true, .plan = make_plan(in, out, traits.sm_count, traits.tensor_maps, room_splits, true)};
   launch_rows(a, traits.tensor_maps, stream);
   return LinearOutput{nullptr, partials, a.plan.splits, a.split_stride};
+}
+
+void launch_skinny_gemm_glu(const bf16* x, const bf16* weight, bf16* act, int rows, int in, int inter,
+                            cudaStream_t stream) {
+  check(skinny_gemm_supports(x, weight, rows, in), "skinny_gemm: unsupported product [", rows, " x ", in,
+        "] (rows 1..", kSkinnyMaxRows, ", in a multiple of 8, 16-byte aligned)");
+  check(inter >= 8 && inter % 8 == 0 && act != nullptr, "skinny_gemm: gated product of width ", inter,
+        " (a positive multiple of 8) or no output");
+  const DeviceTraits traits = device_traits();
+  SkinnyArgs a{.x = x, .w = weight, .y = act, .partials = nullptr, .counters = nullptr, .split_out = nullptr,
+               .split_stride = 0, .glu = true, .rows = rows, .in = in, .out = 2 * inter, .out_fp32 = false,
+               .plan = make_plan(in, 2 * inter, traits.sm_count, traits.tensor_maps, 1, false)};
+  launch_rows(a, traits.tensor_maps, stream);
 }
 
 bool skinny_gemm_fast_here() { return device_traits().tensor_maps; }

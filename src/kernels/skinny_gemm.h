@@ -48,6 +48,12 @@ LinearOutput launch_skinny_gemm_partials(const bf16* x, const bf16* weight, floa
                                          std::size_t partial_floats, int rows, int in, int out,
                                          cudaStream_t stream);
 
+// act = SiLU(x Wg^T) * (x Wu^T) in one kernel, W the merged gate/up projection [2 inter][in] in
+// the kGluBlock order of linear_output.h (a column tile is one gate/up block); act [rows][inter]
+// bf16. Unsplit.
+void launch_skinny_gemm_glu(const bf16* x, const bf16* weight, bf16* act, int rows, int in, int inter,
+                            cudaStream_t stream);
+
 // Whether the skinny kernel runs at its designed speed on the current device (the tensor
 // copies of sm_90); before sm_90 it is correct but slow.
 bool skinny_gemm_fast_here();

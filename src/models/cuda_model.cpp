@@ -8,6 +8,7 @@
 #include <map>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda_array.h"
 #include "kernels/decode.h"
@@ -54,13 +55,38 @@ class Bf16Uploader {
   // The parts' rows one after another in one array, e.g. q, k, v -> the merged [qd + 2 kvd, H]
   // projection; every part has the same row length.
   DeviceArray<bf16> rows(std::initializer_list<const Tensor*> parts) {
+    std::vector<RowRange> ranges;
+    for (const Tensor* t : parts) ranges.push_back({t, 0, t->numel() ? t->size(0) : 0});
+    return row_ranges(ranges);
+  }
+  // The merged gate/up projection [2 I, H] in the device's block order (kGluBlock gate rows,
+  // then the same up rows, ...: linear_output.h).
+  DeviceArray<bf16> gate_up_rows(const Tensor& gate, const Tensor& up) {
+    std::vector<RowRange> ranges;
+    for (std::int64_t first = 0; first < gate.size(0); first += kernels::kGluBlock) {
+      const std::int64_t count = std::min<std::int64_t>(kernels::kGluBlock, gate.size(0) - first);
+      ranges.push_back({&gate, first, count});
+      ranges.push_back({&up, first, count});
+    }
+    return row_ranges(ranges);
+  }
+  // Returns when every copy has landed, so that the arrays can be used from any stream.
+  void finish() { ASYNCT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  struct RowRange {
+    const Tensor* t;
+    std::int64_t first, count;  // rows [first, first + count) of t
+  };
+  DeviceArray<bf16> row_ranges(const std::vector<RowRange>& ranges) {
     std::size_t total = 0;
-    for (const Tensor* t : parts) total += std::size_t(t->numel());
+    for (const RowRange& r : ranges) total += std::size_t(r.count) * row_length(*r.t);
     DeviceArray<bf16> d(total);
     bf16* to = d.get();
-    for (const Tensor* t : parts) {
-      const float* values = t->data_as<float>();
-      const std::size_t n = std::size_t(t->numel());
+    for (const RowRange& r : ranges) {
+      const std::size_t row = row_length(*r.t);
+      const float* values = r.t->data_as<float>() + std::size_t(r.first) * row;
+      const std::size_t n = std::size_t(r.count) * row;
       for (std::size_t begin = 0; begin < n; begin += kChunk) {
         const std::size_t count = std::min(kChunk, n - begin);
         Staging& s = staging_[next_];
@@ -76,10 +102,8 @@ class Bf16Uploader {
     }
     return d;
   }
-  // Returns when every copy has landed, so that the arrays can be used from any stream.
-  void finish() { ASYNCT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  static std::size_t row_length(const Tensor& t) { return t.numel() ? std::size_t(t.numel() / t.size(0)) : 0; }
 
- private:
   static constexpr std::size_t kChunk = std::size_t(16) << 20;  // values: 32 MB a buffer
   struct Staging {
     PinnedArray<std::uint16_t> host;
@@ -498,8 +522,8 @@ CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int bloc
     d.q_norm = upload(l.q_norm);
     d.k_norm = upload(l.k_norm);
     d.post_attention_layernorm = upload(l.post_attention_layernorm);
-    // The merged gate/up projection [2I, H], gate rows first (what silu_and_mul expects).
-    d.gate_up_proj = upload.rows({&l.gate_proj, &l.up_proj});
+    // The merged gate/up projection [2I, H] in blocks of gate and up rows (gated_linear).
+    d.gate_up_proj = upload.gate_up_rows(l.gate_proj, l.up_proj);
     d.down_proj = upload(l.down_proj);
     if (m.c.is_async()) {
       d.attn_output_layernorm = upload(l.attn_output_layernorm);
@@ -589,10 +613,8 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
       kernels::launch_fused_add_norm(attn_proj, residual.get(), layer.post_attention_layernorm.get(),
                                      hidden.get(), t, h, norm, stream);
     timer.mark("norms");
-    gemm.linear(hidden.get(), layer.gate_up_proj.get(), gate_up.get(), t, h, 2 * inter, false, stream);
+    gemm.gated_linear(hidden.get(), layer.gate_up_proj.get(), gate_up.get(), act.get(), t, h, inter, stream);
     timer.mark("gemm");
-    kernels::launch_silu_and_mul(gate_up.get(), act.get(), t, inter, stream);
-    timer.mark("other");
     const kernels::LinearOutput mlp_proj = gemm.linear_for_reader(
         act.get(), layer.down_proj.get(), mlp_out.get(), linear_partials.get(), partial_floats, t, inter, h, stream);
     timer.mark("gemm");

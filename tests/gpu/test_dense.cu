@@ -3,7 +3,9 @@
 // bf16-exact; tolerance 1e-2 relative Frobenius error (bf16 output rounding is ~4e-3).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "gpu/device_buffer.h"
 #include "kernels/elementwise.h"
@@ -153,18 +155,73 @@ TEST(Elementwise, SmallGatherRowsLooksUpAndZeroesBadIds) {
   EXPECT_THROW(kernels::launch_gather_rows(dt.as<bf16>(), di.as<std::int32_t>(), out.as<bf16>(), 5, 50, 70, nullptr), Error);
 }
 
+// [n, 2 inter] with the gate columns, then the up columns (the reference's order) -> the device's
+// gate/up block order (linear_output.h). Applied to W^T's columns it orders W's rows.
+Tensor to_glu_order(const Tensor& gate_then_up) {
+  const std::int64_t n = gate_then_up.size(0), inter = gate_then_up.size(1) / 2;
+  Tensor out = Tensor::empty(DType::F32, {n, 2 * inter});
+  const float* from = gate_then_up.data_as<float>();
+  float* to = out.data_as<float>();
+  for (std::int64_t r = 0; r < n; ++r)
+    for (int j = 0; j < int(inter); ++j) {
+      const kernels::GluColumns at = kernels::glu_columns(j, int(inter));
+      to[r * 2 * inter + at.gate] = from[r * 2 * inter + j];
+      to[r * 2 * inter + at.up] = from[r * 2 * inter + inter + j];
+    }
+  return out;
+}
+
 TEST(Elementwise, SiluAndMulMatchesSwiglu) {
   testing::require_gpu();
   Random rng(3);
   for (auto [tokens, inter] : {std::pair{1, 8}, {7, 1000}, {33, 6144}}) {
     Tensor gate_up = rng.normal({tokens, 2 * inter}, 2.0f, true);
-    DeviceBuffer dg = DeviceBuffer::upload(gate_up, DType::BF16);
+    DeviceBuffer dg = DeviceBuffer::upload(to_glu_order(gate_up), DType::BF16);
     DeviceBuffer out(DType::BF16, {tokens, inter});
     out.poison();
     kernels::launch_silu_and_mul(dg.as<bf16>(), out.as<bf16>(), tokens, inter, nullptr);
     testing::check_launch("silu_and_mul");
     EXPECT_TRUE(close_to(out.download_float(), swiglu(gate_up), kTolerance)) << tokens << " x " << inter;
   }
+}
+
+// gated_linear against linear + SwiGLU: the skinny kernel with the SiLU in its epilogue (up to
+// kSkinnyFormsMaxRows rows on sm_90), otherwise cuBLASLt + silu_and_mul; whole and partial
+// gate/up blocks (inter 1000 = 15 blocks of 64 and one of 40), several row tiles.
+void check_gated_linear(int rows, int in, int inter, Random& rng, kernels::Gemm& gemm) {
+  SCOPED_TRACE(::testing::Message() << rows << " x " << in << " -> 2 x " << inter);
+  Tensor x = rng.normal({rows, in}, 1.0f, true);
+  Tensor w = rng.normal({2 * inter, in}, 0.05f, true);  // gate rows, then up rows
+  Tensor expected = swiglu(linear(x, w));
+  // W's rows in block order: the transpose of to_glu_order on W^T, i.e. row p of the device
+  // weight is the row of w whose output column lands at p.
+  Tensor w_blocked = Tensor::empty(DType::F32, {2 * inter, in});
+  for (int j = 0; j < inter; ++j) {
+    const kernels::GluColumns at = kernels::glu_columns(j, inter);
+    std::copy_n(w.data_as<float>() + std::int64_t(j) * in, in, w_blocked.data_as<float>() + std::int64_t(at.gate) * in);
+    std::copy_n(w.data_as<float>() + std::int64_t(inter + j) * in, in, w_blocked.data_as<float>() + std::int64_t(at.up) * in);
+  }
+  DeviceBuffer dx = DeviceBuffer::upload(x, DType::BF16), dw = DeviceBuffer::upload(w_blocked, DType::BF16);
+  DeviceBuffer gate_up(DType::BF16, {rows, 2 * inter}), act(DType::BF16, {rows, inter});
+  act.poison();
+  gemm.gated_linear(dx.as<bf16>(), dw.as<bf16>(), gate_up.as<bf16>(), act.as<bf16>(), rows, in, inter, nullptr);
+  testing::check_launch("gated_linear");
+  EXPECT_TRUE(close_to(act.download_float(), expected, kTolerance));
+}
+
+TEST(Gemm, SmallGatedLinearMatchesSwiglu) {
+  testing::require_gpu();
+  Random rng(4);
+  kernels::Gemm gemm;
+  for (auto [rows, in, inter] : {std::tuple{1, 64, 8}, {3, 136, 72}, {17, 1032, 200}}) check_gated_linear(rows, in, inter, rng, gemm);
+}
+
+TEST(Gemm, GatedLinearMatchesSwiglu) {
+  testing::require_gpu();
+  Random rng(5);
+  kernels::Gemm gemm;
+  for (int rows : {1, 4, 32, 33, 100})
+    for (auto [in, inter] : {std::pair{2048, 6144}, {512, 1000}}) check_gated_linear(rows, in, inter, rng, gemm);
 }
 
 }  // namespace

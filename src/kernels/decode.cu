@@ -448,20 +448,30 @@ struct Stage1Args {
 };
 
 // The producer warp: streams the split's tiles into the stage ring. A stage is refilled once
-// every consumer warp has arrived on its "empty" barrier (it has read its rows out).
+// every consumer warp has arrived on its "empty" barrier (it has read its rows out). Keys before
+// `written_from` do not depend on the kernel before this one (a dependent launch: only the
+// newest key is written by it), so the tiles that end before it are requested before the wait
+// for that kernel: their loads overlap its tail and this kernel's start.
 template <int kTile, int kStages, int kParts>
 __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsigned char* stages, int stage_bytes,
-                              int row_bytes, SharedBarrier* full, SharedBarrier* empty, int begin, int end) {
+                              int row_bytes, SharedBarrier* full, SharedBarrier* empty, int begin, int end,
+                              int written_from) {
   const PagedKv& kv = a.p.kv;
   const int lane = threadIdx.x & 31;
   // With all of the cache's heads in the CTA, a token's rows for them are contiguous and a tile
   // is one copy per cache block it touches (tiles start on multiples of kTile, so a tile no
   // longer than a block lies in one block); otherwise one copy per token.
   const int rows_per_copy = a.heads_per_cta == kv.num_kv_heads ? min(kTile, kv.block_size) : 1;
+  bool waited = false;
   for (int t = 0; begin + t * kTile < end; ++t) {
     const int s = t % kStages;
-    if (t >= kStages) empty[s].wait((t / kStages - 1) & 1);
     const int first = begin + t * kTile, n = min(kTile, end - first);
+    if (!waited && (t >= kStages || first + n > written_from)) {
+      wait_for_prior_grids();
+      allow_next_grid();
+      waited = true;
+    }
+    if (t >= kStages) empty[s].wait((t / kStages - 1) & 1);
     for (int i = lane * rows_per_copy; i < n; i += 32 * rows_per_copy) {
       const long long offset = cache.offset(first + i);
       const unsigned bytes = unsigned(min(rows_per_copy, n - i) * row_bytes);
@@ -472,6 +482,10 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
     __syncwarp();  // the copies are issued (or, emulated, done) before the arrival
     if (lane == 0) full[s].arrive_expecting(unsigned(kParts * n * row_bytes));
   }
+  if (!waited) {
+    wait_for_prior_grids();
+    allow_next_grid();
+  }
 }
 
 template <int kHeadDim, int kGroup, typename Gate>
@@ -481,8 +495,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   using Ring = StageRing<kHeadDim, kGroup, Gate>;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ SharedBarrier full[Ring::kStages], empty[Ring::kStages];
-  wait_for_prior_grids();  // the cache's new rows come from the kernel before
-  allow_next_grid();
+  // A dependent launch: the kernel before writes q and the newest key of each sequence (see
+  // produce_tiles); the metadata and the older keys were written before it.
   const DecodeParams& p = a.p;
   const int heads = a.heads_per_cta;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -517,9 +531,11 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
                        p.kv.block_size - 1, p.kv.num_kv_heads * kHeadDim, kv_head * kHeadDim};
   if (warp == heads) {
     produce_tiles<L::kTile, Ring::kStages, Ring::kParts>(a, cache, smem, stage_bytes, row_bytes, full, empty,
-                                                         begin, end);
+                                                         begin, end, kv_len - 1);
     return;
   }
+  wait_for_prior_grids();  // q, and the newest key that the gate's halo or V gathers may read
+  allow_next_grid();
 
   // A consumer warp: this lane's 8 elements of each query head, pre-scaled.
   const int first_head = kv_head * kGroup;

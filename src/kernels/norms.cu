@@ -141,36 +141,42 @@ __device__ __forceinline__ void load_row(const bf16* row, int vectors, const Thr
   }
 }
 
-// The same from split partial sums: vector j of the row is the sum, in split order, of the
-// splits' fp32 vectors. All the splits' loads of a vector are issued before the first add (the
-// loop is unrolled to the most splits there can be): a chain of one L2 trip per split would
-// cost more than the GEMM epilogue it replaces.
+// 8 values of a split product at element offset `at`: the splits' fp32 values added in split
+// order. All the splits' loads are issued before the first add (the loop is unrolled to the
+// most splits there can be): a chain of one L2 trip per split would cost more than the GEMM
+// epilogue it replaces. Past `valid` nothing is read and x is zero.
+__device__ __forceinline__ void load_split8(const float* parts, int splits, std::int64_t split_stride,
+                                            std::int64_t at, bool valid, float (&x)[8]) {
+  float4 loaded[kMaxLinearSplits][2];
+#pragma unroll
+  for (int s = 0; s < kMaxLinearSplits; ++s) {
+    if (s < splits && valid) {
+      const float4* from = reinterpret_cast<const float4*>(parts + s * split_stride + at);
+      loaded[s][0] = __ldcg(from);
+      loaded[s][1] = __ldcg(from + 1);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kMaxLinearSplits; ++s) {
+    if (s < splits && valid) {
+      const float v[8] = {loaded[s][0].x, loaded[s][0].y, loaded[s][0].z, loaded[s][0].w,
+                          loaded[s][1].x, loaded[s][1].y, loaded[s][1].z, loaded[s][1].w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] += v[i];
+    }
+  }
+}
+
+// load_row from split partial sums.
 template <int VECS, class Thread>
 __device__ __forceinline__ void load_partial_row(const float* row, int splits, std::int64_t split_stride,
                                                  int vectors, const Thread& t, float (&x)[VECS][8]) {
 #pragma unroll
   for (int k = 0; k < VECS; ++k) {
     const int j = t.lane + k * t.stride;
-    float4 parts[kMaxLinearSplits][2];
-#pragma unroll
-    for (int s = 0; s < kMaxLinearSplits; ++s) {
-      if (s < splits && j < vectors) {
-        const float4* at = reinterpret_cast<const float4*>(row + s * split_stride + 8 * j);
-        parts[s][0] = __ldcg(at);
-        parts[s][1] = __ldcg(at + 1);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[k][i] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxLinearSplits; ++s) {
-      if (s < splits && j < vectors) {
-        const float v[8] = {parts[s][0].x, parts[s][0].y, parts[s][0].z, parts[s][0].w,
-                            parts[s][1].x, parts[s][1].y, parts[s][1].z, parts[s][1].w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[k][i] += v[i];
-      }
-    }
+    load_split8(row, splits, split_stride, 8 * j, j < vectors, x[k]);
   }
 }
 
@@ -387,7 +393,10 @@ struct QkParams {
   bf16* k;
   const bf16* v;
   const bf16* qkv;  // fused input or null
-  bf16* v_out;      // with qkv: where v is copied
+  bf16* v_out;      // with qkv (or its split form): where v is copied
+  const float* qkv_parts;  // or the fused input as split partial sums (SPLIT kernels)
+  int qkv_splits;
+  std::int64_t qkv_split_stride;
   const bf16* q_weight;
   const bf16* k_weight;
   const std::int64_t* positions;
@@ -405,7 +414,7 @@ struct QkParams {
 // come first, then k heads, whose lanes also copy v into the cache. The head's RoPE partner
 // (element i +- HEAD_DIM/2) sits HEAD_DIM/16 lanes away, which is a lane XOR because the
 // lane count is a power of two.
-template <int HEAD_DIM>
+template <int HEAD_DIM, bool SPLIT>
 __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   constexpr int kLanes = HEAD_DIM / 8, kHalf = HEAD_DIM / 2, kPartner = kLanes / 2;
   static_assert(kLanes >= 2 && kLanes <= kWarp && (kLanes & (kLanes - 1)) == 0);
@@ -431,7 +440,15 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   if (active) {
     // The fused row holds the q heads, then the k heads, then the v heads: `head` indexes it.
     const std::int64_t fused_row = std::int64_t(token) * (p.num_q_heads + 2 * p.num_kv_heads) * HEAD_DIM;
-    if (is_q) {
+    if constexpr (SPLIT) {
+      load_split8(p.qkv_parts, p.qkv_splits, p.qkv_split_stride, fused_row + head * HEAD_DIM + 8 * lane, true, x);
+      if (!is_q) {
+        float v[8];
+        load_split8(p.qkv_parts, p.qkv_splits, p.qkv_split_stride,
+                    fused_row + (head + p.num_kv_heads) * HEAD_DIM + 8 * lane, true, v);
+        value = from_float8(v);  // rounded as a dense product would be
+      }
+    } else if (is_q) {
       load8(p.qkv ? p.qkv + fused_row + head * HEAD_DIM + 8 * lane
                   : p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
     } else if (p.qkv) {
@@ -477,7 +494,7 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   } else {
     const std::int64_t dense = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
     store8(p.k + dense, x);
-    if (p.qkv) store_bf16x8(p.v_out + dense, value);
+    if (SPLIT || p.qkv) store_bf16x8(p.v_out + dense, value);
     if (!write_cache) return;
     const std::int64_t offset = (slot * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
     store8(p.key_cache + offset, x);
@@ -485,7 +502,7 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   }
 }
 
-template <int HEAD_DIM>
+template <int HEAD_DIM, bool SPLIT>
 void launch_qk(const QkParams& p, int tokens, cudaStream_t stream) {
   constexpr int kLanes = HEAD_DIM / 8;
   const int heads = p.num_q_heads + p.num_kv_heads;
@@ -493,7 +510,7 @@ void launch_qk(const QkParams& p, int tokens, cudaStream_t stream) {
   const int threads = round_up(std::min(heads * kLanes, kMaxThreads), kWarp);
   const int heads_per_block = threads / kLanes;
   const dim3 grid(tokens, (heads + heads_per_block - 1) / heads_per_block);
-  launch_dependent(qk_norm_rope_kernel<HEAD_DIM>, grid, threads, 0, stream, "qk_norm_rope", p);
+  launch_dependent(qk_norm_rope_kernel<HEAD_DIM, SPLIT>, grid, threads, 0, stream, "qk_norm_rope", p);
 }
 
 }  // namespace
@@ -585,7 +602,16 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
   check(std::isfinite(args.rope_theta) && args.rope_theta > 0, who,
         ": rope_theta must be finite and > 0, got ", args.rope_theta);
   check_norm_args(who, args.norm);
-  if (args.qkv)
+  const bool split = args.qkv_parts.is_split();
+  if (split) {
+    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.qkv_parts.partials, "qkv partials"},
+                         {args.v_out, "v_out"}, {args.q_weight, "q_weight"}, {args.k_weight, "k_weight"}});
+    check(args.qkv_parts.splits >= 1 && args.qkv_parts.splits <= kMaxLinearSplits, who, ": qkv has ",
+          args.qkv_parts.splits, " splits; 1..", kMaxLinearSplits, " are supported");
+    const std::int64_t fused = std::int64_t(args.tokens) * (args.num_q_heads + 2 * args.num_kv_heads) * args.head_dim;
+    check(args.qkv_parts.split_stride >= fused && args.qkv_parts.split_stride % 4 == 0, who, ": qkv's split stride ",
+          args.qkv_parts.split_stride, " is not a multiple of 4 of at least tokens x the fused row");
+  } else if (args.qkv)
     check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.qkv, "qkv"}, {args.v_out, "v_out"},
                          {args.q_weight, "q_weight"}, {args.k_weight, "k_weight"}});
   else
@@ -599,7 +625,8 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
     check(args.slot_mapping != nullptr, who, ": slot_mapping is null");
   }
 
-  QkParams p{args.q, args.k, args.v, args.qkv, args.v_out, args.q_weight, args.k_weight, args.positions,
+  QkParams p{args.q, args.k, args.v, split ? nullptr : args.qkv, args.v_out, args.qkv_parts.partials,
+             args.qkv_parts.splits, args.qkv_parts.split_stride, args.q_weight, args.k_weight, args.positions,
              args.slot_mapping, args.key_cache, args.value_cache, args.num_q_heads,
              args.num_kv_heads, args.norm.eps, args.norm.clip, {}};
   // Successive powers of theta^(-2/head_dim): one pow per launch (a pow per frequency measured
@@ -607,10 +634,13 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
   const double ratio = std::pow(double(args.rope_theta), -2.0 / args.head_dim);
   double turns = 1.0 / 6.283185307179586477;
   for (int i = 0; i < args.head_dim / 2; ++i, turns *= ratio) p.turns_per_position[i] = turns;
-  switch (args.head_dim) {
-    case 64: launch_qk<64>(p, args.tokens, stream); break;
-    case 128: launch_qk<128>(p, args.tokens, stream); break;
-    default: launch_qk<256>(p, args.tokens, stream); break;
+  switch (args.head_dim * 2 + int(split)) {
+    case 128: launch_qk<64, false>(p, args.tokens, stream); break;
+    case 129: launch_qk<64, true>(p, args.tokens, stream); break;
+    case 256: launch_qk<128, false>(p, args.tokens, stream); break;
+    case 257: launch_qk<128, true>(p, args.tokens, stream); break;
+    case 512: launch_qk<256, false>(p, args.tokens, stream); break;
+    default: launch_qk<256, true>(p, args.tokens, stream); break;
   }
 }
 

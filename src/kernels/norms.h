@@ -53,12 +53,15 @@ void launch_post_attn_pre_mlp(const LinearOutput& attn_out, bf16* residual, cons
 // Fused input: with qkv set, q, k and v are read from one buffer [tokens, (num_q_heads +
 // 2 num_kv_heads) * head_dim] (each token's q heads, then k, then v: what one GEMM over the
 // concatenated projections writes) and the results go to q, k and v_out, dense as above
-// (v_out gets a copy of v, for the prefill kernel); v is then unused.
+// (v_out gets a copy of v, for the prefill kernel); v is then unused. The fused input may also
+// come as a GEMM's split partial sums (qkv_parts, linear_output.h; qkv is then unused), added in
+// fp32 as they are read, v rounded to bf16 as the dense product would be.
 struct QkNormRopeArgs {
   bf16* q = nullptr;
   bf16* k = nullptr;
   const bf16* v = nullptr;
   const bf16* qkv = nullptr;
+  LinearOutput qkv_parts;
   bf16* v_out = nullptr;
   const bf16* q_weight = nullptr;
   const bf16* k_weight = nullptr;

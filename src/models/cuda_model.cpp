@@ -258,8 +258,9 @@ struct CudaModelRunner::Impl {
   // Activations, sized for `capacity` tokens.
   std::size_t capacity = 0;
   DeviceArray<bf16> residual, hidden, qkv, q, k, v, attn, attn_out, gate_up, act, mlp_out, last;
-  // The o and down products of a decode-sized step, as split partial sums for the norm after
-  // them (linear_output.h): [splits][rows][hidden], room for the most splits at the most rows.
+  // The qkv, o and down products of a decode-sized step, as split partial sums for the kernel
+  // after them (linear_output.h): [splits][rows][cols], room for the most splits at the most
+  // rows of the widest (each is read before the next is written).
   DeviceArray<float> linear_partials;
   DeviceArray<float> logits;  // [rows that sample, vocab]
   DeviceArray<LogitSummary> summaries;  // [rows that sample]: greedy token, finiteness
@@ -405,7 +406,7 @@ struct CudaModelRunner::Impl {
     act.resize(t * in);
     mlp_out.resize(t * h);
     last.resize(t * h);
-    linear_partials.reserve(std::size_t(kernels::kMaxLinearSplits) * kernels::kSkinnyMaxRows * h);
+    linear_partials.reserve(std::size_t(kernels::kMaxLinearSplits) * kernels::kSkinnyMaxRows * std::max(h, qd + 2 * kvd));
     capacity = t;
   }
 
@@ -577,10 +578,12 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
 
   for (std::size_t l = 0; l < layers.size(); ++l) {
     DeviceLayer& layer = layers[l];
-    gemm.linear(hidden.get(), layer.qkv_proj.get(), qkv.get(), t, h, qd + 2 * kvd, false, stream);
+    const kernels::LinearOutput qkv_proj = gemm.linear_for_reader(
+        hidden.get(), layer.qkv_proj.get(), qkv.get(), linear_partials.get(), partial_floats, t, h, qd + 2 * kvd, stream);
     timer.mark("gemm");
     kernels::QkNormRopeArgs qk;  // splits qkv into dense q, k, v on the way
-    qk.qkv = qkv.get();
+    qk.qkv = qkv_proj.dense;
+    qk.qkv_parts = qkv_proj;
     qk.q = q.get();
     qk.k = k.get();
     qk.v_out = v.get();

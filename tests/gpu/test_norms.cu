@@ -295,9 +295,32 @@ struct QkResult {
   std::vector<float> v_out;                   // fused input only: the dense copy of v
 };
 
+// The fused input as `splits` fp32 partial sums: split 0 holds x - (a_1 + ... ), the others small
+// multiples of 1/16 (a_s), so that the sum in split order is x exactly (x is bf16-exact and
+// every partial sum fits fp32's 24 bits): the result must match the dense input's, and v,
+// copied, must come out exact. The split stride is padded past the product.
+DeviceBuffer fused_splits(const Tensor& fused, int splits, Random& rng, std::int64_t& stride) {
+  const std::int64_t n = fused.numel();
+  stride = n + 4;
+  Tensor parts = Tensor::empty(DType::F32, {splits, stride});
+  float* p = parts.data_as<float>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    float rest = fused.data_as<float>()[i];
+    for (int s = 1; s < splits; ++s) {
+      const float a = float(rng.integer(-64, 64)) / 16.0f;
+      p[s * stride + i] = a;
+      rest -= a;
+    }
+    p[i] = rest;
+  }
+  for (int s = 0; s < splits; ++s) std::fill_n(p + s * stride + n, stride - n, 0.0f);
+  return DeviceBuffer::upload(parts, DType::F32);
+}
+
 // with_cache false: the kernel gets no cache and must only rewrite q and k. fused: q, k and v
-// go in as one [T, (Hq + 2 Hkv) D] buffer and q, k, v_out start poisoned.
-QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, bool fused = false) {
+// go in as one [T, (Hq + 2 Hkv) D] buffer and q, k, v_out start poisoned; splits > 0: that
+// buffer as split partial sums.
+QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, bool fused = false, int splits = 0) {
   Random rng(seed);
   const int T = c.tokens, Hq = c.num_q_heads, Hkv = c.num_kv_heads, D = c.head_dim;
   Tensor q = rng.normal({T, Hq, D}, kInputStddev, true);
@@ -314,7 +337,10 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, boo
                                                   ref_value_cache, c.slots);
 
   DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v);
-  DeviceBuffer dqkv = fused ? to_device(concat_heads(q, k, v)) : DeviceBuffer(DType::BF16, {1});
+  DeviceBuffer dqkv = fused && splits == 0 ? to_device(concat_heads(q, k, v)) : DeviceBuffer(DType::BF16, {1});
+  std::int64_t split_stride = 0;
+  DeviceBuffer dparts = splits > 0 ? fused_splits(concat_heads(q, k, v), splits, rng, split_stride)
+                                   : DeviceBuffer(DType::F32, {1});
   if (fused) {
     dq.poison();
     dk.poison();
@@ -329,7 +355,8 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, boo
   args.q = dq.as<bf16>();
   args.k = dk.as<bf16>();
   args.v = fused ? nullptr : dv.as<bf16>();
-  args.qkv = fused ? dqkv.as<bf16>() : nullptr;
+  args.qkv = fused && splits == 0 ? dqkv.as<bf16>() : nullptr;
+  if (splits > 0) args.qkv_parts = kernels::LinearOutput{nullptr, dparts.as<float>(), splits, split_stride};
   args.v_out = fused ? dv.as<bf16>() : nullptr;
   args.q_weight = dqw.as<bf16>();
   args.k_weight = dkw.as<bf16>();
@@ -363,10 +390,11 @@ std::vector<std::int64_t> shuffled_slots(Random& rng, const QkCase& c, int skipp
 // q against the reference; the cache rows of written slots against rope(norm(k)) and v (v is
 // copied, so exactly); every other cache row still the NaN poison. With the fused input, the
 // dense v of the written tokens too.
-void check_qk(const QkCase& c, std::uint64_t seed, bool fused = false) {
+void check_qk(const QkCase& c, std::uint64_t seed, bool fused = false, int splits = 0) {
   SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << ", head_dim " << c.head_dim
-                                    << (c.uclip ? ", UClip" : ", RMS") << (fused ? ", fused qkv" : ""));
-  QkResult r = run_qk(c, seed, /*with_cache=*/true, fused);
+                                    << (c.uclip ? ", UClip" : ", RMS") << (fused ? ", fused qkv" : "")
+                                    << ", splits " << splits);
+  QkResult r = run_qk(c, seed, /*with_cache=*/true, fused, splits);
   EXPECT_TRUE(close_to(r.q, r.ref_q, kTolerance)) << "q";
 
   const std::int64_t row = std::int64_t(c.num_kv_heads) * c.head_dim;  // one slot
@@ -440,6 +468,13 @@ TEST(QkNormRopeKernel, SmallFusedQkvInput) {
   check_qk(make_qk_case(rng, 4, 64, false), 10, /*fused=*/true);
 }
 
+TEST(QkNormRopeKernel, SmallSplitQkvInput) {
+  testing::require_gpu();
+  Random rng(13);
+  check_qk(make_qk_case(rng, 3, 128, true), 13, /*fused=*/true, /*splits=*/3);
+  check_qk(make_qk_case(rng, 2, 64, false), 14, /*fused=*/true, /*splits=*/1);
+}
+
 TEST(QkNormRopeKernel, SmallWithoutCacheRewritesQAndKOnly) {
   testing::require_gpu();
   Random rng(31);
@@ -470,6 +505,7 @@ TEST(QkNormRopeKernel, MatchesReference) {
         }
         check_qk(make_qk_case(rng, tokens, head_dim, uclip), 10);
         if (tokens == 17) check_qk(make_qk_case(rng, tokens, head_dim, uclip), 11, /*fused=*/true);
+        if (tokens == 17) check_qk(make_qk_case(rng, tokens, head_dim, uclip), 12, /*fused=*/true, /*splits=*/8);
       }
 }
 
@@ -562,6 +598,14 @@ TEST(NormKernel, SmallBadArgumentsThrow) {
   qk.positions = nullptr;
   expect_error([&] { kernels::launch_qk_norm_rope_cache_write(qk, nullptr); },
                "positions is null");
+  qk.positions = index.as<std::int64_t>();
+  DeviceBuffer parts(DType::F32, {2 * 3 * 64});
+  qk.v_out = po;
+  qk.qkv_parts = kernels::LinearOutput{nullptr, parts.as<float>(), 9, 3 * 64};
+  expect_error([&] { kernels::launch_qk_norm_rope_cache_write(qk, nullptr); }, "splits");
+  qk.qkv_parts.splits = 2;
+  qk.qkv_parts.split_stride = 3 * 64 - 4;
+  expect_error([&] { kernels::launch_qk_norm_rope_cache_write(qk, nullptr); }, "split stride");
   // Nothing above launched a kernel.
   testing::check_launch("bad arguments");
 }

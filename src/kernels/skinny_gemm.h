@@ -6,8 +6,9 @@
 // with Hopper's tensor copies (the weights' part started before the previous kernel ends: a
 // dependent launch), and the split sums added by the last CTA of each column tile (no second
 // launch) or left to the kernel that reads the output. The engine's choice (gemm.h) for
-// products of 1-4 rows, and for the decode step's o and down products up to 64 rows as split
-// partial sums; cuBLASLt stays faster for the other products at 16-64 rows (bench/RESULTS.md).
+// products of 1-4 rows, and for the decode step's qkv, o and down products (as split partial
+// sums) and gate/up product (with the SiLU in its epilogue) up to 32 rows; cuBLASLt stays faster
+// for products of 16-64 rows on their own (bench/RESULTS.md).
 #pragma once
 
 #include <cstddef>

@@ -52,7 +52,12 @@ def main():
         value = row.get("gpu__time_duration.sum", "")
         if not re.fullmatch(r"[0-9.,]+", value):
             continue
-        times[row["Kernel Name"]].append(float(value.replace(",", "")))
+        name = row["Kernel Name"]
+        # One skinny kernel instance serves several products: its grid (column tiles, splits)
+        # tells them apart.
+        if "skinny" in name and row.get("Grid Size"):
+            name = f"{name.split('(')[0]} grid {row['Grid Size']}"
+        times[name].append(float(value.replace(",", "")))
     # Greedy sampling summarises each step's logits once: its calls count the steps.
     counter = next((name for name in times if "summarize_logits" in name), None)
     if counter is None:

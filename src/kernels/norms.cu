@@ -362,6 +362,16 @@ void check_pointers(const char* who, std::initializer_list<NamedPointer> pointer
   }
 }
 
+// A split operand (linear_output.h) of a product of `elements` values: partials aligned for
+// 16-byte loads, a split count the readers unroll to, a stride past the whole product.
+void check_split(const char* who, const char* name, const LinearOutput& in, std::int64_t elements) {
+  check_pointers(who, {{in.partials, name}});
+  check(in.splits >= 1 && in.splits <= kMaxLinearSplits, who, ": ", name, " has ", in.splits, " splits; 1..",
+        kMaxLinearSplits, " are supported");
+  check(in.split_stride >= elements && in.split_stride % 4 == 0, who, ": ", name, "' split stride ",
+        in.split_stride, " is not a multiple of 4 of at least ", elements);
+}
+
 void check_norm_args(const char* who, const NormArgs& args) {
   check(std::isfinite(args.eps) && args.eps >= 0, who, ": eps must be finite and >= 0, got ",
         args.eps);
@@ -535,11 +545,7 @@ void set_x(RowParams& p, const LinearOutput& x, const char* who) {
     p.x = x.dense;
     return;
   }
-  check_pointers(who, {{x.partials, "x partials"}});
-  check(x.splits >= 1 && x.splits <= kMaxLinearSplits, who, ": x has ", x.splits, " splits; 1..",
-        kMaxLinearSplits, " are supported");
-  check(x.split_stride >= std::int64_t(p.rows) * p.vectors * 8 && x.split_stride % 4 == 0, who,
-        ": x's split stride ", x.split_stride, " is not a multiple of 4 of at least rows x hidden");
+  check_split(who, "x partials", x, std::int64_t(p.rows) * p.vectors * 8);
   p.x_partials = x.partials;
   p.x_splits = x.splits;
   p.x_split_stride = x.split_stride;
@@ -602,17 +608,14 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
   check(std::isfinite(args.rope_theta) && args.rope_theta > 0, who,
         ": rope_theta must be finite and > 0, got ", args.rope_theta);
   check_norm_args(who, args.norm);
-  const bool split = args.qkv_parts.is_split();
+  const bool split = args.qkv.is_split();
   if (split) {
-    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.qkv_parts.partials, "qkv partials"},
-                         {args.v_out, "v_out"}, {args.q_weight, "q_weight"}, {args.k_weight, "k_weight"}});
-    check(args.qkv_parts.splits >= 1 && args.qkv_parts.splits <= kMaxLinearSplits, who, ": qkv has ",
-          args.qkv_parts.splits, " splits; 1..", kMaxLinearSplits, " are supported");
-    const std::int64_t fused = std::int64_t(args.tokens) * (args.num_q_heads + 2 * args.num_kv_heads) * args.head_dim;
-    check(args.qkv_parts.split_stride >= fused && args.qkv_parts.split_stride % 4 == 0, who, ": qkv's split stride ",
-          args.qkv_parts.split_stride, " is not a multiple of 4 of at least tokens x the fused row");
-  } else if (args.qkv)
-    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.qkv, "qkv"}, {args.v_out, "v_out"},
+    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.v_out, "v_out"}, {args.q_weight, "q_weight"},
+                         {args.k_weight, "k_weight"}});
+    check_split(who, "qkv partials", args.qkv,
+                std::int64_t(args.tokens) * (args.num_q_heads + 2 * args.num_kv_heads) * args.head_dim);
+  } else if (args.qkv.dense)
+    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.qkv.dense, "qkv"}, {args.v_out, "v_out"},
                          {args.q_weight, "q_weight"}, {args.k_weight, "k_weight"}});
   else
     check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.v, "v"}, {args.q_weight, "q_weight"},
@@ -625,8 +628,8 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
     check(args.slot_mapping != nullptr, who, ": slot_mapping is null");
   }
 
-  QkParams p{args.q, args.k, args.v, split ? nullptr : args.qkv, args.v_out, args.qkv_parts.partials,
-             args.qkv_parts.splits, args.qkv_parts.split_stride, args.q_weight, args.k_weight, args.positions,
+  QkParams p{args.q, args.k, args.v, args.qkv.dense, args.v_out, args.qkv.partials, args.qkv.splits,
+             args.qkv.split_stride, args.q_weight, args.k_weight, args.positions,
              args.slot_mapping, args.key_cache, args.value_cache, args.num_q_heads,
              args.num_kv_heads, args.norm.eps, args.norm.clip, {}};
   // Successive powers of theta^(-2/head_dim): one pow per launch (a pow per frequency measured

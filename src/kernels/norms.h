@@ -54,14 +54,13 @@ void launch_post_attn_pre_mlp(const LinearOutput& attn_out, bf16* residual, cons
 // 2 num_kv_heads) * head_dim] (each token's q heads, then k, then v: what one GEMM over the
 // concatenated projections writes) and the results go to q, k and v_out, dense as above
 // (v_out gets a copy of v, for the prefill kernel); v is then unused. The fused input may also
-// come as a GEMM's split partial sums (qkv_parts, linear_output.h; qkv is then unused), added in
-// fp32 as they are read, v rounded to bf16 as the dense product would be.
+// come as a GEMM's split partial sums (linear_output.h), added in fp32 as they are read, v
+// rounded to bf16 as the dense product would be. qkv left empty: q, k and v are separate.
 struct QkNormRopeArgs {
   bf16* q = nullptr;
   bf16* k = nullptr;
   const bf16* v = nullptr;
-  const bf16* qkv = nullptr;
-  LinearOutput qkv_parts;
+  LinearOutput qkv;
   bf16* v_out = nullptr;
   const bf16* q_weight = nullptr;
   const bf16* k_weight = nullptr;

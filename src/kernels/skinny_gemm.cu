@@ -300,7 +300,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
   if (a.glu) {  // one split: this tile is gate/up block col_tile, whole
     static_assert(kTileN == 2 * kGluBlock, "a column tile is one gate/up block");
     const int inter = a.out / 2, first = col_tile * kGluBlock;
-    const int width = min(kGluBlock, inter - first), vectors = width / 8;
+    const GluColumns block = glu_columns(first, inter);  // the tile's columns: gate, then up
+    const int width = block.up - block.gate, vectors = width / 8;
     for (int i = threadIdx.x; i < a.rows * vectors; i += kThreads) {
       const int row = i / vectors, c = (i % vectors) * 8;
       float y[8];
@@ -439,10 +440,16 @@ bool skinny_gemm_supports(const void* x, const void* weight, int rows, int in) {
   return rows >= 1 && rows <= kSkinnyMaxRows && in >= 8 && in % 8 == 0 && aligned(x) && aligned(weight);
 }
 
-void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, int in, int out,
-                        bool out_fp32, const SkinnyWorkspace& workspace, cudaStream_t stream) {
+namespace {
+void check_supported(const void* x, const void* weight, int rows, int in) {
   check(skinny_gemm_supports(x, weight, rows, in), "skinny_gemm: unsupported product [", rows, " x ", in,
         "] (rows 1..", kSkinnyMaxRows, ", in a multiple of 8, 16-byte aligned)");
+}
+}  // namespace
+
+void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, int in, int out,
+                        bool out_fp32, const SkinnyWorkspace& workspace, cudaStream_t stream) {
+  check_supported(x, weight, rows, in);
   check(out >= 1 && y != nullptr, "skinny_gemm: no output");
   const DeviceTraits traits = device_traits();
   // Splits need a partial tile per CTA and a counter per column tile in the workspace.
@@ -459,8 +466,7 @@ void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, in
 LinearOutput launch_skinny_gemm_partials(const bf16* x, const bf16* weight, float* partials,
                                          std::size_t partial_floats, int rows, int in, int out,
                                          cudaStream_t stream) {
-  check(skinny_gemm_supports(x, weight, rows, in), "skinny_gemm: unsupported product [", rows, " x ", in,
-        "] (rows 1..", kSkinnyMaxRows, ", in a multiple of 8, 16-byte aligned)");
+  check_supported(x, weight, rows, in);
   check(out >= 1 && partials != nullptr, "skinny_gemm: no output");
   // Room counted for the widest batch, so that the split count (and a row's sums) never depend
   // on how many rows this call has.
@@ -478,8 +484,7 @@ LinearOutput launch_skinny_gemm_partials(const bf16* x, const bf16* weight, floa
 
 void launch_skinny_gemm_glu(const bf16* x, const bf16* weight, bf16* act, int rows, int in, int inter,
                             cudaStream_t stream) {
-  check(skinny_gemm_supports(x, weight, rows, in), "skinny_gemm: unsupported product [", rows, " x ", in,
-        "] (rows 1..", kSkinnyMaxRows, ", in a multiple of 8, 16-byte aligned)");
+  check_supported(x, weight, rows, in);
   check(inter >= 8 && inter % 8 == 0 && act != nullptr, "skinny_gemm: gated product of width ", inter,
         " (a positive multiple of 8) or no output");
   const DeviceTraits traits = device_traits();

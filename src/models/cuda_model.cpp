@@ -582,8 +582,7 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
         hidden.get(), layer.qkv_proj.get(), qkv.get(), linear_partials.get(), partial_floats, t, h, qd + 2 * kvd, stream);
     timer.mark("gemm");
     kernels::QkNormRopeArgs qk;  // splits qkv into dense q, k, v on the way
-    qk.qkv = qkv_proj.dense;
-    qk.qkv_parts = qkv_proj;
+    qk.qkv = qkv_proj;
     qk.q = q.get();
     qk.k = k.get();
     qk.v_out = v.get();

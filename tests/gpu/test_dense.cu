@@ -76,8 +76,9 @@ TEST(Gemm, LinearMatchesReferenceOnAwkwardShapes) {
 // partial sums, whose sum (host, split order) is the product; elsewhere (100 rows, or no room
 // for a split) dense bf16. The split count must not depend on the row count (a row's result
 // would then depend on its batch).
-void check_linear_for_reader(int rows, int in, int out, int expected_splits_of_first, Random& rng,
-                             kernels::Gemm& gemm, int& first_splits) {
+// first_splits: the split count of the first call of a shape (-1 before it), which later row
+// counts must repeat.
+void check_linear_for_reader(int rows, int in, int out, Random& rng, kernels::Gemm& gemm, int& first_splits) {
   SCOPED_TRACE(::testing::Message() << rows << " x " << in << " -> " << out);
   Tensor x = rng.normal({rows, in}, 1.0f, true), w = rng.normal({out, in}, 0.05f, true);
   Tensor expected = linear(x, w);
@@ -98,10 +99,8 @@ void check_linear_for_reader(int rows, int in, int out, int expected_splits_of_f
   EXPECT_GE(y.splits, 1);
   EXPECT_LE(y.splits, kernels::kMaxLinearSplits);
   EXPECT_EQ(y.split_stride, std::int64_t(rows) * out);
-  if (expected_splits_of_first >= 0) {
-    if (first_splits < 0) first_splits = y.splits;
-    EXPECT_EQ(y.splits, first_splits) << "the split count changed with the row count";
-  }
+  if (first_splits < 0) first_splits = y.splits;
+  EXPECT_EQ(y.splits, first_splits) << "the split count changed with the row count";
   Tensor all = partials.download_float();
   Tensor sum = Tensor::empty(DType::F32, {rows, out});
   for (std::int64_t i = 0; i < std::int64_t(rows) * out; ++i) {
@@ -116,21 +115,21 @@ TEST(Gemm, SmallLinearForReaderLeavesSplitsThatAddUp) {
   testing::require_gpu();
   Random rng(2);
   kernels::Gemm gemm;
-  int first = -1, unused = -1;
-  for (int rows : {1, 5, 17}) check_linear_for_reader(rows, 1032, 130, 0, rng, gemm, first);
-  check_linear_for_reader(3, 64, 8, -1, rng, gemm, unused);
+  int first = -1, other = -1;
+  for (int rows : {1, 5, 17}) check_linear_for_reader(rows, 1032, 130, rng, gemm, first);
+  check_linear_for_reader(3, 64, 8, rng, gemm, other);
 }
 
 TEST(Gemm, LinearForReaderOnDecodeShapes) {
   testing::require_gpu();
   Random rng(3);
   kernels::Gemm gemm;
-  int o_splits = -1, down_splits = -1, unused = -1;
+  int o_splits = -1, down_splits = -1, other = -1;
   for (int rows : {1, 32, 64}) {
-    check_linear_for_reader(rows, 2048, 2048, 0, rng, gemm, o_splits);
-    check_linear_for_reader(rows, 6144, 2048, 0, rng, gemm, down_splits);
+    check_linear_for_reader(rows, 2048, 2048, rng, gemm, o_splits);
+    check_linear_for_reader(rows, 6144, 2048, rng, gemm, down_splits);
   }
-  check_linear_for_reader(100, 512, 256, -1, rng, gemm, unused);  // past the skinny range: dense
+  check_linear_for_reader(100, 512, 256, rng, gemm, other);  // past the skinny range: dense
 }
 
 TEST(Elementwise, SmallGatherRowsLooksUpAndZeroesBadIds) {

@@ -355,8 +355,9 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, boo
   args.q = dq.as<bf16>();
   args.k = dk.as<bf16>();
   args.v = fused ? nullptr : dv.as<bf16>();
-  args.qkv = fused && splits == 0 ? dqkv.as<bf16>() : nullptr;
-  if (splits > 0) args.qkv_parts = kernels::LinearOutput{nullptr, dparts.as<float>(), splits, split_stride};
+  if (fused)
+    args.qkv = splits > 0 ? kernels::LinearOutput{nullptr, dparts.as<float>(), splits, split_stride}
+                          : kernels::LinearOutput::of(dqkv.as<bf16>());
   args.v_out = fused ? dv.as<bf16>() : nullptr;
   args.q_weight = dqw.as<bf16>();
   args.k_weight = dkw.as<bf16>();
@@ -601,10 +602,10 @@ TEST(NormKernel, SmallBadArgumentsThrow) {
   qk.positions = index.as<std::int64_t>();
   DeviceBuffer parts(DType::F32, {2 * 3 * 64});
   qk.v_out = po;
-  qk.qkv_parts = kernels::LinearOutput{nullptr, parts.as<float>(), 9, 3 * 64};
+  qk.qkv = kernels::LinearOutput{nullptr, parts.as<float>(), 9, 3 * 64};
   expect_error([&] { kernels::launch_qk_norm_rope_cache_write(qk, nullptr); }, "splits");
-  qk.qkv_parts.splits = 2;
-  qk.qkv_parts.split_stride = 3 * 64 - 4;
+  qk.qkv.splits = 2;
+  qk.qkv.split_stride = 3 * 64 - 4;
   expect_error([&] { kernels::launch_qk_norm_rope_cache_write(qk, nullptr); }, "split stride");
   // Nothing above launched a kernel.
   testing::check_launch("bad arguments");

@@ -30,12 +30,12 @@ struct LinearOutput {
 };
 
 // The merged gate/up projection (SwiGLU) on the device: its 2 x inter rows come in blocks of
-// kGluBlock gate rows followed by the same up rows ([g0..g63, u0..u63, g64..g127, u64..], the
-// last block narrower when inter is not a multiple of kGluBlock), so that a GEMM tile of
-// 2 x kGluBlock output columns holds matching gate and up columns and can apply SiLU(gate) * up
-// itself. Products of few rows do that (Gemm::gated_linear); others go through
+// kGluBlock gate rows followed by the same up rows ([g0..g31, u0..u31, g32..g63, u32..], the
+// last block narrower when inter is not a multiple of kGluBlock), so that a GEMM tile of a
+// multiple of 2 x kGluBlock output columns (64 or 128 in the skinny kernel) holds matching gate
+// and up columns and can apply SiLU(gate) * up itself. Products of few rows do that (Gemm::gated_linear); others go through
 // launch_silu_and_mul, which reads the same order.
-constexpr int kGluBlock = 64;
+constexpr int kGluBlock = 32;
 
 // Where act column j's gate and up values are in a row of the merged product.
 struct GluColumns {

@@ -1,6 +1,7 @@
 // Few-row dense layers: see skinny_gemm.h for why. The layout of the work:
-//   * a CTA owns a tile of kTileN output columns (kTileN rows of W) and a range of K (its
-//     split). A producer thread streams W and x through a ring of shared-memory stages, one
+//   * a CTA owns a tile of 128 or 64 output columns (that many rows of W) and a range of K (its
+//     split). The plan picks the width: 64-column tiles double the CTAs of a narrow product (o
+//     and down, 2048 columns: 16 tiles of 128) without more splits for the reader to add. A producer thread streams W and x through a ring of shared-memory stages, one
 //     2-D tensor copy (TMA) per operand and stage, counted on mbarriers: the bytes in flight do
 //     not depend on what the other warps are doing, which is what reading at the memory's rate
 //     needs. The copies zero-fill past the edges of W and x (no tail cases) and store 128-byte
@@ -14,7 +15,8 @@
 //     share of W, so the weight stream overlaps the previous kernel and the launch;
 //   * four consumer warps each multiply 32 W rows (two m16 tiles of the mma's A operand) by all
 //     x rows (n8 tiles of its B operand) over the stage's K, with ldmatrix and mma.sync
-//     m16n8k16 (bf16 -> fp32), and release the stage;
+//     m16n8k16 (bf16 -> fp32), and release the stage. A 64-column tile has two warps across
+//     its rows and two along each stage's K, whose sums meet in the partial tile;
 //   * with several splits, either each CTA writes its fp32 partial tile to its split's matrix
 //     and the kernel that reads y adds the splits (launch_skinny_gemm_partials: no epilogue),
 //     or (launch_skinny_gemm) each CTA stores its tile in a global workspace and counts itself
@@ -44,8 +46,10 @@ namespace {
 
 constexpr int kConsumerWarps = 4;
 constexpr int kThreads = 32 * (kConsumerWarps + 1);  // and the producer warp
-constexpr int kTileN = 32 * kConsumerWarps;         // output columns per CTA
-constexpr int kTileK = 64;                           // K per stage: 128-byte rows
+constexpr int kWarpRows = 32;                        // W rows per consumer warp: two m16 tiles
+constexpr int kWideTileN = kWarpRows * kConsumerWarps;  // output columns per CTA: 128 or 64
+constexpr int kNarrowTileN = kWideTileN / 2;
+constexpr int kTileK = 64;  // K per stage: 128-byte rows
 constexpr int kRowBytes = kTileK * 2;
 // The ring's shared memory per CTA. A product with at least as many CTAs as multiprocessors
 // runs two per multiprocessor (110 KB each), so that one's start and end overlap the other's
@@ -59,7 +63,17 @@ constexpr int kMaxStages = 12;
 constexpr int kMaxSplits = kMaxLinearSplits;
 constexpr int kMinTilesPerSplit = 2;  // shorter splits are all prologue
 
-template <int kXTiles, int kCtasPerSm>  // x rows, padded to 16 * kXTiles
+// How a tile's consumer warps share it: kRowWarps side by side over its W rows, kKWarps along
+// each stage's K.
+template <int kTileN>
+struct TileWarps {
+  static_assert(kTileN == kWideTileN || kTileN == kNarrowTileN, "a column tile is 128 or 64 wide");
+  static constexpr int kRowWarps = kTileN / kWarpRows;
+  static constexpr int kKWarps = kConsumerWarps / kRowWarps;
+  static_assert((kTileK / 16) % kKWarps == 0, "every K warp takes as many k16 steps");
+};
+
+template <int kTileN, int kXTiles, int kCtasPerSm>  // column tile width; x rows, padded to 16 * kXTiles
 struct Ring {
   static constexpr int kBudget = kCtasPerSm == 2 ? kSmallRingBytes : kLargeRingBytes;
   static constexpr int kStageRows = kTileN + 16 * kXTiles;  // W rows, then x rows
@@ -72,61 +86,72 @@ struct Ring {
   static_assert(sizeof(float) * 16 * kXTiles * kTileN <= kBytes, "the partial tile fits the ring");
 };
 
-// How a product is cut: column tiles x splits of K, and the CTAs per multiprocessor.
+// How a product is cut: column tiles (of tile_n columns) x splits of K, and the CTAs per
+// multiprocessor.
 struct SkinnyPlan {
-  int col_tiles, k_tiles, splits, tiles_per_split;
+  int tile_n, col_tiles, k_tiles, splits, tiles_per_split;
   bool large_ring;
 };
 
-// One CTA's partial tile in the workspace: [16 x 4 rows][kTileN] fp32 (the widest x).
-constexpr std::size_t kPartialTileFloats = std::size_t(16 * 4) * kTileN;
+// One CTA's partial tile in the workspace: [16 x 4 rows][kWideTileN] fp32 (the widest x and tile).
+constexpr std::size_t kPartialTileFloats = std::size_t(16 * 4) * kWideTileN;
 
-// The cost model behind the split count, in units of one W tile (kTileN x kTileK, 16 KB): the
+// The cost model behind the plan, in units of one 64-row W tile (64 x kTileK, 8 KB): the
 // busiest multiprocessor streams ceil(CTAs / SMs) CTAs of ceil(k_tiles / splits) tiles each;
 // every CTA adds its start-up and every split product its partial-sum epilogue. Checked against
-// a sweep of forced split counts on the H200 (bench/RESULTS.md, sixth run): on the 1.7B decode
-// shapes at 1 and 32 rows the model's choice is within 0.5 us of the best count, except the
-// fused qkv product at 32 rows (11.8 against 10.7 us).
-constexpr double kCtaCostTiles = 4.0;
-constexpr double kSplitCostTiles = 4.0;
+// a sweep of forced split counts on the H200 with 128-column tiles (bench/RESULTS.md, sixth
+// run): on the 1.7B decode shapes at 1 and 32 rows the model's choice is within 0.5 us of the
+// best count, except the fused qkv product at 32 rows (11.8 against 10.7 us).
+constexpr double kCtaCostUnits = 8.0;
+constexpr double kSplitCostUnits = 8.0;
 // With the splits left to the reading kernel there is no epilogue; what remains per split is
-// the tile the CTA writes and the reader loads (16 KB per 32 rows, about one W tile's worth of
-// traffic through L2, half of it on the critical path).
-constexpr double kPartialCostTiles = 0.5;
+// the tile the CTA writes and the reader loads (16 KB per 32 rows and 128 columns, about one
+// 16 KB W tile's worth of traffic through L2, half of it on the critical path).
+constexpr double kPartialCostUnits = 1.0;
 // ... and the reader loads every split of every value it reads: past 4 splits that costs the
 // reader more than the product gains (decode_heavy_b32 on the H200, every split product forced
 // to 2 / 4 / 8 splits: AsyncT step 2.385 / 2.184 / 2.218 ms).
 constexpr int kMaxPartialSplits = 4;
 
-// ASYNCT_SKINNY_SPLITS=n forces n splits (clamped to what the product allows): for measuring.
-int forced_splits() {
-  static const int forced = [] {
-    const char* value = std::getenv("ASYNCT_SKINNY_SPLITS");
-    return value ? std::atoi(value) : 0;
+}  // namespace
+
+SkinnyPlanOverride& skinny_plan_override() {
+  static SkinnyPlanOverride forced = [] {
+    const auto number = [](const char* name) {
+      const char* value = std::getenv(name);
+      return value ? std::atoi(value) : 0;
+    };
+    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS")};
   }();
   return forced;
 }
 
+namespace {
+
 // room_splits: how many splits the scratch can hold; partial_out: the splits are left to the
-// reading kernel (no epilogue).
+// reading kernel (no epilogue). The plan depends on the product's shape, never on its rows.
 SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, int room_splits, bool partial_out) {
-  SkinnyPlan p;
-  p.col_tiles = (out + kTileN - 1) / kTileN;
-  p.k_tiles = (in + kTileK - 1) / kTileK;
-  const int max_splits = std::clamp(std::min(p.k_tiles / kMinTilesPerSplit, room_splits), 1, kMaxSplits);
+  const SkinnyPlanOverride forced = skinny_plan_override();
+  const int k_tiles = (in + kTileK - 1) / kTileK;
+  const int max_splits = std::clamp(std::min(k_tiles / kMinTilesPerSplit, room_splits), 1, kMaxSplits);
+  SkinnyPlan p{};
   double best = 0.0;
-  p.splits = 1;
-  for (int s = 1; s <= max_splits; ++s) {
-    const long long ctas = (long long)p.col_tiles * s;
-    const long long per_sm = (ctas + sm_count - 1) / sm_count;
-    const double split_cost = partial_out ? kPartialCostTiles * s : (s > 1 ? kSplitCostTiles : 0.0);
-    const double cost = double(per_sm) * ((p.k_tiles + s - 1) / s + kCtaCostTiles) + split_cost;
-    if (s == 1 || cost < best) {
-      best = cost;
-      p.splits = s;
+  for (int tile_n : {kWideTileN, kNarrowTileN}) {  // on a tie, the wide tile (fewer CTAs)
+    if (forced.tile_n > 0 && tile_n != (forced.tile_n <= kNarrowTileN ? kNarrowTileN : kWideTileN)) continue;
+    const int col_tiles = (out + tile_n - 1) / tile_n;
+    for (int s = 1; s <= max_splits; ++s) {
+      if (forced.splits > 0 && s != std::clamp(forced.splits, 1, max_splits)) continue;
+      const long long ctas = (long long)col_tiles * s;
+      const long long per_sm = (ctas + sm_count - 1) / sm_count;
+      const double split_cost = partial_out ? kPartialCostUnits * s : (s > 1 ? kSplitCostUnits : 0.0);
+      const double tile_units = double(tile_n) / kNarrowTileN;
+      const double cost = double(per_sm) * (((k_tiles + s - 1) / s) * tile_units + kCtaCostUnits) + split_cost;
+      if (p.tile_n == 0 || cost < best) {
+        best = cost;
+        p = SkinnyPlan{tile_n, col_tiles, k_tiles, s, 0, false};
+      }
     }
   }
-  if (forced_splits() > 0) p.splits = std::clamp(forced_splits(), 1, max_splits);
   p.tiles_per_split = (p.k_tiles + p.splits - 1) / p.splits;
   p.splits = (p.k_tiles + p.tiles_per_split - 1) / p.tiles_per_split;  // no empty split
   p.large_ring = large_rings && (long long)p.col_tiles * p.splits <= sm_count;
@@ -166,10 +191,10 @@ __device__ void copy_box(bf16* dst, const bf16* src, int rows, int in, int row0,
 
 // The producer: per stage, one tensor copy of W's tile and one of x's (lane 0 alone). The
 // first ring's worth of W is requested before waiting for the kernel that writes x.
-template <int kXTiles, int kCtasPerSm>
+template <int kTileN, int kXTiles, int kCtasPerSm>
 __device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedBarrier* full,
                                SharedBarrier* empty, int n0, int k_tile_begin, int k_tiles) {
-  using R = Ring<kXTiles, kCtasPerSm>;
+  using R = Ring<kTileN, kXTiles, kCtasPerSm>;
   const int lane = threadIdx.x & 31;
   constexpr int kXOffset = kTileN * kTileK;  // elements: W rows, then x rows
   auto stage_of = [&](int t) { return reinterpret_cast<bf16*>(ring + (t % R::kStages) * R::kStageBytes); };
@@ -210,9 +235,10 @@ __device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedB
 #endif
 }
 
-template <int kXTiles, int kCtasPerSm>
+template <int kTileN, int kXTiles, int kCtasPerSm>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const __grid_constant__ SkinnyArgs a) {
-  using R = Ring<kXTiles, kCtasPerSm>;
+  using R = Ring<kTileN, kXTiles, kCtasPerSm>;
+  using Warps = TileWarps<kTileN>;
   constexpr int kXBlocks = 2 * kXTiles;  // n8 tiles of x rows
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* ring = smem_raw + ((kRingAlign - shared_address(smem_raw) % kRingAlign) % kRingAlign);
@@ -237,11 +263,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
     allow_next_grid();
   }
   if (warp == kConsumerWarps) {
-    produce_stages<kXTiles, kCtasPerSm>(a, ring, full, empty, n0, k_tile_begin, k_tiles);
+    produce_stages<kTileN, kXTiles, kCtasPerSm>(a, ring, full, empty, n0, k_tile_begin, k_tiles);
   } else {
     // ldmatrix lane offsets: A (W rows; row = lane & 15, k half = lane >> 4) and B (x rows, not
     // transposed: row = (lane & 7) + 8 (lane >> 4), k half = (lane >> 3) & 1).
-    const int a_row = warp * 32 + (lane & 15), a_half = lane >> 4;
+    // A 64-column tile: warps w and w + 2 own the same rows, and k16 steps of one parity.
+    const int row_warp = warp % Warps::kRowWarps, k_warp = warp / Warps::kRowWarps;
+    const int a_row = row_warp * kWarpRows + (lane & 15), a_half = lane >> 4;
     const int b_row = (lane & 7) + ((lane >> 4) << 3), b_half = (lane >> 3) & 1;
     for (int t = 0; t < k_tiles; ++t) {
       const int s = t % R::kStages;
@@ -249,7 +277,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
       const bf16* w_tile = reinterpret_cast<const bf16*>(ring + s * R::kStageBytes);
       const bf16* x_tile = w_tile + kTileN * kTileK;
 #pragma unroll
-      for (int ks = 0; ks < kTileK / 16; ++ks) {
+      for (int step = 0; step < kTileK / 16 / Warps::kKWarps; ++step) {
+        const int ks = step * Warps::kKWarps + k_warp;
         unsigned af[2][4], bf[kXTiles][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
@@ -266,19 +295,25 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
   }
   __syncthreads();  // every stage has landed and been read: the ring becomes the partial tile
 
-  // The CTA's partial tile, [16 kXTiles x rows][kTileN] fp32.
+  // The CTA's partial tile, [16 kXTiles x rows][kTileN] fp32: the K warps' sums added in turn.
   float (*partial)[kTileN] = reinterpret_cast<float (*)[kTileN]>(ring);
-  if (warp < kConsumerWarps) {
-    const int g = lane / 4, q = lane % 4;
+  const int g = lane / 4, q = lane % 4;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+  for (int turn = 0; turn < Warps::kKWarps; ++turn) {
+    if (warp < kConsumerWarps && warp / Warps::kRowWarps == turn) {
+      const int row0 = (warp % Warps::kRowWarps) * kWarpRows;
 #pragma unroll
-      for (int xb = 0; xb < kXBlocks; ++xb)
+      for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          partial[xb * 8 + 2 * q + (e & 1)][warp * 32 + mt * 16 + g + 8 * (e >> 1)] = acc[mt][xb][e];
+        for (int xb = 0; xb < kXBlocks; ++xb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float& at = partial[xb * 8 + 2 * q + (e & 1)][row0 + mt * 16 + g + 8 * (e >> 1)];
+            at = turn == 0 ? acc[mt][xb][e] : at + acc[mt][xb][e];
+          }
+    }
+    __syncthreads();
   }
-  __syncthreads();
 
   auto store = [&](int row, int col, float value) {
     const long long at = (long long)row * a.out + col;
@@ -297,17 +332,22 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
       if (col + e < a.out) store(row, col + e, values[e]);
   };
   const int quads = a.rows * kQuadsPerRow;
-  if (a.glu) {  // one split: this tile is gate/up block col_tile, whole
-    static_assert(kTileN == 2 * kGluBlock, "a column tile is one gate/up block");
-    const int inter = a.out / 2, first = col_tile * kGluBlock;
-    const GluColumns block = glu_columns(first, inter);  // the tile's columns: gate, then up
-    const int width = block.up - block.gate, vectors = width / 8;
-    for (int i = threadIdx.x; i < a.rows * vectors; i += kThreads) {
-      const int row = i / vectors, c = (i % vectors) * 8;
-      float y[8];
+  if (a.glu) {  // one split: this tile holds whole gate/up blocks, each gate columns then up
+    static_assert(kTileN % (2 * kGluBlock) == 0, "a column tile holds whole gate/up blocks");
+    const int inter = a.out / 2;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) y[e] = silu_times(partial[row][c + e], partial[row][width + c + e]);
-      store_bf16x8(static_cast<bf16*>(a.y) + (long long)row * inter + first + c, from_float8(y));
+    for (int b = 0; b < kTileN / (2 * kGluBlock); ++b) {
+      const int first = (n0 / 2) + b * kGluBlock;  // the block's first act column
+      if (first >= inter) break;
+      const GluColumns block = glu_columns(first, inter);
+      const int gate = block.gate - n0, width = block.up - block.gate, vectors = width / 8;
+      for (int i = threadIdx.x; i < a.rows * vectors; i += kThreads) {
+        const int row = i / vectors, c = (i % vectors) * 8;
+        float y[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) y[e] = silu_times(partial[row][gate + c + e], partial[row][gate + width + c + e]);
+        store_bf16x8(static_cast<bf16*>(a.y) + (long long)row * inter + first + c, from_float8(y));
+      }
     }
     return;
   }
@@ -384,24 +424,32 @@ CUtensorMap tensor_map(const bf16* base, int rows, int cols, int box_rows) {
   return map;
 }
 
-template <int kXTiles, int kCtasPerSm>
+template <int kTileN, int kXTiles, int kCtasPerSm>
 void launch_ring(SkinnyArgs& a, cudaStream_t stream) {
-  const int smem = Ring<kXTiles, kCtasPerSm>::kBytes + kRingAlign;
-  allow_dynamic_smem<skinny_gemm_kernel<kXTiles, kCtasPerSm>>(smem);
-  launch_dependent(skinny_gemm_kernel<kXTiles, kCtasPerSm>, dim3(a.plan.col_tiles, a.plan.splits), dim3(kThreads),
-                   smem, stream, "skinny_gemm", a);
+  constexpr auto kernel = skinny_gemm_kernel<kTileN, kXTiles, kCtasPerSm>;
+  const int smem = Ring<kTileN, kXTiles, kCtasPerSm>::kBytes + kRingAlign;
+  allow_dynamic_smem<kernel>(smem);
+  launch_dependent(kernel, dim3(a.plan.col_tiles, a.plan.splits), dim3(kThreads), smem, stream, "skinny_gemm", a);
 }
 
-template <int kXTiles>
+template <int kTileN, int kXTiles>
 void launch_tiles(SkinnyArgs& a, bool tensor_maps, cudaStream_t stream) {
   if (tensor_maps) {
     a.w_map = tensor_map(a.w, a.out, a.in, kTileN);
     a.x_map = tensor_map(a.x, a.rows, a.in, 16 * kXTiles);
   }
   if (a.plan.large_ring)
-    launch_ring<kXTiles, 1>(a, stream);
+    launch_ring<kTileN, kXTiles, 1>(a, stream);
   else
-    launch_ring<kXTiles, 2>(a, stream);
+    launch_ring<kTileN, kXTiles, 2>(a, stream);
+}
+
+template <int kXTiles>
+void launch_width(SkinnyArgs& a, bool tensor_maps, cudaStream_t stream) {
+  if (a.plan.tile_n == kWideTileN)
+    launch_tiles<kWideTileN, kXTiles>(a, tensor_maps, stream);
+  else
+    launch_tiles<kNarrowTileN, kXTiles>(a, tensor_maps, stream);
 }
 
 // The multiprocessor count and tensor-map support of the current device, asked once per device.
@@ -426,10 +474,10 @@ DeviceTraits device_traits() {
 // The kernel instance for the product's row count (x rows padded to 16, 32, 48 or 64).
 void launch_rows(SkinnyArgs& a, bool tensor_maps, cudaStream_t stream) {
   switch ((a.rows + 15) / 16) {
-    case 1: return launch_tiles<1>(a, tensor_maps, stream);
-    case 2: return launch_tiles<2>(a, tensor_maps, stream);
-    case 3: return launch_tiles<3>(a, tensor_maps, stream);
-    default: return launch_tiles<4>(a, tensor_maps, stream);
+    case 1: return launch_width<1>(a, tensor_maps, stream);
+    case 2: return launch_width<2>(a, tensor_maps, stream);
+    case 3: return launch_width<3>(a, tensor_maps, stream);
+    default: return launch_width<4>(a, tensor_maps, stream);
   }
 }
 
@@ -452,8 +500,9 @@ void launch_skinny_gemm(const bf16* x, const bf16* weight, void* y, int rows, in
   check_supported(x, weight, rows, in);
   check(out >= 1 && y != nullptr, "skinny_gemm: no output");
   const DeviceTraits traits = device_traits();
-  // Splits need a partial tile per CTA and a counter per column tile in the workspace.
-  const int col_tiles = (out + kTileN - 1) / kTileN;
+  // Splits need a partial tile per CTA and a counter per column tile in the workspace (counted
+  // for the narrow tiles, the most).
+  const int col_tiles = (out + kNarrowTileN - 1) / kNarrowTileN;
   const std::size_t tiles_that_fit = workspace.partial_bytes / (kPartialTileFloats * sizeof(float));
   const bool room = col_tiles <= workspace.counter_count && workspace.partials && workspace.counters;
   const int room_splits = room ? int(std::min<std::size_t>(kMaxSplits, tiles_that_fit / col_tiles)) : 1;

@@ -55,6 +55,15 @@ LinearOutput launch_skinny_gemm_partials(const bf16* x, const bf16* weight, floa
 void launch_skinny_gemm_glu(const bf16* x, const bf16* weight, bf16* act, int rows, int in, int inter,
                             cudaStream_t stream);
 
+// For measuring and tests: force the column tile width (64 or 128 output columns per CTA) and
+// the split count of every later product (clamped to what a product allows); 0 leaves either to
+// the cost model. Starts from the environment: ASYNCT_SKINNY_TILE, ASYNCT_SKINNY_SPLITS.
+struct SkinnyPlanOverride {
+  int tile_n = 0;
+  int splits = 0;
+};
+SkinnyPlanOverride& skinny_plan_override();
+
 // Whether the skinny kernel runs at its designed speed on the current device (the tensor
 // copies of sm_90); before sm_90 it is correct but slow.
 bool skinny_gemm_fast_here();

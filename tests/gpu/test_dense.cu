@@ -25,31 +25,47 @@ using testing::Random;
 
 constexpr double kTolerance = 1e-2;
 
-// Every path on every shape: the skinny kernel takes up to 64 rows with `in` a multiple of 8
-// (the others fall back to cuBLASLt), the tuned path times cuBLASLt's candidates on its first
-// call. Each shape runs twice (fp32 then bf16 out) on one Gemm, which also checks that the
-// skinny kernel's split counters reset and that a tuned plan is reused.
+// Runs body once per column tile width of the skinny kernel (its plan picks one per shape).
+template <class Body>
+void for_each_skinny_tile_width(Body body) {
+  kernels::SkinnyPlanOverride& forced = kernels::skinny_plan_override();
+  const kernels::SkinnyPlanOverride saved = forced;
+  for (int tile_n : {64, 128}) {
+    SCOPED_TRACE("skinny tile width " + std::to_string(tile_n));
+    forced.tile_n = tile_n;
+    body();
+  }
+  forced = saved;
+}
+
+// Every path on every shape: the skinny kernel (with both its tile widths) takes up to 64 rows
+// with `in` a multiple of 8 (the others fall back to cuBLASLt), the tuned path times cuBLASLt's
+// candidates on its first call. Each shape runs twice (fp32 then bf16 out) on one Gemm, which
+// also checks that the skinny kernel's split counters reset and that a tuned plan is reused.
+void check_linear_on(kernels::GemmPath path, std::initializer_list<std::tuple<int, int, int>> shapes) {
+  SCOPED_TRACE("GEMM path " + std::to_string(int(path)));
+  Random rng(1);
+  kernels::Gemm gemm;
+  for (auto [rows, in, out] : shapes) {
+    Tensor x = rng.normal({rows, in}, 1.0f, true), w = rng.normal({out, in}, 0.05f, true);
+    Tensor expected = linear(x, w);
+    DeviceBuffer dx = DeviceBuffer::upload(x, DType::BF16), dw = DeviceBuffer::upload(w, DType::BF16);
+    for (bool fp32 : {true, false}) {
+      DeviceBuffer dy(fp32 ? DType::F32 : DType::BF16, {rows, out});
+      dy.poison();
+      gemm.linear(dx.as<bf16>(), dw.as<bf16>(), dy.data(), rows, in, out, fp32, nullptr, path);
+      testing::check_launch("gemm");
+      EXPECT_TRUE(close_to(dy.download_float(), expected, fp32 ? 1e-3 : kTolerance))
+          << rows << " x " << in << " -> " << out << (fp32 ? " fp32" : " bf16");
+    }
+  }
+}
+
 void check_linear(std::initializer_list<std::tuple<int, int, int>> shapes) {
   testing::require_gpu();
   using kernels::GemmPath;
-  for (GemmPath path : {GemmPath::Skinny, GemmPath::CublasLt, GemmPath::CublasLtTuned}) {
-    SCOPED_TRACE("GEMM path " + std::to_string(int(path)));
-    Random rng(1);
-    kernels::Gemm gemm;
-    for (auto [rows, in, out] : shapes) {
-      Tensor x = rng.normal({rows, in}, 1.0f, true), w = rng.normal({out, in}, 0.05f, true);
-      Tensor expected = linear(x, w);
-      DeviceBuffer dx = DeviceBuffer::upload(x, DType::BF16), dw = DeviceBuffer::upload(w, DType::BF16);
-      for (bool fp32 : {true, false}) {
-        DeviceBuffer dy(fp32 ? DType::F32 : DType::BF16, {rows, out});
-        dy.poison();
-        gemm.linear(dx.as<bf16>(), dw.as<bf16>(), dy.data(), rows, in, out, fp32, nullptr, path);
-        testing::check_launch("gemm");
-        EXPECT_TRUE(close_to(dy.download_float(), expected, fp32 ? 1e-3 : kTolerance))
-            << rows << " x " << in << " -> " << out << (fp32 ? " fp32" : " bf16");
-      }
-    }
-  }
+  for_each_skinny_tile_width([&] { check_linear_on(GemmPath::Skinny, shapes); });
+  for (GemmPath path : {GemmPath::CublasLt, GemmPath::CublasLtTuned}) check_linear_on(path, shapes);
 }
 
 TEST(Gemm, PathNamesParseAndUnknownOnesAreRejected) {
@@ -115,21 +131,25 @@ TEST(Gemm, SmallLinearForReaderLeavesSplitsThatAddUp) {
   testing::require_gpu();
   Random rng(2);
   kernels::Gemm gemm;
-  int first = -1, other = -1;
-  for (int rows : {1, 5, 17}) check_linear_for_reader(rows, 1032, 130, rng, gemm, first);
-  check_linear_for_reader(3, 64, 8, rng, gemm, other);
+  for_each_skinny_tile_width([&] {
+    int first = -1, other = -1;
+    for (int rows : {1, 5, 17}) check_linear_for_reader(rows, 1032, 130, rng, gemm, first);
+    check_linear_for_reader(3, 64, 8, rng, gemm, other);
+  });
 }
 
 TEST(Gemm, LinearForReaderOnDecodeShapes) {
   testing::require_gpu();
   Random rng(3);
   kernels::Gemm gemm;
-  int o_splits = -1, down_splits = -1, other = -1;
-  for (int rows : {1, 32, 64}) {
-    check_linear_for_reader(rows, 2048, 2048, rng, gemm, o_splits);
-    check_linear_for_reader(rows, 6144, 2048, rng, gemm, down_splits);
-  }
-  check_linear_for_reader(100, 512, 256, rng, gemm, other);  // past the skinny range: dense
+  for_each_skinny_tile_width([&] {
+    int o_splits = -1, down_splits = -1, other = -1;
+    for (int rows : {1, 32, 64}) {
+      check_linear_for_reader(rows, 2048, 2048, rng, gemm, o_splits);
+      check_linear_for_reader(rows, 6144, 2048, rng, gemm, down_splits);
+    }
+    check_linear_for_reader(100, 512, 256, rng, gemm, other);  // past the skinny range: dense
+  });
 }
 
 TEST(Elementwise, SmallGatherRowsLooksUpAndZeroesBadIds) {
@@ -186,7 +206,8 @@ TEST(Elementwise, SiluAndMulMatchesSwiglu) {
 
 // gated_linear against linear + SwiGLU: the skinny kernel with the SiLU in its epilogue (up to
 // kSkinnyFormsMaxRows rows on sm_90), otherwise cuBLASLt + silu_and_mul; whole and partial
-// gate/up blocks (inter 1000 = 15 blocks of 64 and one of 40), several row tiles.
+// gate/up blocks (inter 1000 = 31 blocks of 32 and one of 8; a 128-column tile holds two), several
+// row tiles, both tile widths.
 void check_gated_linear(int rows, int in, int inter, Random& rng, kernels::Gemm& gemm) {
   SCOPED_TRACE(::testing::Message() << rows << " x " << in << " -> 2 x " << inter);
   Tensor x = rng.normal({rows, in}, 1.0f, true);
@@ -212,15 +233,19 @@ TEST(Gemm, SmallGatedLinearMatchesSwiglu) {
   testing::require_gpu();
   Random rng(4);
   kernels::Gemm gemm;
-  for (auto [rows, in, inter] : {std::tuple{1, 64, 8}, {3, 136, 72}, {17, 1032, 200}}) check_gated_linear(rows, in, inter, rng, gemm);
+  for_each_skinny_tile_width([&] {
+    for (auto [rows, in, inter] : {std::tuple{1, 64, 8}, {3, 136, 72}, {17, 1032, 200}}) check_gated_linear(rows, in, inter, rng, gemm);
+  });
 }
 
 TEST(Gemm, GatedLinearMatchesSwiglu) {
   testing::require_gpu();
   Random rng(5);
   kernels::Gemm gemm;
-  for (int rows : {1, 4, 32, 33, 100})
-    for (auto [in, inter] : {std::pair{2048, 6144}, {512, 1000}}) check_gated_linear(rows, in, inter, rng, gemm);
+  for_each_skinny_tile_width([&] {
+    for (int rows : {1, 4, 32, 33, 100})
+      for (auto [in, inter] : {std::pair{2048, 6144}, {512, 1000}}) check_gated_linear(rows, in, inter, rng, gemm);
+  });
 }
 
 }  // namespace

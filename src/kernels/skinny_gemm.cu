@@ -96,12 +96,16 @@ struct SkinnyPlan {
 // One CTA's partial tile in the workspace: [16 x 4 rows][kWideTileN] fp32 (the widest x and tile).
 constexpr std::size_t kPartialTileFloats = std::size_t(16 * 4) * kWideTileN;
 
-// The cost model behind the plan, in units of one 64-row W tile (64 x kTileK, 8 KB): the
-// busiest multiprocessor streams ceil(CTAs / SMs) CTAs of ceil(k_tiles / splits) tiles each;
-// every CTA adds its start-up and every split product its partial-sum epilogue. Checked against
-// a sweep of forced split counts on the H200 with 128-column tiles (bench/RESULTS.md, sixth
-// run): on the 1.7B decode shapes at 1 and 32 rows the model's choice is within 0.5 us of the
-// best count, except the fused qkv product at 32 rows (11.8 against 10.7 us).
+// The cost model behind the plan, in units of one 64-row W tile (64 x kTileK, 8 KB). A CTA
+// streams its tiles at its own pace (its consumer warps' latency bounds it: ~33 GB/s at 32
+// rows, gate_up's 96 CTAs in 19.2 us), an SM holds one CTA with a deep ring or, when there are
+// more CTAs than SMs, two; so the time is the larger of one slot's tiles (over the waves) and
+// all tiles over what the memory feeds, kMemoryCtas CTAs' worth (~3.9 TB/s / 33 GB/s), plus a
+// start-up per wave and every split product's partial-sum epilogue. Measured on the H200
+// (bench/RESULTS.md, eighth run): gate_up at 32 rows runs faster as 192 CTAs of 64 columns, two
+// on 60 SMs, than as 96 of 128 (decode step 2.098 against 2.142 ms), which a model of the
+// busiest SM's bytes got wrong.
+constexpr double kMemoryCtas = 118.0;
 constexpr double kCtaCostUnits = 8.0;
 constexpr double kSplitCostUnits = 8.0;
 // With the splits left to the reading kernel there is no epilogue; what remains per split is
@@ -142,10 +146,12 @@ SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, int room_s
     for (int s = 1; s <= max_splits; ++s) {
       if (forced.splits > 0 && s != std::clamp(forced.splits, 1, max_splits)) continue;
       const long long ctas = (long long)col_tiles * s;
-      const long long per_sm = (ctas + sm_count - 1) / sm_count;
+      const long long slots = ctas <= sm_count ? sm_count : 2LL * sm_count;
+      const long long waves = (ctas + slots - 1) / slots;
+      const double cta_units = double((k_tiles + s - 1) / s) * tile_n / kNarrowTileN;
       const double split_cost = partial_out ? kPartialCostUnits * s : (s > 1 ? kSplitCostUnits : 0.0);
-      const double tile_units = double(tile_n) / kNarrowTileN;
-      const double cost = double(per_sm) * (((k_tiles + s - 1) / s) * tile_units + kCtaCostUnits) + split_cost;
+      const double cost = std::max(double(waves) * cta_units, double(ctas) * cta_units / kMemoryCtas) +
+                          double(waves) * kCtaCostUnits + split_cost;
       if (p.tile_n == 0 || cost < best) {
         best = cost;
         p = SkinnyPlan{tile_n, col_tiles, k_tiles, s, 0, false};

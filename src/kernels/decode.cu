@@ -22,9 +22,12 @@
 //     in warp-private shared memory), compacts the keys whose P is non-zero for some head of the
 //     group (sparse-P) and bulk-copies only their V rows into the warp's shared memory, used
 //     two tiles later;
-//   * with several splits, stage 2 combines the partial outputs: a plain sum for the async gate
-//     (additivity; each warp recomputes the scores of its W-1 halo keys), the log-sum-exp merge
-//     for softmax. One split finishes in stage 1.
+//   * with several splits, each CTA leaves its partial outputs in the workspace and counts
+//     itself on its (head group, sequence) counter; the last of the splits to arrive combines
+//     them, in split order: a plain sum for the async gate (additivity; each warp recomputes the
+//     scores of its W-1 halo keys), the log-sum-exp merge for softmax. No second kernel: at
+//     decode sizes its launch and its wait on this one cost more than the combine (2.5 us per
+//     layer, 32 sequences, bench/RESULTS.md).
 #include "kernels/decode.h"
 
 #include <algorithm>
@@ -48,6 +51,7 @@ constexpr int kMaxThreads = (kMaxHeadsPerCta + 1) * 32;
 // Shared memory for the stage ring, per KV head of the CTA: 8 heads x 24 KB = 192 KB (of 227).
 constexpr int kStageBudgetPerHead = 24 * 1024;
 constexpr int kMaxHalo = 7;  // pool window <= 8
+constexpr int kMaxSplits = 256;
 constexpr unsigned kFull = 0xffffffffu;
 
 template <int kHeadDim, int kGroup>
@@ -447,6 +451,60 @@ struct Stage1Args {
   float* partial_sum;
 };
 
+// The split counters, one per (head group, sequence): zero when the module loads, and left zero
+// by every launch (the last split resets its counter). Per device; decode launches on one
+// device run in stream order (like every user of one workspace).
+constexpr int kMaxSplitCounters = 1 << 18;
+__device__ unsigned g_split_counters[kMaxSplitCounters];
+
+// Waits for the CTA's consumer warps only (the producer warp may have left).
+__device__ __forceinline__ void consumer_barrier(int warps) {
+  asm volatile("bar.sync 1, %0;" ::"r"(warps * 32) : "memory");
+}
+
+// The last split of a (head group, sequence): adds up every split's part of this warp's query
+// heads, in split order, into the bf16 output. Softmax parts are weighted by exp(max_s - max)
+// over the total of the parts' sums (an empty split, max -FLT_MAX and sum 0, weighs 0).
+template <int kHeadDim, int kGroup, bool kSoftmax>
+__device__ void combine_splits(const Stage1Args& a, int splits, long long first_row) {
+  constexpr int kPerLane = kHeadDim / 32;
+  static_assert(kPerLane % 2 == 0, "whole float2s per lane");
+  const int lane = threadIdx.x & 31;
+  const long long rows = (long long)a.p.num_seqs * a.p.num_q_heads;
+#pragma unroll 1
+  for (int h = 0; h < kGroup; ++h) {
+    const long long row = first_row + h;
+    float row_max = -FLT_MAX, inv_denom = 1.0f;
+    if constexpr (kSoftmax) {
+      for (int s = lane; s < splits; s += 32) row_max = fmaxf(row_max, __ldcg(a.partial_max + s * rows + row));
+#pragma unroll
+      for (int off = 16; off; off >>= 1) row_max = fmaxf(row_max, __shfl_xor_sync(kFull, row_max, off));
+      float denom = 0.0f;
+      for (int s = lane; s < splits; s += 32)
+        denom += __expf(__ldcg(a.partial_max + s * rows + row) - row_max) * __ldcg(a.partial_sum + s * rows + row);
+#pragma unroll
+      for (int off = 16; off; off >>= 1) denom += __shfl_xor_sync(kFull, denom, off);
+      inv_denom = denom > 0.0f ? 1.0f / denom : 0.0f;
+    }
+    float total[kPerLane] = {};
+#pragma unroll 4
+    for (int s = 0; s < splits; ++s) {
+      const float w = kSoftmax ? __expf(__ldcg(a.partial_max + s * rows + row) - row_max) : 1.0f;
+      const float2* part = reinterpret_cast<const float2*>(a.partial_out + (s * rows + row) * kHeadDim) + lane * (kPerLane / 2);
+#pragma unroll
+      for (int j = 0; j < kPerLane / 2; ++j) {
+        const float2 v = __ldcg(part + j);
+        total[2 * j] = fmaf(w, v.x, total[2 * j]);
+        total[2 * j + 1] = fmaf(w, v.y, total[2 * j + 1]);
+      }
+    }
+    __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(a.p.out + row * kHeadDim) + lane * (kPerLane / 2);
+#pragma unroll
+    for (int j = 0; j < kPerLane / 2; ++j)
+      out[j] = __floats2bfloat162_rn(total[2 * j] * inv_denom, total[2 * j + 1] * inv_denom);
+  }
+}
+
 // The producer warp: streams the split's tiles into the stage ring. A stage is refilled once
 // every consumer warp has arrived on its "empty" barrier (it has read its rows out). Keys before
 // `written_from` do not depend on the kernel before this one (a dependent launch: only the
@@ -590,10 +648,10 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
       if constexpr (kSoftmax) state.sum[h] += __shfl_xor_sync(kFull, state.sum[h], off);
     }
   }
-  if (key_lane != 0) return;
+  const long long first_row = (long long)seq * p.num_q_heads + first_head;
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    const long long row = (long long)seq * p.num_q_heads + first_head + h;
+  for (int h = 0; h < kGroup && key_lane == 0; ++h) {
+    const long long row = first_row + h;
     if (a.partial_out == nullptr) {  // one split: finish here
       float out[8];
 #pragma unroll
@@ -608,95 +666,27 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
 #pragma unroll
       for (int e = 0; e < 8; ++e) dst[e] = o[h][e];
       if constexpr (kSoftmax)
-        if (slice == 0) {  // an empty split leaves max -FLT_MAX, sum 0: weight 0 in stage 2
+        if (slice == 0) {  // an empty split leaves max -FLT_MAX, sum 0: weight 0 in the combine
           a.partial_max[prow] = state.max[h];
           a.partial_sum[prow] = state.sum[h];
         }
     }
   }
-}
+  if (a.partial_out == nullptr) return;
 
-// ---- Stage 2: combine the splits. -----------------------------------------------------------
-// One CTA per output row. Stage 2 is pure latency (a few KB per row from L2), so it is built
-// from few dependent round trips: every split's max and sum are loaded at once (one per
-// thread), the softmax weights exp(max_s - max) / denominator come from two block reductions,
-// then warp w sums splits w, w + warps, ... with independent loads, and the warps add up.
-
-constexpr int kStage2Warps = 16;
-constexpr int kMaxSplits = 256;
-constexpr int kMaxHeadDim = 256;
-
-// A block-wide reduction through one value per warp; every thread gets the result.
-template <typename Op>
-__device__ float block_reduce(float x, Op op, float* warp_values) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, warps = blockDim.x / 32;
-#pragma unroll
-  for (int off = 16; off; off >>= 1) x = op(x, __shfl_xor_sync(kFull, x, off));
-  if (lane == 0) warp_values[warp] = x;
-  __syncthreads();
-  x = warp_values[0];
-  for (int w = 1; w < warps; ++w) x = op(x, warp_values[w]);
-  __syncthreads();  // warp_values can be reused
-  return x;
-}
-
-template <bool kSoftmax>
-__global__ void __launch_bounds__(kStage2Warps * 32) decode_stage2(const float* partial_out,
-                                                                   const float* partial_max,
-                                                                   const float* partial_sum, bf16* out,
-                                                                   int splits, int rows, int head_dim) {
-  __shared__ float weight[kMaxSplits];
-  __shared__ float warp_values[kStage2Warps];
-  __shared__ float warp_part[kStage2Warps][kMaxHeadDim];
-  wait_for_prior_grids();
-  allow_next_grid();
-  const int row = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int warps = blockDim.x / 32;
-  if constexpr (kSoftmax) {
-    constexpr int kPerThread = kMaxSplits / 32;  // blockDim.x >= 32
-    float max_s[kPerThread], sum_s[kPerThread], row_max = -FLT_MAX;
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const int s = threadIdx.x + j * blockDim.x;
-      max_s[j] = s < splits ? partial_max[(long long)s * rows + row] : -FLT_MAX;
-      sum_s[j] = s < splits ? partial_sum[(long long)s * rows + row] : 0.0f;
-      row_max = fmaxf(row_max, max_s[j]);
-    }
-    row_max = block_reduce(row_max, [](float x, float y) { return fmaxf(x, y); }, warp_values);
-    float denom = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      max_s[j] = __expf(max_s[j] - row_max);  // empty splits: exp(-inf) = 0
-      denom += max_s[j] * sum_s[j];
-    }
-    denom = block_reduce(denom, [](float x, float y) { return x + y; }, warp_values);
-    const float inv_denom = denom > 0.0f ? 1.0f / denom : 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPerThread; ++j) {
-      const int s = threadIdx.x + j * blockDim.x;
-      if (s < splits) weight[s] = max_s[j] * inv_denom;
-    }
-    __syncthreads();
+  // Several splits: the last CTA of the (head group, sequence) to arrive combines them.
+  __threadfence();  // this CTA's parts are visible before its count says so
+  consumer_barrier(heads);
+  __shared__ bool last;
+  if (threadIdx.x == 0) {
+    unsigned* counter = g_split_counters + (long long)seq * gridDim.x + blockIdx.x;
+    last = atomicAdd(counter, 1u) == unsigned(splits - 1);
+    if (last) *counter = 0u;  // ready for the next launch
   }
-  constexpr int kPerLane = kMaxHeadDim / 32;
-  float acc[kPerLane] = {};
-#pragma unroll 4
-  for (int s = warp; s < splits; s += warps) {
-    const float w = kSoftmax ? weight[s] : 1.0f;  // async: the parts just add up
-    const float* part = partial_out + ((long long)s * rows + row) * head_dim;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j)
-      if (j * 32 < head_dim) acc[j] = fmaf(w, part[j * 32 + lane], acc[j]);
-  }
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j)
-    if (j * 32 < head_dim) warp_part[warp][j * 32 + lane] = acc[j];
-  __syncthreads();
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float total = 0.0f;
-    for (int w = 0; w < warps; ++w) total += warp_part[w][d];
-    out[(long long)row * head_dim + d] = __float2bfloat16(total);
-  }
+  consumer_barrier(heads);
+  if (!last) return;
+  __threadfence();  // the other CTAs' parts are read after their counts
+  combine_splits<kHeadDim, kGroup, kSoftmax>(a, splits, first_row);
 }
 
 template <int kHeadDim, int kGroup, typename Gate>
@@ -762,7 +752,7 @@ int decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int sm_cou
   // One wave: as many CTAs as fit on the GPU at once, each streaming an equal share of the
   // keys. A multiprocessor holds the stage rings of kMaxHeadsPerCta heads (one CTA of 8 heads,
   // two of 4, ...). More CTAs than that only add a ragged second wave; fewer leave bandwidth
-  // idle. Each split keeps at least 64 keys so that the halo, the pipeline's fill and stage 2
+  // idle. Each split keeps at least 64 keys so that the halo, the pipeline's fill and the combine
   // stay cheap.
   const int heads_per_cta = kv_heads_per_cta(num_kv_heads);
   const long long ctas = (long long)num_seqs * (num_kv_heads / heads_per_cta);
@@ -810,6 +800,9 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     a.partial_out = static_cast<float*>(p.workspace);
     a.partial_max = a.partial_out + rows * p.kv.head_dim;
     a.partial_sum = a.partial_max + rows;
+    const long long counters = (long long)p.num_seqs * (p.kv.num_kv_heads / a.heads_per_cta);
+    check(counters <= kMaxSplitCounters, "decode: ", p.num_seqs, " sequences x ", p.kv.num_kv_heads / a.heads_per_cta,
+          " head groups need more split counters than the ", kMaxSplitCounters, " there are");
   }
 
   const bool softmax = p.gate.kind == GateKind::Softmax;
@@ -818,15 +811,6 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   else
     dispatch(p.kv.head_dim, group, a, AsyncGate{p.gate.pool_window, p.gate.alpha, p.gate.sigma, p.gate.gamma},
              splits, stream);
-  if (splits > 1) {
-    const int rows = p.num_seqs * p.num_q_heads;
-    const int threads = 32 * std::min(splits, kStage2Warps);
-    const float* partial_max = softmax ? a.partial_max : nullptr;
-    const float* partial_sum = softmax ? a.partial_sum : nullptr;
-    launch_dependent(softmax ? decode_stage2<true> : decode_stage2<false>, rows, threads, 0, stream, "decode_stage2",
-                     static_cast<const float*>(a.partial_out), partial_max, partial_sum, p.out, splits, rows,
-                     p.kv.head_dim);
-  }
 }
 
 }  // namespace asynct::kernels

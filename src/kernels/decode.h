@@ -33,6 +33,8 @@ int decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int sm_cou
 // Workspace for split-K partials (0 when num_splits is 1).
 std::size_t decode_workspace_bytes(const DecodeParams& params, int num_splits);
 
+// Split launches count their splits in per-device counters: launches on one device run in
+// stream order.
 void launch_decode(const DecodeParams& params, cudaStream_t stream);
 
 }  // namespace asynct::kernels

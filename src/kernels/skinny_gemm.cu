@@ -44,6 +44,8 @@
 namespace asynct::kernels {
 namespace {
 
+// Four consumer warps: eight (two along each stage's K in a 128-column tile, four in a 64) made
+// the decode step slower (bench/RESULTS.md, eighth run).
 constexpr int kConsumerWarps = 4;
 constexpr int kThreads = 32 * (kConsumerWarps + 1);  // and the producer warp
 constexpr int kWarpRows = 32;                        // W rows per consumer warp: two m16 tiles
@@ -125,8 +127,7 @@ SkinnyPlanOverride& skinny_plan_override() {
       const char* value = std::getenv(name);
       return value ? std::atoi(value) : 0;
     };
-    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS"),
-                              number("ASYNCT_SKINNY_SMALL_RINGS") != 0};
+    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS")};
   }();
   return forced;
 }
@@ -161,7 +162,7 @@ SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, int room_s
   }
   p.tiles_per_split = (p.k_tiles + p.splits - 1) / p.splits;
   p.splits = (p.k_tiles + p.tiles_per_split - 1) / p.tiles_per_split;  // no empty split
-  p.large_ring = large_rings && !forced.small_rings && (long long)p.col_tiles * p.splits <= sm_count;
+  p.large_ring = large_rings && (long long)p.col_tiles * p.splits <= sm_count;
   return p;
 }
 

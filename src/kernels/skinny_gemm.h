@@ -57,12 +57,10 @@ void launch_skinny_gemm_glu(const bf16* x, const bf16* weight, bf16* act, int ro
 
 // For measuring and tests: force the column tile width (64 or 128 output columns per CTA) and
 // the split count of every later product (clamped to what a product allows); 0 leaves either to
-// the cost model; small_rings: two CTAs per SM even when the product has fewer CTAs than SMs.
-// Starts from the environment: ASYNCT_SKINNY_TILE, ASYNCT_SKINNY_SPLITS, ASYNCT_SKINNY_SMALL_RINGS.
+// the cost model. Starts from the environment: ASYNCT_SKINNY_TILE, ASYNCT_SKINNY_SPLITS.
 struct SkinnyPlanOverride {
   int tile_n = 0;
   int splits = 0;
-  bool small_rings = false;
 };
 SkinnyPlanOverride& skinny_plan_override();
 

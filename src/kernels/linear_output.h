@@ -33,8 +33,8 @@ struct LinearOutput {
 // kGluBlock gate rows followed by the same up rows ([g0..g31, u0..u31, g32..g63, u32..], the
 // last block narrower when inter is not a multiple of kGluBlock), so that a GEMM tile of a
 // multiple of 2 x kGluBlock output columns (64 or 128 in the skinny kernel) holds matching gate
-// and up columns and can apply SiLU(gate) * up itself. Products of few rows do that (Gemm::gated_linear); others go through
-// launch_silu_and_mul, which reads the same order.
+// and up columns and can apply SiLU(gate) * up itself. Products of few rows do that
+// (Gemm::gated_linear); others go through launch_silu_and_mul, which reads the same order.
 constexpr int kGluBlock = 32;
 
 // Where act column j's gate and up values are in a row of the merged product.

@@ -45,26 +45,25 @@ def main():
     rows = [line for line in profiled.stdout.splitlines() if line.startswith('"')]
     if not rows:
         raise SystemExit(f"ncu gave no results:\n{profiled.stdout[-3000:]}\n{profiled.stderr[-3000:]}")
-    table = list(csv.DictReader(io.StringIO("\n".join(rows))))
-    # The first row after the header holds units.
+    table = [row for row in csv.DictReader(io.StringIO("\n".join(rows)))
+             if re.fullmatch(r"[0-9.,]+", row.get("gpu__time_duration.sum", ""))]  # drops the units row
+    # Greedy sampling summarises each step's logits once, last in the step: the kernels after one
+    # summary up to and including the next are one whole step (the window's ragged ends, which
+    # would count a step for a part of one, are dropped).
+    ends = [i for i, row in enumerate(table) if "summarize_logits" in row["Kernel Name"]]
+    if len(ends) < 2:
+        raise SystemExit("fewer than two summarize_logits kernels in the window: widen --count")
+    steps = len(ends) - 1
     times = collections.defaultdict(list)
-    for row in table:
-        value = row.get("gpu__time_duration.sum", "")
-        if not re.fullmatch(r"[0-9.,]+", value):
-            continue
+    for row in table[ends[0] + 1:ends[-1] + 1]:
         name = row["Kernel Name"]
         # One skinny kernel instance serves several products: its grid (column tiles, splits)
         # tells them apart.
         if "skinny" in name and row.get("Grid Size"):
             name = f"{name.split('(')[0]} grid {row['Grid Size']}"
-        times[name].append(float(value.replace(",", "")))
-    # Greedy sampling summarises each step's logits once: its calls count the steps.
-    counter = next((name for name in times if "summarize_logits" in name), None)
-    if counter is None:
-        raise SystemExit("no summarize_logits kernel in the window: widen --count")
-    steps = len(times[counter])
+        times[name].append(float(row["gpu__time_duration.sum"].replace(",", "")))
     total = sum(sum(t) for t in times.values()) / steps
-    print(f"{len(table) - 1} kernel nodes timed, {steps} steps")
+    print(f"{len(table)} kernel nodes timed, {steps} whole steps among them")
     print(f"{'kernel':<80} {'calls/step':>10} {'us/call':>9} {'us/step':>9}")
     grouped = collections.defaultdict(float)
     for name, t in sorted(times.items(), key=lambda kv: -sum(kv[1])):

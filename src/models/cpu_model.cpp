@@ -10,7 +10,7 @@
 namespace asynct {
 
 CpuModelRunner::CpuModelRunner(ModelWeights weights, int num_blocks, int block_size)
-    : weights_(std::move(weights)), num_blocks_(num_blocks), block_size_(block_size) {
+    : weights_(to_float32(std::move(weights))), num_blocks_(num_blocks), block_size_(block_size) {
   const ModelConfig& c = weights_.config;
   check(num_blocks >= 1 && block_size >= 1, "CpuModelRunner: need at least one block");
   // Qwen3 normalises with RMSNorm; AsyncT's every norm is a UClipNorm (SPEC §4).

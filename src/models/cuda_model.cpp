@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <map>
 #include <tuple>
@@ -32,12 +33,13 @@ bool cuda_device_available() {
 
 namespace {
 
-// Host float32 weights as device bf16 arrays. A 1.7B model is ~2e9 values, converted for every
-// runner made: each weight goes in chunks through two reused pinned staging buffers, a chunk
-// converted on the host's threads while the one before it is copied (a copy from pinned memory
-// runs asynchronously as DMA; one from pageable memory is staged by the driver and blocks the
-// host). Merged weights are written part by part into their row ranges, without a float32
-// concatenation first.
+// Host weights (bf16, or float32 converted on the way) as device bf16 arrays. A 1.7B model is
+// ~2e9 values: each weight goes in chunks through two reused pinned staging buffers, a chunk
+// filled on the host (copied out of the weight, often a mapped checkpoint file, or converted on
+// the host's threads) while the one before it is copied to the device (a copy from pinned
+// memory runs asynchronously as DMA; one from pageable memory is staged by the driver and
+// blocks the host). Merged weights are written part by part into their row ranges, without a
+// concatenation on the host first.
 class Bf16Uploader {
  public:
   explicit Bf16Uploader(cudaStream_t stream) : stream_(stream) {
@@ -85,7 +87,10 @@ class Bf16Uploader {
     bf16* to = d.get();
     for (const RowRange& r : ranges) {
       const std::size_t row = row_length(*r.t);
-      const float* values = r.t->data_as<float>() + std::size_t(r.first) * row;
+      const bool bf16_source = r.t->dtype() == DType::BF16;
+      check(bf16_source || r.t->dtype() == DType::F32, "CudaModelRunner: weight of type ", dtype_name(r.t->dtype()),
+            " (bfloat16 or float32 expected)");
+      const std::size_t first = std::size_t(r.first) * row;
       const std::size_t n = std::size_t(r.count) * row;
       for (std::size_t begin = 0; begin < n; begin += kChunk) {
         const std::size_t count = std::min(kChunk, n - begin);
@@ -93,7 +98,10 @@ class Bf16Uploader {
         next_ ^= 1;
         ASYNCT_CUDA_CHECK(cudaEventSynchronize(s.copied));  // its previous chunk has been copied
         s.host.reserve(count);  // grows to the largest chunk: a small model pins little
-        floats_to_bf16(values + begin, s.host.get(), count);
+        if (bf16_source)
+          std::memcpy(s.host.get(), r.t->data_as<bf16_bits>() + first + begin, count * sizeof(std::uint16_t));
+        else
+          floats_to_bf16(r.t->data_as<float>() + first + begin, s.host.get(), count);
         ASYNCT_CUDA_CHECK(
             cudaMemcpyAsync(to + begin, s.host.get(), count * sizeof(bf16), cudaMemcpyHostToDevice, stream_));
         ASYNCT_CUDA_CHECK(cudaEventRecord(s.copied, stream_));

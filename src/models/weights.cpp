@@ -57,13 +57,20 @@ ModelWeights empty_model(const ModelConfig& config) {
 
 bool is_gate_param(const std::string& name) { return name.find(".self_attn.gate_") != std::string::npos; }
 
-// The index of the first NaN or infinity in values[0, count), or -1; on the host's threads.
-std::int64_t first_non_finite(const float* values, std::int64_t count) {
+// Whether a bf16 bit pattern is a NaN or an infinity (all exponent bits set).
+bool bf16_is_finite(std::uint16_t bits) { return (bits & 0x7f80u) != 0x7f80u; }
+
+// The index of the first NaN or infinity in t (float32 or bf16), or -1; on the host's threads.
+std::int64_t first_non_finite(const Tensor& t) {
+  const bool bf16 = t.dtype() == DType::BF16;
+  const auto* halves = bf16 ? t.data_as<bf16_bits>() : nullptr;
+  const float* floats = bf16 ? nullptr : t.data_as<float>();
   constexpr std::int64_t kPiece = std::int64_t(1) << 22;
+  const std::int64_t count = t.numel();
   std::vector<std::int64_t> first(std::size_t((count + kPiece - 1) / kPiece), -1);
   parallel_pieces(count, kPiece, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i)
-      if (!std::isfinite(values[i])) {
+      if (bf16 ? !bf16_is_finite(halves[i].bits) : !std::isfinite(floats[i])) {
         first[std::size_t(begin / kPiece)] = i;
         return;
       }
@@ -72,6 +79,9 @@ std::int64_t first_non_finite(const float* values, std::int64_t count) {
     if (i >= 0) return i;
   return -1;
 }
+
+// The dtype a weight is held in: see weights.h.
+DType held_dtype(const std::string& name) { return is_gate_param(name) ? DType::F32 : DType::BF16; }
 
 }  // namespace
 
@@ -106,15 +116,15 @@ ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed) {
   // the values do not depend on the thread count.
   constexpr std::int64_t kChunk = 1 << 20;
   struct Job {
-    float* values;
-    std::int64_t count;
+    Tensor* tensor;
+    std::int64_t begin, count;
     std::uint64_t stream;
     float mean, scale;
   };
   std::vector<Job> jobs;
   std::uint64_t tensor_index = 0;
   for_each_tensor(w, [&](const std::string& name, Tensor& t) {
-    t = Tensor::empty(DType::F32, shapes.at(name));
+    t = Tensor::empty(held_dtype(name), shapes.at(name));
     // Gate parameters and norm weights near 1; embeddings of unit size; projections scaled by
     // 1/sqrt(fan_in) so that every layer changes the residual stream (with HF's 0.02 a random
     // model only echoes its input token, which makes generation tests see nothing).
@@ -125,8 +135,8 @@ ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed) {
                                               : 1.0f;
     ++tensor_index;
     for (std::int64_t begin = 0; begin < t.numel(); begin += kChunk)
-      jobs.push_back({t.data_as<float>() + begin, std::min(kChunk, t.numel() - begin),
-                      (tensor_index << 32) + std::uint64_t(begin / kChunk), near_one ? 1.0f : 0.0f, scale});
+      jobs.push_back({&t, begin, std::min(kChunk, t.numel() - begin), (tensor_index << 32) + std::uint64_t(begin / kChunk),
+                      near_one ? 1.0f : 0.0f, scale});
   });
   parallel_for(jobs.size(), [&](std::size_t j) {
     const Job& job = jobs[j];
@@ -135,8 +145,14 @@ ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed) {
                         std::uint32_t(job.stream >> 32)};
     std::mt19937_64 rng(seeds);
     std::normal_distribution<float> normal;
-    for (std::int64_t i = 0; i < job.count; ++i)
-      job.values[i] = round_to_bf16(job.mean + job.scale * normal(rng));  // bf16-exact, as a checkpoint holds
+    // bf16 values, as a checkpoint holds them (the float32 gate parameters too are bf16-exact).
+    if (job.tensor->dtype() == DType::BF16) {
+      bf16_bits* values = job.tensor->data_as<bf16_bits>() + job.begin;
+      for (std::int64_t i = 0; i < job.count; ++i) values[i].bits = float_to_bf16(job.mean + job.scale * normal(rng));
+    } else {
+      float* values = job.tensor->data_as<float>() + job.begin;
+      for (std::int64_t i = 0; i < job.count; ++i) values[i] = round_to_bf16(job.mean + job.scale * normal(rng));
+    }
   });
   if (config.tie_word_embeddings) w.lm_head = w.embed_tokens;
   return w;
@@ -153,12 +169,22 @@ ModelWeights load_weights(const std::string& directory) {
           ckpt.file_of(name), " (not part of ", w.config.architecture_name(), " with this config)");
   }
   for_each_tensor(w, [&](const std::string& name, Tensor& t) {
-    t = ckpt.get(name, DType::F32, shapes.at(name));
-    const std::int64_t bad = first_non_finite(t.data_as<float>(), t.numel());
-    check(bad < 0, ckpt.file_of(name), ": tensor '", name, "' holds a non-finite value at element ", bad);
+    // A bf16 tensor is a view of the mapped file (no host copy); others are converted.
+    t = ckpt.get(name, held_dtype(name), shapes.at(name));
+    const std::int64_t bad = first_non_finite(t);
+    check(bad < 0, ckpt.file_of(name), ": tensor '", name, "' holds a non-finite value at element ", bad,
+          t.dtype() == DType::BF16 ? " (as bfloat16)" : "");
   });
   if (w.config.tie_word_embeddings) w.lm_head = w.embed_tokens;
   return w;
+}
+
+ModelWeights to_float32(ModelWeights weights) {
+  for_each_tensor(weights, [](const std::string&, Tensor& t) {
+    if (t.dtype() != DType::F32) t = t.to(DType::F32);
+  });
+  if (weights.config.tie_word_embeddings) weights.lm_head = weights.embed_tokens;
+  return weights;
 }
 
 void save_checkpoint(const ModelWeights& weights, const std::string& directory) {
@@ -166,7 +192,8 @@ void save_checkpoint(const ModelWeights& weights, const std::string& directory) 
   std::map<std::string, Tensor> tensors;
   ModelWeights copy = weights;
   for_each_tensor(copy, [&](const std::string& name, Tensor& t) {
-    tensors[name] = is_gate_param(name) ? t.to(DType::F32) : t.to(DType::BF16);
+    const DType stored = held_dtype(name);
+    tensors[name] = t.dtype() == stored ? t : t.to(stored);  // no copy of what is already stored as is
   });
   write_safetensors((std::filesystem::path(directory) / "model.safetensors").string(), tensors);
   std::ofstream config((std::filesystem::path(directory) / "config.json").string());

@@ -1,6 +1,10 @@
-// The weights of a Qwen3 or AsyncT model, by HuggingFace tensor name, held as host float32
-// (the CPU backend computes in float; the GPU backend uploads bf16 copies). Loading checks
-// every tensor's presence and shape against the config, and rejects unexpected tensors.
+// The weights of a Qwen3 or AsyncT model, by HuggingFace tensor name, on the host in the
+// engine's precision: bf16 for the embeddings, projections and norms (as checkpoints store
+// them; a float32 or float16 checkpoint is rounded on load), float32 for AsyncT's gate
+// parameters. Loaded from a bf16 checkpoint they are views of the mapped files, so the GPU
+// backend uploads them with no host copy; the CPU backend computes on a float32 copy
+// (to_float32). Loading checks every tensor's presence and shape against the config, rejects
+// unexpected tensors and non-finite values.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +26,7 @@ struct LayerWeights {
   Tensor gate_proj, up_proj;        // [I, H]
   Tensor down_proj;                 // [H, I]
   // AsyncT only.
-  Tensor gate_alpha, gate_sigma, gate_gamma;  // [Hq] float32
+  Tensor gate_alpha, gate_sigma, gate_gamma;  // [Hq], float32
   Tensor attn_output_layernorm;               // [H]
   Tensor mlp_output_layernorm;                // [H]
 };
@@ -43,6 +47,9 @@ ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed);
 
 // Loads config.json and the safetensors weights of a checkpoint directory.
 ModelWeights load_weights(const std::string& directory);
+
+// The same weights with every tensor float32 (the CPU backend's precision).
+ModelWeights to_float32(ModelWeights weights);
 
 // Writes a checkpoint directory (config.json + model.safetensors, weights in bf16; the gate
 // parameters in float32).

@@ -181,6 +181,49 @@ TEST(Checkpoint, MissingUnexpectedAndMisshapenTensorsAreNamed) {
   non_finite["model.norm.weight"] = Tensor::from_vector<float>(norm_values, {128});
   rewrite(non_finite);
   expect_error([&] { load_weights(dir.path().string()); }, "non-finite value at element 77");
+
+  // Finite in float32, infinite once rounded to the bf16 the engine holds.
+  auto overflowing = tensors;
+  std::vector<float> large(128, 1.0f);
+  large[9] = 3.4e38f;
+  overflowing["model.norm.weight"] = Tensor::from_vector<float>(large, {128});
+  rewrite(overflowing);
+  expect_error([&] { load_weights(dir.path().string()); }, "non-finite value at element 9 (as bfloat16)");
+}
+
+// Weights are held as bf16 (the gate parameters as float32): a bf16 checkpoint's tensors are
+// views of the mapped file, a float32 one's are rounded to bf16 on load; the CPU backend's
+// float32 copy keeps the tie between embeddings and LM head.
+TEST(Checkpoint, WeightsAreHeldInBf16AndFloat32CheckpointsAreRounded) {
+  TempDir dir;
+  ModelWeights w = random_weights(tiny_config(Architecture::AsyncT), 8);
+  EXPECT_EQ(w.layers[0].q_proj.dtype(), DType::BF16);
+  EXPECT_EQ(w.layers[0].gate_alpha.dtype(), DType::F32);
+  save_checkpoint(w, dir.path().string());
+  ModelWeights loaded = load_weights(dir.path().string());
+  EXPECT_EQ(loaded.layers[0].q_proj.dtype(), DType::BF16);
+  EXPECT_EQ(loaded.layers[0].gate_alpha.dtype(), DType::F32);
+
+  auto original = SafetensorsFile::open(dir.file("model.safetensors"));
+  std::map<std::string, Tensor> tensors;
+  for (const std::string& name : original->names()) tensors[name] = original->tensor(name).to(original->info(name).dtype);
+  original.reset();
+  std::vector<float> norm_values(128);
+  for (int i = 0; i < 128; ++i) norm_values[std::size_t(i)] = 1.0f + float(i) / 1024.0f + 1e-6f;  // not bf16-exact
+  tensors["model.norm.weight"] = Tensor::from_vector<float>(norm_values, {128});
+  write_safetensors(dir.file("model.safetensors"), tensors);
+  loaded = load_weights(dir.path().string());
+  ASSERT_EQ(loaded.norm.dtype(), DType::BF16);
+  for (int i = 0; i < 128; ++i)
+    EXPECT_EQ(loaded.norm.to_float_vector()[std::size_t(i)], round_to_bf16(norm_values[std::size_t(i)])) << i;
+
+  ModelConfig tied_config = tiny_config(Architecture::Qwen3);
+  tied_config.tie_word_embeddings = true;
+  ModelWeights tied = random_weights(tied_config, 9);
+  ModelWeights f32 = to_float32(tied);
+  EXPECT_EQ(f32.layers[1].down_proj.dtype(), DType::F32);
+  EXPECT_EQ(f32.layers[1].down_proj.to_float_vector(), tied.layers[1].down_proj.to_float_vector());
+  EXPECT_EQ(f32.lm_head.data(), f32.embed_tokens.data());
 }
 
 TEST(Checkpoint, BadConfigsAreNamed) {

@@ -144,7 +144,7 @@ TEST(Engine, NonFiniteLogitsGiveAClearError) {
   for (float temperature : {0.0f, 0.8f}) {
     ModelWeights w = random_weights(tiny_config(Architecture::Qwen3), 7);
     const int vocab = w.config.vocab_size, hidden = w.config.hidden_size;
-    w.lm_head.data_as<float>()[5 * hidden] = NAN;  // token 5's logit is NaN, the others finite
+    w.lm_head.data_as<bf16_bits>()[5 * hidden].bits = float_to_bf16(NAN);  // token 5's logit is NaN, the others finite
     Engine e(std::make_unique<CpuModelRunner>(std::move(w), 64, 16), vocab, {});
     Request r = requests(temperature)[0];
     e.add_request(r);

@@ -205,7 +205,7 @@ TEST_P(CudaModel, NonFiniteLogitsGiveTheSamplingError) {
       for (float temperature : {0.0f, 0.8f}) {
         ModelWeights w = random_weights(tiny_config(GetParam()), 25);
         const int vocab = w.config.vocab_size, hidden = w.config.hidden_size;
-        w.lm_head.data_as<float>()[5 * hidden] = NAN;  // token 5's logit is NaN
+        w.lm_head.data_as<bf16_bits>()[5 * hidden].bits = float_to_bf16(NAN);  // token 5's logit is NaN
         auto runner = std::make_unique<CudaModelRunner>(w, 8, 16, 32);
         runner->set_cuda_graphs(graphs);
         Engine e(std::move(runner), vocab, {});

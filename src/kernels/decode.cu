@@ -40,6 +40,7 @@
 #include "kernels/bulk_copy.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/dependent_launch.cuh"
+#include "kernels/device_info.h"
 #include "kernels/gate.cuh"
 
 namespace asynct::kernels {
@@ -736,16 +737,6 @@ int kv_heads_per_cta(int num_kv_heads) {
   return 1;
 }
 
-int multiprocessor_count() {
-  static const int count = [] {
-    int device = 0, sms = 0;
-    ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
-    ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return sms;
-  }();
-  return count;
-}
-
 }  // namespace
 
 int decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int sm_count) {
@@ -787,7 +778,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const int group = p.num_q_heads / p.kv.num_kv_heads;
 
   int splits = p.num_splits;
-  if (splits <= 0) splits = decode_num_splits(p.num_seqs, p.kv.num_kv_heads, p.max_kv_len, multiprocessor_count());
+  if (splits <= 0) splits = decode_num_splits(p.num_seqs, p.kv.num_kv_heads, p.max_kv_len, current_device_info().sm_count);
   splits = std::min({splits, p.max_kv_len, kMaxSplits});
 
   Stage1Args a{p, 0, kv_heads_per_cta(p.kv.num_kv_heads), 0.0f, nullptr, nullptr, nullptr};

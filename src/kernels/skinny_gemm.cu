@@ -39,6 +39,7 @@
 #include "kernels/bulk_copy.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/dependent_launch.cuh"
+#include "kernels/device_info.h"
 #include "kernels/mma_sync.cuh"
 
 namespace asynct::kernels {
@@ -61,7 +62,7 @@ constexpr int kRowBytes = kTileK * 2;
 constexpr int kRingAlign = 1024;
 constexpr int kSmallRingBytes = 110 * 1024;
 constexpr int kLargeRingBytes = 200 * 1024;  // Hopper's 227 KB per CTA; not taken before sm_90
-constexpr int kMaxStages = 12;
+constexpr int kMaxStages = 16;
 constexpr int kMaxSplits = kMaxLinearSplits;
 constexpr int kMinTilesPerSplit = 2;  // shorter splits are all prologue
 
@@ -460,23 +461,14 @@ void launch_width(SkinnyArgs& a, bool tensor_maps, cudaStream_t stream) {
     launch_tiles<kNarrowTileN, kXTiles>(a, tensor_maps, stream);
 }
 
-// The multiprocessor count and tensor-map support of the current device, asked once per device.
+// The multiprocessor count and tensor-map support (sm_90) of the current device.
 struct DeviceTraits {
   int sm_count = 0;
   bool tensor_maps = false;
 };
 DeviceTraits device_traits() {
-  static DeviceTraits cached[64];
-  int device = 0;
-  ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
-  DeviceTraits& t = cached[device % 64];
-  if (t.sm_count == 0) {
-    int major = 0;
-    ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&t.sm_count, cudaDevAttrMultiProcessorCount, device));
-    t.tensor_maps = major >= 9;
-  }
-  return t;
+  const DeviceInfo& info = current_device_info();
+  return DeviceTraits{info.sm_count, info.major >= 9};
 }
 
 // The kernel instance for the product's row count (x rows padded to 16, 32, 48 or 64).

@@ -13,6 +13,7 @@
 
 #include "kernels/cuda_array.h"
 #include "kernels/decode.h"
+#include "kernels/device_info.h"
 #include "kernels/elementwise.h"
 #include "kernels/gemm.h"
 #include "kernels/norms.h"
@@ -508,9 +509,7 @@ CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int bloc
   m.block_size = block_size;
   m.norm.eps = m.c.rms_norm_eps;
   m.norm.clip = m.c.is_async() ? m.c.uclip_value : INFINITY;
-  int device = 0;
-  ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
-  ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&m.sm_count, cudaDevAttrMultiProcessorCount, device));
+  m.sm_count = kernels::current_device_info().sm_count;
   ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
 
   Bf16Uploader upload(m.stream);

@@ -62,7 +62,9 @@ constexpr int kRowBytes = kTileK * 2;
 constexpr int kRingAlign = 1024;
 constexpr int kSmallRingBytes = 110 * 1024;
 constexpr int kLargeRingBytes = 200 * 1024;  // Hopper's 227 KB per CTA; not taken before sm_90
-constexpr int kMaxStages = 16;
+// At most 12 stages: 16 (192 KB in flight for a narrow product's CTA instead of 144) made the
+// decode step 0.06 ms slower (bench/RESULTS.md, eighth run).
+constexpr int kMaxStages = 12;
 constexpr int kMaxSplits = kMaxLinearSplits;
 constexpr int kMinTilesPerSplit = 2;  // shorter splits are all prologue
 

@@ -235,6 +235,12 @@ std::string Checkpoint::file_of(const std::string& name) const {
   return it == where_.end() ? std::string("(none)") : it->second->path();
 }
 
+DType Checkpoint::stored_dtype(const std::string& name) const {
+  auto it = where_.find(name);
+  check(it != where_.end(), "checkpoint ", directory_, ": missing tensor '", name, "'");
+  return it->second->info(name).dtype;
+}
+
 Tensor Checkpoint::get(const std::string& name, DType dtype, const Shape& shape) const {
   auto it = where_.find(name);
   check(it != where_.end(), "checkpoint ", directory_, ": missing tensor '", name, "'");

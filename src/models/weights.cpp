@@ -60,7 +60,9 @@ bool is_gate_param(const std::string& name) { return name.find(".self_attn.gate_
 // Whether a bf16 bit pattern is a NaN or an infinity (all exponent bits set).
 bool bf16_is_finite(std::uint16_t bits) { return (bits & 0x7f80u) != 0x7f80u; }
 
-// The index of the first NaN or infinity in t (float32 or bf16), or -1; on the host's threads.
+// The index of the first value of t (float32 or bf16) that is not finite as bf16, the
+// precision the GPU computes in (a float32 value beyond bf16's range rounds to infinity), or
+// -1; on the host's threads.
 std::int64_t first_non_finite(const Tensor& t) {
   const bool bf16 = t.dtype() == DType::BF16;
   const auto* halves = bf16 ? t.data_as<bf16_bits>() : nullptr;
@@ -70,7 +72,7 @@ std::int64_t first_non_finite(const Tensor& t) {
   std::vector<std::int64_t> first(std::size_t((count + kPiece - 1) / kPiece), -1);
   parallel_pieces(count, kPiece, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i)
-      if (bf16 ? !bf16_is_finite(halves[i].bits) : !std::isfinite(floats[i])) {
+      if (!bf16_is_finite(bf16 ? halves[i].bits : float_to_bf16(floats[i]))) {
         first[std::size_t(begin / kPiece)] = i;
         return;
       }
@@ -80,8 +82,14 @@ std::int64_t first_non_finite(const Tensor& t) {
   return -1;
 }
 
-// The dtype a weight is held in: see weights.h.
+// The dtype a weight is made and saved in: see weights.h.
 DType held_dtype(const std::string& name) { return is_gate_param(name) ? DType::F32 : DType::BF16; }
+
+// The dtype a loaded weight is held in: bf16 as stored (a view of the mapped file), any other
+// float type as float32 (exact for float16 and float32); the gate parameters as float32.
+DType loaded_dtype(const std::string& name, DType stored) {
+  return held_dtype(name) == DType::BF16 && stored == DType::BF16 ? DType::BF16 : DType::F32;
+}
 
 }  // namespace
 
@@ -169,11 +177,10 @@ ModelWeights load_weights(const std::string& directory) {
           ckpt.file_of(name), " (not part of ", w.config.architecture_name(), " with this config)");
   }
   for_each_tensor(w, [&](const std::string& name, Tensor& t) {
-    // A bf16 tensor is a view of the mapped file (no host copy); others are converted.
-    t = ckpt.get(name, held_dtype(name), shapes.at(name));
+    t = ckpt.get(name, loaded_dtype(name, ckpt.stored_dtype(name)), shapes.at(name));
     const std::int64_t bad = first_non_finite(t);
     check(bad < 0, ckpt.file_of(name), ": tensor '", name, "' holds a non-finite value at element ", bad,
-          t.dtype() == DType::BF16 ? " (as bfloat16)" : "");
+          " (as bfloat16, the precision the GPU computes in)");
   });
   if (w.config.tie_word_embeddings) w.lm_head = w.embed_tokens;
   return w;

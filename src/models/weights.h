@@ -1,10 +1,10 @@
-// The weights of a Qwen3 or AsyncT model, by HuggingFace tensor name, on the host in the
-// engine's precision: bf16 for the embeddings, projections and norms (as checkpoints store
-// them; a float32 or float16 checkpoint is rounded on load), float32 for AsyncT's gate
-// parameters. Loaded from a bf16 checkpoint they are views of the mapped files, so the GPU
-// backend uploads them with no host copy; the CPU backend computes on a float32 copy
-// (to_float32). Loading checks every tensor's presence and shape against the config, rejects
-// unexpected tensors and non-finite values.
+// The weights of a Qwen3 or AsyncT model, by HuggingFace tensor name, on the host. The
+// embeddings, projections and norms are bf16, the engine's precision, when made here or loaded
+// from a bf16 checkpoint (then as views of the mapped files: the GPU backend uploads them with
+// no host copy); loaded from a float32 or float16 checkpoint they are float32 (the GPU backend
+// rounds them as it uploads). AsyncT's gate parameters are float32. The CPU backend computes on
+// a float32 copy (to_float32). Loading checks every tensor's presence and shape against the
+// config, and rejects unexpected tensors and values that are not finite as bf16.
 #pragma once
 
 #include <cstdint>

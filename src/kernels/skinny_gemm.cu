@@ -13,10 +13,10 @@
 //     the kernel before it, so the producer fills the whole ring with W before it waits for
 //     that kernel, and only then copies x. At decode sizes a stage ring holds most of a CTA's
 //     share of W, so the weight stream overlaps the previous kernel and the launch;
-//   * four consumer warps each multiply 32 W rows (two m16 tiles of the mma's A operand) by all
-//     x rows (n8 tiles of its B operand) over the stage's K, with ldmatrix and mma.sync
-//     m16n8k16 (bf16 -> fp32), and release the stage. A 64-column tile has two warps across
-//     its rows and two along each stage's K, whose sums meet in the partial tile;
+//   * four consumer warps multiply the stage's W rows by all x rows and release the stage, in
+//     one of two forms (MmaSyncConsumer, WgmmaConsumer below): each warp with ldmatrix and
+//     mma.sync m16n8k16 (bf16 -> fp32) over 32 W rows, or (Hopper, opt-in for now) the four as
+//     one warpgroup with wgmma reading W and x straight from shared memory;
 //   * with several splits, either each CTA writes its fp32 partial tile to its split's matrix
 //     and the kernel that reads y adds the splits (launch_skinny_gemm_partials: no epilogue),
 //     or (launch_skinny_gemm) each CTA stores its tile in a global workspace and counts itself
@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include <cuda.h>  // CUtensorMap (the encoder is reached through the runtime: no libcuda link)
 #include <cudaTypedefs.h>
@@ -41,6 +42,7 @@
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_info.h"
 #include "kernels/mma_sync.cuh"
+#include "kernels/wgmma.cuh"
 
 namespace asynct::kernels {
 namespace {
@@ -96,6 +98,7 @@ struct Ring {
 struct SkinnyPlan {
   int tile_n, col_tiles, k_tiles, splits, tiles_per_split;
   bool large_ring;
+  bool wgmma;  // the consumer form (see the consumers below)
 };
 
 // One CTA's partial tile in the workspace: [16 x 4 rows][kWideTileN] fp32 (the widest x and tile).
@@ -130,7 +133,8 @@ SkinnyPlanOverride& skinny_plan_override() {
       const char* value = std::getenv(name);
       return value ? std::atoi(value) : 0;
     };
-    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS")};
+    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS"),
+                              number("ASYNCT_SKINNY_WGMMA") != 0};
   }();
   return forced;
 }
@@ -159,13 +163,14 @@ SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, int room_s
                           double(waves) * kCtaCostUnits + split_cost;
       if (p.tile_n == 0 || cost < best) {
         best = cost;
-        p = SkinnyPlan{tile_n, col_tiles, k_tiles, s, 0, false};
+        p = SkinnyPlan{tile_n, col_tiles, k_tiles, s, 0, false, false};
       }
     }
   }
   p.tiles_per_split = (p.k_tiles + p.splits - 1) / p.splits;
   p.splits = (p.k_tiles + p.tiles_per_split - 1) / p.tiles_per_split;  // no empty split
   p.large_ring = large_rings && (long long)p.col_tiles * p.splits <= sm_count;
+  p.wgmma = large_rings && forced.wgmma;  // large_rings: a Hopper device
   return p;
 }
 
@@ -246,36 +251,25 @@ __device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedB
 #endif
 }
 
-template <int kTileN, int kXTiles, int kCtasPerSm>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const __grid_constant__ SkinnyArgs a) {
-  using R = Ring<kTileN, kXTiles, kCtasPerSm>;
+// The consumer warps' main loop and their partial tile, in two forms (a policy of the kernel):
+// consume() reads every stage of the CTA's split out of the ring and releases it;
+// write_partial() leaves the CTA's fp32 tile [16 kXTiles x rows][kTileN] in the ring (it holds
+// CTA-wide barriers, so every thread calls it).
+
+// mma.sync (sm_80 and up): each warp multiplies 32 W rows (two m16 tiles of the mma's A operand,
+// through ldmatrix) by all x rows (n8 tiles of its B operand) over its k16 steps of each stage.
+// A 64-column tile has two warps across its rows and two along K, whose sums meet in the
+// partial tile.
+template <int kTileN, int kXTiles, int kStages, int kStageBytes>
+struct MmaSyncConsumer {
   using Warps = TileWarps<kTileN>;
-  constexpr int kXBlocks = 2 * kXTiles;  // n8 tiles of x rows
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  unsigned char* ring = smem_raw + ((kRingAlign - shared_address(smem_raw) % kRingAlign) % kRingAlign);
-  __shared__ SharedBarrier full[R::kStages], empty[R::kStages];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int col_tile = blockIdx.x, split = blockIdx.y;
-  const int n0 = col_tile * kTileN;
-  const int k_tile_begin = split * a.plan.tiles_per_split;
-  const int k_tiles = min(a.plan.k_tiles, k_tile_begin + a.plan.tiles_per_split) - k_tile_begin;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < R::kStages; ++s) full[s].init(1), empty[s].init(kConsumerWarps);
-    SharedBarrier::fence_init();
-  }
-  __syncthreads();
-
-  // Accumulators: [W row tile][x row n8 tile]; the m16n8 layout puts c0,c1 at (W row g, x rows
-  // 2q, 2q+1) and c2,c3 at W row g + 8.
+  static constexpr int kXBlocks = 2 * kXTiles;  // n8 tiles of x rows
+  // [W row tile][x row n8 tile]; the m16n8 layout puts c0,c1 at (W row g, x rows 2q, 2q+1) and
+  // c2,c3 at W row g + 8.
   float acc[2][kXBlocks][4] = {};
-  if (warp != kConsumerWarps) {  // the producer waits after its W prefetch
-    wait_for_prior_grids();
-    allow_next_grid();
-  }
-  if (warp == kConsumerWarps) {
-    produce_stages<kTileN, kXTiles, kCtasPerSm>(a, ring, full, empty, n0, k_tile_begin, k_tiles);
-  } else {
+
+  __device__ void consume(const unsigned char* ring, SharedBarrier* full, SharedBarrier* empty, int k_tiles) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     // ldmatrix lane offsets: A (W rows; row = lane & 15, k half = lane >> 4) and B (x rows, not
     // transposed: row = (lane & 7) + 8 (lane >> 4), k half = (lane >> 3) & 1).
     // A 64-column tile: warps w and w + 2 own the same rows, and k16 steps of one parity.
@@ -283,9 +277,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
     const int a_row = row_warp * kWarpRows + (lane & 15), a_half = lane >> 4;
     const int b_row = (lane & 7) + ((lane >> 4) << 3), b_half = (lane >> 3) & 1;
     for (int t = 0; t < k_tiles; ++t) {
-      const int s = t % R::kStages;
-      full[s].wait((t / R::kStages) & 1);
-      const bf16* w_tile = reinterpret_cast<const bf16*>(ring + s * R::kStageBytes);
+      const int s = t % kStages;
+      full[s].wait((t / kStages) & 1);
+      const bf16* w_tile = reinterpret_cast<const bf16*>(ring + s * kStageBytes);
       const bf16* x_tile = w_tile + kTileN * kTileK;
 #pragma unroll
       for (int step = 0; step < kTileK / 16 / Warps::kKWarps; ++step) {
@@ -304,27 +298,113 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
       if (lane == 0) empty[s].arrive();
     }
   }
-  __syncthreads();  // every stage has landed and been read: the ring becomes the partial tile
 
-  // The CTA's partial tile, [16 kXTiles x rows][kTileN] fp32: the K warps' sums added in turn.
-  float (*partial)[kTileN] = reinterpret_cast<float (*)[kTileN]>(ring);
-  const int g = lane / 4, q = lane % 4;
+  // The K warps' sums added in turn.
+  __device__ void write_partial(float (*partial)[kTileN]) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane / 4, q = lane % 4;
 #pragma unroll
-  for (int turn = 0; turn < Warps::kKWarps; ++turn) {
-    if (warp < kConsumerWarps && warp / Warps::kRowWarps == turn) {
-      const int row0 = (warp % Warps::kRowWarps) * kWarpRows;
+    for (int turn = 0; turn < Warps::kKWarps; ++turn) {
+      if (warp < kConsumerWarps && warp / Warps::kRowWarps == turn) {
+        const int row0 = (warp % Warps::kRowWarps) * kWarpRows;
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int xb = 0; xb < kXBlocks; ++xb)
+          for (int xb = 0; xb < kXBlocks; ++xb)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float& at = partial[xb * 8 + 2 * q + (e & 1)][row0 + mt * 16 + g + 8 * (e >> 1)];
-            at = turn == 0 ? acc[mt][xb][e] : at + acc[mt][xb][e];
-          }
+            for (int e = 0; e < 4; ++e) {
+              float& at = partial[xb * 8 + 2 * q + (e & 1)][row0 + mt * 16 + g + 8 * (e >> 1)];
+              at = turn == 0 ? acc[mt][xb][e] : at + acc[mt][xb][e];
+            }
+      }
+      __syncthreads();
+    }
+  }
+};
+
+// wgmma (sm_90a): the four consumer warps are one warpgroup. Per stage it issues, for each k16
+// step and each 64-row block of W, one m64 x (16 kXTiles) x k16 MMA that reads W and x straight
+// from the stage (wgmma.cuh; no ldmatrix, and x is read once per CTA, not once per warp), then
+// commits them as a group; a stage is released once the group after it has been issued and its
+// own has completed, so the tensor cores always have a stage queued.
+template <int kTileN, int kXTiles, int kStages, int kStageBytes>
+struct WgmmaConsumer {
+  static constexpr int kBlocks = kTileN / 64;  // m64 blocks of W rows
+  static constexpr int kN = 16 * kXTiles;      // x rows
+  static_assert(kConsumerWarps == 4, "the consumer warps are one warpgroup");
+  float acc[kBlocks][kN / 2] = {};
+
+  __device__ void consume(const unsigned char* ring, SharedBarrier* full, SharedBarrier* empty, int k_tiles) {
+    const int lane = threadIdx.x & 31;
+    const unsigned ring_address = shared_address(ring);
+    for (int t = 0; t < k_tiles; ++t) {
+      const int s = t % kStages;
+      full[s].wait((t / kStages) & 1);
+      __syncwarp();  // wgmma is issued by converged warps
+      const unsigned w_tile = ring_address + unsigned(s * kStageBytes), x_tile = w_tile + kTileN * kRowBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < kTileK / 16; ++ks)
+#pragma unroll
+        for (int block = 0; block < kBlocks; ++block)
+          WgmmaBf16<kN>::run(acc[block], wgmma_descriptor(w_tile + block * 64 * kRowBytes + ks * 32),
+                             wgmma_descriptor(x_tile + ks * 32));
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous stage's group has completed: release that stage
+      if (t > 0 && lane == 0) empty[(t - 1) % kStages].arrive();
+    }
+    wgmma_wait<0>();
+  }
+
+  // The accumulator layout (wgmma.cuh): d[4 j + e] is W row 16 w + g + 8 (e >> 1) of the block,
+  // x row 8 j + 2 q + (e & 1).
+  __device__ void write_partial(float (*partial)[kTileN]) const {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane / 4, q = lane % 4;
+    if (warp < kConsumerWarps) {
+#pragma unroll
+      for (int block = 0; block < kBlocks; ++block)
+#pragma unroll
+        for (int j = 0; j < kN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            partial[8 * j + 2 * q + (e & 1)][block * 64 + 16 * warp + g + 8 * (e >> 1)] = acc[block][4 * j + e];
     }
     __syncthreads();
   }
+};
+
+template <int kTileN, int kXTiles, int kCtasPerSm, bool kWgmma>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const __grid_constant__ SkinnyArgs a) {
+  using R = Ring<kTileN, kXTiles, kCtasPerSm>;
+  using Consumer = std::conditional_t<kWgmma, WgmmaConsumer<kTileN, kXTiles, R::kStages, R::kStageBytes>,
+                                      MmaSyncConsumer<kTileN, kXTiles, R::kStages, R::kStageBytes>>;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* ring = smem_raw + ((kRingAlign - shared_address(smem_raw) % kRingAlign) % kRingAlign);
+  __shared__ SharedBarrier full[R::kStages], empty[R::kStages];
+  const int warp = threadIdx.x / 32;
+  const int col_tile = blockIdx.x, split = blockIdx.y;
+  const int n0 = col_tile * kTileN;
+  const int k_tile_begin = split * a.plan.tiles_per_split;
+  const int k_tiles = min(a.plan.k_tiles, k_tile_begin + a.plan.tiles_per_split) - k_tile_begin;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < R::kStages; ++s) full[s].init(1), empty[s].init(kConsumerWarps);
+    SharedBarrier::fence_init();
+  }
+  __syncthreads();
+
+  Consumer consumer;
+  if (warp != kConsumerWarps) {  // the producer waits after its W prefetch
+    wait_for_prior_grids();
+    allow_next_grid();
+  }
+  if (warp == kConsumerWarps)
+    produce_stages<kTileN, kXTiles, kCtasPerSm>(a, ring, full, empty, n0, k_tile_begin, k_tiles);
+  else
+    consumer.consume(ring, full, empty, k_tiles);
+  __syncthreads();  // every stage has landed and been read: the ring becomes the partial tile
+
+  float (*partial)[kTileN] = reinterpret_cast<float (*)[kTileN]>(ring);
+  consumer.write_partial(partial);
 
   auto store = [&](int row, int col, float value) {
     const long long at = (long long)row * a.out + col;
@@ -435,12 +515,20 @@ CUtensorMap tensor_map(const bf16* base, int rows, int cols, int box_rows) {
   return map;
 }
 
-template <int kTileN, int kXTiles, int kCtasPerSm>
-void launch_ring(SkinnyArgs& a, cudaStream_t stream) {
-  constexpr auto kernel = skinny_gemm_kernel<kTileN, kXTiles, kCtasPerSm>;
+template <int kTileN, int kXTiles, int kCtasPerSm, bool kWgmma>
+void launch_kernel(SkinnyArgs& a, cudaStream_t stream) {
+  constexpr auto kernel = skinny_gemm_kernel<kTileN, kXTiles, kCtasPerSm, kWgmma>;
   const int smem = Ring<kTileN, kXTiles, kCtasPerSm>::kBytes + kRingAlign;
   allow_dynamic_smem<kernel>(smem);
   launch_dependent(kernel, dim3(a.plan.col_tiles, a.plan.splits), dim3(kThreads), smem, stream, "skinny_gemm", a);
+}
+
+template <int kTileN, int kXTiles, int kCtasPerSm>
+void launch_ring(SkinnyArgs& a, cudaStream_t stream) {
+  if (a.plan.wgmma)
+    launch_kernel<kTileN, kXTiles, kCtasPerSm, true>(a, stream);
+  else
+    launch_kernel<kTileN, kXTiles, kCtasPerSm, false>(a, stream);
 }
 
 template <int kTileN, int kXTiles>

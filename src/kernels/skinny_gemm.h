@@ -57,10 +57,13 @@ void launch_skinny_gemm_glu(const bf16* x, const bf16* weight, bf16* act, int ro
 
 // For measuring and tests: force the column tile width (64 or 128 output columns per CTA) and
 // the split count of every later product (clamped to what a product allows); 0 leaves either to
-// the cost model. Starts from the environment: ASYNCT_SKINNY_TILE, ASYNCT_SKINNY_SPLITS.
+// the cost model. wgmma: the consumer warps multiply with Hopper's wgmma instead of mma.sync
+// (on a Hopper device, from a build for sm_90a; not yet the default: it has not been measured).
+// Starts from the environment: ASYNCT_SKINNY_TILE, ASYNCT_SKINNY_SPLITS, ASYNCT_SKINNY_WGMMA.
 struct SkinnyPlanOverride {
   int tile_n = 0;
   int splits = 0;
+  bool wgmma = false;
 };
 SkinnyPlanOverride& skinny_plan_override();
 

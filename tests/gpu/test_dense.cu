@@ -25,20 +25,25 @@ using testing::Random;
 
 constexpr double kTolerance = 1e-2;
 
-// Runs body once per column tile width of the skinny kernel (its plan picks one per shape).
+// Runs body once per form of the skinny kernel: each column tile width (its plan picks one per
+// shape), with the mma.sync consumer and, on a Hopper device, the wgmma one.
 template <class Body>
-void for_each_skinny_tile_width(Body body) {
+void for_each_skinny_form(Body body) {
   kernels::SkinnyPlanOverride& forced = kernels::skinny_plan_override();
   const kernels::SkinnyPlanOverride saved = forced;
-  for (int tile_n : {64, 128}) {
-    SCOPED_TRACE("skinny tile width " + std::to_string(tile_n));
-    forced.tile_n = tile_n;
-    body();
+  for (bool wgmma : {false, true}) {
+    if (wgmma && !kernels::skinny_gemm_fast_here()) continue;
+    for (int tile_n : {64, 128}) {
+      SCOPED_TRACE(std::string("skinny tile width ") + std::to_string(tile_n) + (wgmma ? ", wgmma" : ", mma.sync"));
+      forced.tile_n = tile_n;
+      forced.wgmma = wgmma;
+      body();
+    }
   }
   forced = saved;
 }
 
-// Every path on every shape: the skinny kernel (with both its tile widths) takes up to 64 rows
+// Every path on every shape: the skinny kernel (in each of its forms) takes up to 64 rows
 // with `in` a multiple of 8 (the others fall back to cuBLASLt), the tuned path times cuBLASLt's
 // candidates on its first call. Each shape runs twice (fp32 then bf16 out) on one Gemm, which
 // also checks that the skinny kernel's split counters reset and that a tuned plan is reused.
@@ -64,7 +69,7 @@ void check_linear_on(kernels::GemmPath path, std::initializer_list<std::tuple<in
 void check_linear(std::initializer_list<std::tuple<int, int, int>> shapes) {
   testing::require_gpu();
   using kernels::GemmPath;
-  for_each_skinny_tile_width([&] { check_linear_on(GemmPath::Skinny, shapes); });
+  for_each_skinny_form([&] { check_linear_on(GemmPath::Skinny, shapes); });
   for (GemmPath path : {GemmPath::CublasLt, GemmPath::CublasLtTuned}) check_linear_on(path, shapes);
 }
 
@@ -131,7 +136,7 @@ TEST(Gemm, SmallLinearForReaderLeavesSplitsThatAddUp) {
   testing::require_gpu();
   Random rng(2);
   kernels::Gemm gemm;
-  for_each_skinny_tile_width([&] {
+  for_each_skinny_form([&] {
     int first = -1, other = -1;
     for (int rows : {1, 5, 17}) check_linear_for_reader(rows, 1032, 130, rng, gemm, first);
     check_linear_for_reader(3, 64, 8, rng, gemm, other);
@@ -142,7 +147,7 @@ TEST(Gemm, LinearForReaderOnDecodeShapes) {
   testing::require_gpu();
   Random rng(3);
   kernels::Gemm gemm;
-  for_each_skinny_tile_width([&] {
+  for_each_skinny_form([&] {
     int o_splits = -1, down_splits = -1, other = -1;
     for (int rows : {1, 32, 64}) {
       check_linear_for_reader(rows, 2048, 2048, rng, gemm, o_splits);
@@ -207,7 +212,7 @@ TEST(Elementwise, SiluAndMulMatchesSwiglu) {
 // gated_linear against linear + SwiGLU: the skinny kernel with the SiLU in its epilogue (up to
 // kSkinnyFormsMaxRows rows on sm_90), otherwise cuBLASLt + silu_and_mul; whole and partial
 // gate/up blocks (inter 1000 = 31 blocks of 32 and one of 8; a 128-column tile holds two), several
-// row tiles, both tile widths.
+// row tiles, every form of the skinny kernel.
 void check_gated_linear(int rows, int in, int inter, Random& rng, kernels::Gemm& gemm) {
   SCOPED_TRACE(::testing::Message() << rows << " x " << in << " -> 2 x " << inter);
   Tensor x = rng.normal({rows, in}, 1.0f, true);
@@ -233,7 +238,7 @@ TEST(Gemm, SmallGatedLinearMatchesSwiglu) {
   testing::require_gpu();
   Random rng(4);
   kernels::Gemm gemm;
-  for_each_skinny_tile_width([&] {
+  for_each_skinny_form([&] {
     for (auto [rows, in, inter] : {std::tuple{1, 64, 8}, {3, 136, 72}, {17, 1032, 200}}) check_gated_linear(rows, in, inter, rng, gemm);
   });
 }
@@ -242,7 +247,7 @@ TEST(Gemm, GatedLinearMatchesSwiglu) {
   testing::require_gpu();
   Random rng(5);
   kernels::Gemm gemm;
-  for_each_skinny_tile_width([&] {
+  for_each_skinny_form([&] {
     for (int rows : {1, 4, 32, 33, 100})
       for (auto [in, inter] : {std::pair{2048, 6144}, {512, 1000}}) check_gated_linear(rows, in, inter, rng, gemm);
   });

@@ -61,47 +61,38 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
-// d += A B^T for one k16 step, bf16 in, fp32 accumulators, N = 16, 32, 48 or 64.
+// d += A B^T for one k16 step, bf16 in, fp32 accumulators (N / 2 per thread), N = 16, 32, 48 or
+// 64: one specialisation per N, as the instruction names its accumulator registers one by one.
+#ifdef ASYNCT_WGMMA
 template <int N>
 struct WgmmaBf16;
 
 template <>
 struct WgmmaBf16<16> {
   __device__ __forceinline__ static void run(float (&d)[8], std::uint64_t a, std::uint64_t b) {
-#ifdef ASYNCT_WGMMA
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, 1, 1, 1, 0, 0;\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
         : "l"(a), "l"(b));
-#else
-    (void)d, (void)a, (void)b;
-    __trap();
-#endif
   }
 };
 
 template <>
 struct WgmmaBf16<32> {
   __device__ __forceinline__ static void run(float (&d)[16], std::uint64_t a, std::uint64_t b) {
-#ifdef ASYNCT_WGMMA
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1, 0, 0;\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
         : "l"(a), "l"(b));
-#else
-    (void)d, (void)a, (void)b;
-    __trap();
-#endif
   }
 };
 
 template <>
 struct WgmmaBf16<48> {
   __device__ __forceinline__ static void run(float (&d)[24], std::uint64_t a, std::uint64_t b) {
-#ifdef ASYNCT_WGMMA
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
@@ -110,17 +101,12 @@ struct WgmmaBf16<48> {
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
         : "l"(a), "l"(b));
-#else
-    (void)d, (void)a, (void)b;
-    __trap();
-#endif
   }
 };
 
 template <>
 struct WgmmaBf16<64> {
   __device__ __forceinline__ static void run(float (&d)[32], std::uint64_t a, std::uint64_t b) {
-#ifdef ASYNCT_WGMMA
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
@@ -130,11 +116,13 @@ struct WgmmaBf16<64> {
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(a), "l"(b));
-#else
-    (void)d, (void)a, (void)b;
-    __trap();
-#endif
   }
 };
+#else
+template <int N>
+struct WgmmaBf16 {
+  __device__ __forceinline__ static void run(float (&)[N / 2], std::uint64_t, std::uint64_t) { __trap(); }
+};
+#endif
 
 }  // namespace asynct::kernels

@@ -178,6 +178,15 @@ std::vector<double> seconds_of(const std::vector<Run>& runs) {
   return seconds;
 }
 
+// The AsyncT/Qwen3 ratio of each repeat (run r of one model against run r of the other, which
+// ran right before or after it): their spread says whether a median ratio near 1.0 is a tie.
+std::vector<double> ratio_each_run(const std::vector<Run>& asynct_runs, const std::vector<Run>& qwen3_runs) {
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < asynct_runs.size() && r < qwen3_runs.size(); ++r)
+    ratios.push_back(asynct_runs[r].seconds / qwen3_runs[r].seconds);
+  return ratios;
+}
+
 }  // namespace
 
 int run_bench(const BenchOptions& options) {
@@ -194,8 +203,8 @@ int run_bench(const BenchOptions& options) {
   std::printf("asynct bench: %s config, lengths / %d, device %s, median of %d run%s per model\n", o.config.c_str(),
               o.scale, o.device.c_str(), o.repeat, o.repeat == 1 ? "" : "s");
   nlohmann::json results = nlohmann::json::array();
-  std::printf("\n%-18s %10s %10s %10s %12s %12s\n", "scenario", "asynct s", "qwen3 s", "ratio",
-              "asynct tok/s", "qwen3 tok/s");
+  std::printf("\n%-18s %10s %10s %10s %12s %12s  %s\n", "scenario", "asynct s", "qwen3 s", "ratio",
+              "asynct tok/s", "qwen3 tok/s", "ratio per repeat (min-max)");
   std::vector<std::string> lines;
   bool ran = false;
   for (const Scenario& s : kScenarios) {
@@ -225,9 +234,12 @@ int run_bench(const BenchOptions& options) {
     }
     const Run& a = median_run(asynct_runs);
     const Run& q = median_run(qwen3_runs);
+    const std::vector<double> ratios = ratio_each_run(asynct_runs, qwen3_runs);
+    const auto [lowest, highest] = std::minmax_element(ratios.begin(), ratios.end());
     char line[256];
-    std::snprintf(line, sizeof line, "%-18s %10.3f %10.3f %9.3fx %12.1f %12.1f", s.name, a.seconds, q.seconds,
-                  a.seconds / q.seconds, double(a.tokens) / a.seconds, double(q.tokens) / q.seconds);
+    std::snprintf(line, sizeof line, "%-18s %10.3f %10.3f %9.3fx %12.1f %12.1f  %.3f-%.3f", s.name, a.seconds,
+                  q.seconds, a.seconds / q.seconds, double(a.tokens) / a.seconds, double(q.tokens) / q.seconds, *lowest,
+                  *highest);
     lines.push_back(line);
     results.push_back({{"scenario", s.name}, {"asynct_seconds", a.seconds}, {"qwen3_seconds", q.seconds},
                        {"ratio", a.seconds / q.seconds}, {"tokens", a.tokens}, {"asynct_steps", a.steps},
@@ -235,7 +247,7 @@ int run_bench(const BenchOptions& options) {
                        {"qwen3_step_ms", q.seconds * 1e3 / double(std::max<std::int64_t>(q.steps, 1))},
                        {"asynct_phase_ms", a.phase_ms}, {"qwen3_phase_ms", q.phase_ms},
                        {"asynct_seconds_each_run", seconds_of(asynct_runs)},
-                       {"qwen3_seconds_each_run", seconds_of(qwen3_runs)}});
+                       {"qwen3_seconds_each_run", seconds_of(qwen3_runs)}, {"ratio_each_run", ratios}});
     for (const auto& [label, run] : {std::pair{"asynct", &a}, std::pair{"qwen3", &q}})
       lines.push_back(breakdown(s.name, label, *run));
   }

@@ -26,7 +26,7 @@ struct LinearOutput {
   std::int64_t split_stride = 0;
 
   static LinearOutput of(const bf16* dense) { return LinearOutput{dense, nullptr, 0, 0}; }
-  bool is_split() const { return partials != nullptr; }
+  __host__ __device__ bool is_split() const { return partials != nullptr; }
 };
 
 // The merged gate/up projection (SwiGLU) on the device: its 2 x inter rows come in blocks of

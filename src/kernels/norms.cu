@@ -89,9 +89,7 @@ enum class RowOp { Norm, FusedAdd, PostAttnPreMlp };
 
 struct RowParams {
   const bf16* x = nullptr;             // Norm/FusedAdd: x; PostAttnPreMlp: attn_out
-  const float* x_partials = nullptr;   // or x as split partial sums (linear_output.h)
-  int x_splits = 0;
-  std::int64_t x_split_stride = 0;
+  LinearOutput x_split;                // or x as split partial sums (linear_output.h)
   bf16* residual = nullptr;            // FusedAdd, PostAttnPreMlp (updated in place)
   const bf16* first_weight = nullptr;  // PostAttnPreMlp: the norm applied to attn_out
   const bf16* weight = nullptr;        // the norm that produces `out`
@@ -145,13 +143,12 @@ __device__ __forceinline__ void load_row(const bf16* row, int vectors, const Thr
 // order. All the splits' loads are issued before the first add (the loop is unrolled to the
 // most splits there can be): a chain of one L2 trip per split would cost more than the GEMM
 // epilogue it replaces. Past `valid` nothing is read and x is zero.
-__device__ __forceinline__ void load_split8(const float* parts, int splits, std::int64_t split_stride,
-                                            std::int64_t at, bool valid, float (&x)[8]) {
+__device__ __forceinline__ void load_split8(const LinearOutput& in, std::int64_t at, bool valid, float (&x)[8]) {
   float4 loaded[kMaxLinearSplits][2];
 #pragma unroll
   for (int s = 0; s < kMaxLinearSplits; ++s) {
-    if (s < splits && valid) {
-      const float4* from = reinterpret_cast<const float4*>(parts + s * split_stride + at);
+    if (s < in.splits && valid) {
+      const float4* from = reinterpret_cast<const float4*>(in.partials + s * in.split_stride + at);
       loaded[s][0] = __ldcg(from);
       loaded[s][1] = __ldcg(from + 1);
     }
@@ -160,7 +157,7 @@ __device__ __forceinline__ void load_split8(const float* parts, int splits, std:
   for (int i = 0; i < 8; ++i) x[i] = 0.0f;
 #pragma unroll
   for (int s = 0; s < kMaxLinearSplits; ++s) {
-    if (s < splits && valid) {
+    if (s < in.splits && valid) {
       const float v[8] = {loaded[s][0].x, loaded[s][0].y, loaded[s][0].z, loaded[s][0].w,
                           loaded[s][1].x, loaded[s][1].y, loaded[s][1].z, loaded[s][1].w};
 #pragma unroll
@@ -169,14 +166,14 @@ __device__ __forceinline__ void load_split8(const float* parts, int splits, std:
   }
 }
 
-// load_row from split partial sums.
+// load_row from split partial sums: the row at element offset `base`.
 template <int VECS, class Thread>
-__device__ __forceinline__ void load_partial_row(const float* row, int splits, std::int64_t split_stride,
-                                                 int vectors, const Thread& t, float (&x)[VECS][8]) {
+__device__ __forceinline__ void load_partial_row(const LinearOutput& in, std::int64_t base, int vectors,
+                                                 const Thread& t, float (&x)[VECS][8]) {
 #pragma unroll
   for (int k = 0; k < VECS; ++k) {
     const int j = t.lane + k * t.stride;
-    load_split8(row, splits, split_stride, 8 * j, j < vectors, x[k]);
+    load_split8(in, base + 8 * j, j < vectors, x[k]);
   }
 }
 
@@ -237,7 +234,7 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
   float x[VECS][8];
   Bf16x8 w[VECS];
   if constexpr (SPLIT_X)
-    load_partial_row(p.x_partials + base, p.x_splits, p.x_split_stride, p.vectors, t, x);
+    load_partial_row(p.x_split, base, p.vectors, t, x);
   else
     load_row(p.x + base, p.vectors, t, x);
   load_weights(p.weight, p.vectors, t, w);
@@ -402,11 +399,8 @@ struct QkParams {
   bf16* q;
   bf16* k;
   const bf16* v;
-  const bf16* qkv;  // fused input or null
-  bf16* v_out;      // with qkv (or its split form): where v is copied
-  const float* qkv_parts;  // or the fused input as split partial sums (SPLIT kernels)
-  int qkv_splits;
-  std::int64_t qkv_split_stride;
+  LinearOutput qkv;  // the fused input, dense or (SPLIT kernels) split partial sums; or empty
+  bf16* v_out;       // with qkv: where v is copied
   const bf16* q_weight;
   const bf16* k_weight;
   const std::int64_t* positions;
@@ -451,19 +445,18 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
     // The fused row holds the q heads, then the k heads, then the v heads: `head` indexes it.
     const std::int64_t fused_row = std::int64_t(token) * (p.num_q_heads + 2 * p.num_kv_heads) * HEAD_DIM;
     if constexpr (SPLIT) {
-      load_split8(p.qkv_parts, p.qkv_splits, p.qkv_split_stride, fused_row + head * HEAD_DIM + 8 * lane, true, x);
+      load_split8(p.qkv, fused_row + head * HEAD_DIM + 8 * lane, true, x);
       if (!is_q) {
         float v[8];
-        load_split8(p.qkv_parts, p.qkv_splits, p.qkv_split_stride,
-                    fused_row + (head + p.num_kv_heads) * HEAD_DIM + 8 * lane, true, v);
+        load_split8(p.qkv, fused_row + (head + p.num_kv_heads) * HEAD_DIM + 8 * lane, true, v);
         value = from_float8(v);  // rounded as a dense product would be
       }
     } else if (is_q) {
-      load8(p.qkv ? p.qkv + fused_row + head * HEAD_DIM + 8 * lane
+      load8(p.qkv.dense ? p.qkv.dense + fused_row + head * HEAD_DIM + 8 * lane
                   : p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
-    } else if (p.qkv) {
-      load8(p.qkv + fused_row + head * HEAD_DIM + 8 * lane, x);
-      value = load_bf16x8(p.qkv + fused_row + (head + p.num_kv_heads) * HEAD_DIM + 8 * lane);
+    } else if (p.qkv.dense) {
+      load8(p.qkv.dense + fused_row + head * HEAD_DIM + 8 * lane, x);
+      value = load_bf16x8(p.qkv.dense + fused_row + (head + p.num_kv_heads) * HEAD_DIM + 8 * lane);
     } else {
       const std::int64_t offset = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
       load8(p.k + offset, x);
@@ -504,7 +497,7 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   } else {
     const std::int64_t dense = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
     store8(p.k + dense, x);
-    if (SPLIT || p.qkv) store_bf16x8(p.v_out + dense, value);
+    if (SPLIT || p.qkv.dense) store_bf16x8(p.v_out + dense, value);
     if (!write_cache) return;
     const std::int64_t offset = (slot * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
     store8(p.key_cache + offset, x);
@@ -512,15 +505,18 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   }
 }
 
-template <int HEAD_DIM, bool SPLIT>
-void launch_qk(const QkParams& p, int tokens, cudaStream_t stream) {
+template <int HEAD_DIM>
+void launch_qk(const QkParams& p, bool split, int tokens, cudaStream_t stream) {
   constexpr int kLanes = HEAD_DIM / 8;
   const int heads = p.num_q_heads + p.num_kv_heads;
   // Up to kMaxThreads per block; fewer when the token has few heads (whole warps always).
   const int threads = round_up(std::min(heads * kLanes, kMaxThreads), kWarp);
   const int heads_per_block = threads / kLanes;
   const dim3 grid(tokens, (heads + heads_per_block - 1) / heads_per_block);
-  launch_dependent(qk_norm_rope_kernel<HEAD_DIM, SPLIT>, grid, threads, 0, stream, "qk_norm_rope", p);
+  if (split)
+    launch_dependent(qk_norm_rope_kernel<HEAD_DIM, true>, grid, threads, 0, stream, "qk_norm_rope", p);
+  else
+    launch_dependent(qk_norm_rope_kernel<HEAD_DIM, false>, grid, threads, 0, stream, "qk_norm_rope", p);
 }
 
 }  // namespace
@@ -546,14 +542,12 @@ void set_x(RowParams& p, const LinearOutput& x, const char* who) {
     return;
   }
   check_split(who, "x partials", x, std::int64_t(p.rows) * p.vectors * 8);
-  p.x_partials = x.partials;
-  p.x_splits = x.splits;
-  p.x_split_stride = x.split_stride;
+  p.x_split = x;
 }
 
 template <RowOp OP>
 void launch_with_x(const RowParams& p, cudaStream_t stream, const char* who) {
-  if (p.x_partials) launch_row_from_splits<OP>(p, stream, who);
+  if (p.x_split.is_split()) launch_row_from_splits<OP>(p, stream, who);
   else launch_row<OP>(p, stream, who);
 }
 
@@ -628,8 +622,7 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
     check(args.slot_mapping != nullptr, who, ": slot_mapping is null");
   }
 
-  QkParams p{args.q, args.k, args.v, args.qkv.dense, args.v_out, args.qkv.partials, args.qkv.splits,
-             args.qkv.split_stride, args.q_weight, args.k_weight, args.positions,
+  QkParams p{args.q, args.k, args.v, args.qkv, args.v_out, args.q_weight, args.k_weight, args.positions,
              args.slot_mapping, args.key_cache, args.value_cache, args.num_q_heads,
              args.num_kv_heads, args.norm.eps, args.norm.clip, {}};
   // Successive powers of theta^(-2/head_dim): one pow per launch (a pow per frequency measured
@@ -637,13 +630,10 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
   const double ratio = std::pow(double(args.rope_theta), -2.0 / args.head_dim);
   double turns = 1.0 / 6.283185307179586477;
   for (int i = 0; i < args.head_dim / 2; ++i, turns *= ratio) p.turns_per_position[i] = turns;
-  switch (args.head_dim * 2 + int(split)) {
-    case 128: launch_qk<64, false>(p, args.tokens, stream); break;
-    case 129: launch_qk<64, true>(p, args.tokens, stream); break;
-    case 256: launch_qk<128, false>(p, args.tokens, stream); break;
-    case 257: launch_qk<128, true>(p, args.tokens, stream); break;
-    case 512: launch_qk<256, false>(p, args.tokens, stream); break;
-    default: launch_qk<256, true>(p, args.tokens, stream); break;
+  switch (args.head_dim) {
+    case 64: return launch_qk<64>(p, split, args.tokens, stream);
+    case 128: return launch_qk<128>(p, split, args.tokens, stream);
+    default: return launch_qk<256>(p, split, args.tokens, stream);
   }
 }
 

@@ -133,8 +133,12 @@ SkinnyPlanOverride& skinny_plan_override() {
       const char* value = std::getenv(name);
       return value ? std::atoi(value) : 0;
     };
-    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS"),
-                              number("ASYNCT_SKINNY_WGMMA") != 0};
+    const char* wgmma = std::getenv("ASYNCT_SKINNY_WGMMA");
+    const SkinnyPlanOverride::Wgmma consumer =
+        wgmma == nullptr || *wgmma == '\0' ? SkinnyPlanOverride::kAuto
+        : std::atoi(wgmma) != 0            ? SkinnyPlanOverride::kOn
+                                           : SkinnyPlanOverride::kOff;
+    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS"), consumer};
   }();
   return forced;
 }
@@ -170,7 +174,7 @@ SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, int room_s
   p.tiles_per_split = (p.k_tiles + p.splits - 1) / p.splits;
   p.splits = (p.k_tiles + p.tiles_per_split - 1) / p.tiles_per_split;  // no empty split
   p.large_ring = large_rings && (long long)p.col_tiles * p.splits <= sm_count;
-  p.wgmma = large_rings && forced.wgmma;  // large_rings: a Hopper device
+  p.wgmma = large_rings && forced.wgmma != SkinnyPlanOverride::kOff;  // large_rings: a Hopper device
   return p;
 }
 
@@ -525,7 +529,9 @@ void launch_kernel(SkinnyArgs& a, cudaStream_t stream) {
 
 template <int kTileN, int kXTiles, int kCtasPerSm>
 void launch_ring(SkinnyArgs& a, cudaStream_t stream) {
-  if (a.plan.wgmma)
+  // Automatic: wgmma pays from two x tiles of rows up (see SkinnyPlanOverride).
+  const bool wgmma = a.plan.wgmma && (skinny_plan_override().wgmma == SkinnyPlanOverride::kOn || a.rows > 16);
+  if (wgmma)
     launch_kernel<kTileN, kXTiles, kCtasPerSm, true>(a, stream);
   else
     launch_kernel<kTileN, kXTiles, kCtasPerSm, false>(a, stream);

@@ -57,13 +57,17 @@ void launch_skinny_gemm_glu(const bf16* x, const bf16* weight, bf16* act, int ro
 
 // For measuring and tests: force the column tile width (64 or 128 output columns per CTA) and
 // the split count of every later product (clamped to what a product allows); 0 leaves either to
-// the cost model. wgmma: the consumer warps multiply with Hopper's wgmma instead of mma.sync
-// (on a Hopper device, from a build for sm_90a; not yet the default: it has not been measured).
-// Starts from the environment: ASYNCT_SKINNY_TILE, ASYNCT_SKINNY_SPLITS, ASYNCT_SKINNY_WGMMA.
+// the cost model. wgmma: which instructions the consumer warps multiply with on a Hopper device
+// (from a build for sm_90a): kAuto picks wgmma for x of more than 16 rows and mma.sync below
+// (measured, bench/RESULTS.md ninth run: decode step at 32 rows 2.019 ms with wgmma against
+// 2.081, at 1 row 1.555 against 1.533); kOff and kOn force one.
+// Starts from the environment: ASYNCT_SKINNY_TILE, ASYNCT_SKINNY_SPLITS, ASYNCT_SKINNY_WGMMA
+// (0 or 1; unset: automatic).
 struct SkinnyPlanOverride {
+  enum Wgmma { kAuto, kOff, kOn };
   int tile_n = 0;
   int splits = 0;
-  bool wgmma = false;
+  Wgmma wgmma = kAuto;
 };
 SkinnyPlanOverride& skinny_plan_override();
 

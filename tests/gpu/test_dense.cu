@@ -36,7 +36,7 @@ void for_each_skinny_form(Body body) {
     for (int tile_n : {64, 128}) {
       SCOPED_TRACE(std::string("skinny tile width ") + std::to_string(tile_n) + (wgmma ? ", wgmma" : ", mma.sync"));
       forced.tile_n = tile_n;
-      forced.wgmma = wgmma;
+      forced.wgmma = wgmma ? kernels::SkinnyPlanOverride::kOn : kernels::SkinnyPlanOverride::kOff;
       body();
     }
   }

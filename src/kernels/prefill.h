@@ -33,4 +33,14 @@ struct PrefillParams {
 
 void launch_prefill(const PrefillParams& params, cudaStream_t stream);
 
+// Which kernel launch_prefill runs. Automatic: on a Hopper GPU (from a build for sm_90a),
+// head_dim 128 runs the wgmma kernel (prefill_hopper.cu), everything else the portable mma.sync
+// one (prefill.cu). For tests and measuring, kPortable or kHopper forces one (kHopper where it
+// applies: head_dim 128 on Hopper). Starts from the environment: ASYNCT_PREFILL=portable|hopper.
+enum class PrefillKernel { kAuto, kPortable, kHopper };
+PrefillKernel& prefill_kernel_override();
+
+// Whether the Hopper kernel can run here: a Hopper device, and this build holds its sm_90a code.
+bool prefill_hopper_available();
+
 }  // namespace asynct::kernels

@@ -8,6 +8,12 @@
 // q = t % 4): d[4 j + e] is D[16 w + g + 8 (e >> 1)][8 j + 2 q + (e & 1)], the m16n8 layout of
 // mma.sync repeated over the warps and the n8 blocks.
 //
+// The 128-wide forms (WgmmaBf16x128, for attention) take their accumulators as 16 blocks of
+// n8 ([16][4], the shape the attention gates work on) and add a second form with A in registers
+// (the m16k16 A fragment of mma.sync per warp) and B MN-major: B[k][n] stored with n contiguous,
+// 64-element panels of the same 128-byte swizzle (wgmma_descriptor_mn), which is how a value
+// tile [keys][head_dim] lies when it was copied like a key tile.
+//
 // Compiled only for sm_90a; on other targets the calls trap (their callers must not be launched
 // there: skinny_gemm.cu launches its wgmma form only on a Hopper device, from a build for sm_90a).
 #pragma once
@@ -33,6 +39,40 @@ __device__ __forceinline__ std::uint64_t wgmma_descriptor(unsigned shared_addres
   d |= std::uint64_t(1024u >> 4) << 32;
   d |= std::uint64_t(1) << 62;
   return d;
+}
+
+// The element offset of 16-byte chunk `chunk` of row `row` in a [kRows][64 p] bf16 tile stored as
+// p panels of [kRows][64] (panel c / 8 holds chunks 8 (c / 8) .. 8 (c / 8) + 7 of every row),
+// each row 128 bytes with chunk c at c % 8 ^ row % 8: the layout both descriptors read, K-major
+// (wgmma_descriptor, one panel per 64 of K) and MN-major (wgmma_descriptor_mn). On a 1024-byte
+// aligned base.
+template <int kRows>
+__host__ __device__ constexpr int wgmma_panel_offset(int row, int chunk) {
+  return (chunk >> 3) * kRows * 64 + row * 64 + (((chunk & 7) ^ (row & 7)) << 3);
+}
+
+// The descriptor of an MN-major operand tile with the 128-byte swizzle: B[k][n] with n
+// contiguous, in panels of 64 n (128-byte rows, one per k), each panel [k rows][64] in the
+// K-major tile's layout. Leading byte offset: from one 64-wide panel to the next
+// (panel_bytes); stride byte offset: 1024 bytes between groups of 8 k rows. A k16 step moves the
+// start address by 16 rows (2048 bytes).
+__device__ __forceinline__ std::uint64_t wgmma_descriptor_mn(unsigned shared_address, unsigned panel_bytes) {
+  std::uint64_t d = 0;
+  d |= std::uint64_t((shared_address >> 4) & 0x3fffu);
+  d |= std::uint64_t((panel_bytes >> 4) & 0x3fffu) << 16;
+  d |= std::uint64_t(1024u >> 4) << 32;
+  d |= std::uint64_t(1) << 62;
+  return d;
+}
+
+// Makes this thread's earlier generic-proxy writes to shared memory (plain stores, cp.async)
+// visible to the async proxy the tensor cores read through; a barrier must follow.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#ifdef ASYNCT_WGMMA
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#else
+  __trap();
+#endif
 }
 
 // Orders the warpgroup's earlier register accesses before the wgmma that follow.
@@ -118,10 +158,57 @@ struct WgmmaBf16<64> {
         : "l"(a), "l"(b));
   }
 };
+// ... and their place holders in the instruction.
+#define ASYNCT_WGMMA_REGS128                                         \
+  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"          \
+  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31," \
+  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47," \
+  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+// The 64 accumulator operands of an m64n128 wgmma, d[16][4].
+#define ASYNCT_WGMMA_ACC128(d) \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),      \
+  "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),      \
+  "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),      \
+  "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),      \
+  "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),      \
+  "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),      \
+  "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),      \
+  "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),      \
+  "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),      \
+  "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),      \
+  "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),  \
+  "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),  \
+  "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),  \
+  "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),  \
+  "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),  \
+  "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+
+// The 128-wide forms for attention: d[16][4] (n8 block j, element e as in the layout above).
+struct WgmmaBf16x128 {
+  // d += A B^T, A [64][16] and B [128][16] K-major in shared memory (wgmma_descriptor).
+  __device__ __forceinline__ static void run(float (&d)[16][4], std::uint64_t a, std::uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ASYNCT_WGMMA_REGS128 "%64, %65, 1, 1, 1, 0, 0;\n"
+        : ASYNCT_WGMMA_ACC128(d)
+        : "l"(a), "l"(b));
+  }
+  // d += A B, A [64][16] in registers (per warp the mma.sync m16k16 A fragment of its 16 rows,
+  // two bf16 per register), B [16][128] MN-major in shared memory (wgmma_descriptor_mn).
+  __device__ __forceinline__ static void run_rs(float (&d)[16][4], const unsigned (&a)[4], std::uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " ASYNCT_WGMMA_REGS128 "{%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
+        : ASYNCT_WGMMA_ACC128(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+  }
+};
 #else
 template <int N>
 struct WgmmaBf16 {
   __device__ __forceinline__ static void run(float (&)[N / 2], std::uint64_t, std::uint64_t) { __trap(); }
+};
+struct WgmmaBf16x128 {
+  __device__ __forceinline__ static void run(float (&)[16][4], std::uint64_t, std::uint64_t) { __trap(); }
+  __device__ __forceinline__ static void run_rs(float (&)[16][4], const unsigned (&)[4], std::uint64_t) { __trap(); }
 };
 #endif
 

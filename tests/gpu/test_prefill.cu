@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include "core/dtype.h"
@@ -127,9 +128,8 @@ struct DeviceGate {
 
 // Runs launch_prefill on `c` (prefixes in a paged cache of `block_size`, new tokens from the
 // input arrays) and checks the output against `reference` and the cache's new K/V rows.
-void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& reference,
-                   int block_size, Random& rng, float scale = 0.0f) {
-  SCOPED_TRACE("block_size " + std::to_string(block_size));
+void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& reference,
+                        int block_size, Random& rng, float scale) {
   AttentionCase::Paged paged = c.paged(rng, block_size);
   Tensor start_k = Tensor::from_vector(f32_values(paged.key_cache), paged.key_cache.shape());
   Tensor start_v = Tensor::from_vector(f32_values(paged.value_cache), paged.value_cache.shape());
@@ -185,6 +185,23 @@ void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& refer
   EXPECT_TRUE(same_bits(value_cache.download(), to_bf16(paged.value_cache))) << "value cache";
 }
 
+// ... with each kernel that can run the case: the portable one, and on Hopper for head_dim 128
+// the wgmma one.
+void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& reference,
+                   int block_size, Random& rng, float scale = 0.0f) {
+  SCOPED_TRACE("block_size " + std::to_string(block_size));
+  kernels::PrefillKernel& forced = kernels::prefill_kernel_override();
+  const kernels::PrefillKernel saved = forced;
+  for (kernels::PrefillKernel form : {kernels::PrefillKernel::kPortable, kernels::PrefillKernel::kHopper}) {
+    if (form == kernels::PrefillKernel::kHopper && (c.head_dim != 128 || !kernels::prefill_hopper_available()))
+      continue;
+    SCOPED_TRACE(form == kernels::PrefillKernel::kHopper ? "Hopper kernel" : "portable kernel");
+    forced = form;
+    run_and_check_once(c, gate, reference, block_size, rng, scale);
+  }
+  forced = saved;
+}
+
 Tensor reference_output(const AttentionCase& c, const Gate& gate, float scale = 0.0f) {
   AttentionBatch batch = c.batch();
   batch.scale = scale;
@@ -206,6 +223,15 @@ TEST(PrefillSmall, SoftmaxPagedHeadDim128) {
   Random rng(12);
   AttentionCase c(rng, {{7, 7}, {2, 33}, {17, 40}}, 2, 2, 128, /*bf16_exact=*/true);
   Gate gate = Gate::make_softmax();
+  run_and_check(c, gate, reference_output(c, gate), 16, rng);
+}
+
+TEST(PrefillSmall, AsyncGqaPagedHeadDim128AcrossKeyTiles) {
+  testing::require_gpu();
+  Random rng(13);
+  // Prefixes and new tokens that cross the 128-key tiles of the Hopper kernel.
+  AttentionCase c(rng, {{3, 140}, {130, 130}, {1, 129}}, 4, 2, 128, /*bf16_exact=*/true);
+  Gate gate = random_async_gate(rng, 4, 3);
   run_and_check(c, gate, reference_output(c, gate), 16, rng);
 }
 
@@ -291,6 +317,17 @@ TEST(Prefill, SoftmaxLongSequences) {
 }
 
 // ---- Bad arguments -------------------------------------------------------------------------
+
+// On a Hopper GPU the wgmma kernel must be there (a build without sm_90a code would quietly test
+// the portable kernel twice).
+TEST(Prefill, HopperKernelRunsOnHopper) {
+  testing::require_gpu();
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  if (major != 9) GTEST_SKIP() << "not a Hopper GPU";
+  EXPECT_TRUE(kernels::prefill_hopper_available());
+}
 
 TEST(Prefill, RejectsBadArguments) {
   testing::require_gpu();

@@ -9,14 +9,19 @@
 //   O += P V   eight m64n128k16 steps with P as the register operand and V read MN-major.
 // The K and V tiles (128 keys) are double-buffered in shared memory; all 256 threads copy them
 // with cp.async (the cache is paged, so a row's source goes through the block table; one
-// 2-D tensor copy could not follow it), the next tile while the current one is multiplied.
+// 2-D tensor copy could not follow it), the next tile while the current one is multiplied: the
+// copies are issued after the tile's Q K^T, which then already runs.
 // Every tile in shared memory is two panels of [rows][64] in the 128-byte swizzle, the layout the
 // wgmma descriptors read: K-major for Q and K (the product's K is head_dim), and the same bytes
 // read MN-major for V (its K is the key).
 //
+// The warpgroups take turns: warpgroup 1 issues its Q K^T only after warpgroup 0 has issued its
+// own, so the tensor cores run them one after the other, and warpgroup 0's gate overlaps
+// warpgroup 1's Q K^T, warpgroup 1's gate warpgroup 0's P V. (Started together, both would
+// reach the gate together, and the tensor cores would wait through it.)
+//
 // Not done (FlashAttention-3 does it): a producer warp with tensor copies and mbarriers instead of
-// a CTA barrier per tile, and overlapping one warpgroup's gate with the other's multiplications
-// (here both warpgroups reach the gate at about the same time, and the tensor cores wait).
+// a CTA barrier per tile, and overlapping a warpgroup's gate with its own next Q K^T.
 #include "kernels/prefill_hopper.h"
 
 #include <cstdint>
@@ -97,9 +102,17 @@ __device__ __forceinline__ void load_kv(bf16* k_stage, bf16* v_stage, int tile, 
   }
 }
 
-// Waits for the 128 threads of warpgroup `wg` (named barrier 1 + wg; 0 is __syncthreads).
+// Named barriers (0 is __syncthreads): 1 + wg, the 128 threads of warpgroup wg; kTurnBarrier,
+// warpgroup 0 letting warpgroup 1 issue its Q K^T (256 threads: 128 arrive, 128 wait).
+constexpr int kTurnBarrier = 3;
 __device__ __forceinline__ void warpgroup_barrier(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+}
+__device__ __forceinline__ void wait_for_turn() {
+  asm volatile("bar.sync %0, 256;\n" ::"n"(kTurnBarrier) : "memory");
+}
+__device__ __forceinline__ void give_turn() {
+  asm volatile("bar.arrive %0, 256;\n" ::"n"(kTurnBarrier) : "memory");
 }
 
 #endif  // ASYNCT_WGMMA
@@ -145,15 +158,25 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
     cp_async_wait_all();
     fence_proxy_async_shared();  // the copies (generic proxy) before the wgmma reads (async proxy)
     __syncthreads();             // tile landed for all; every warpgroup is done with tile-1's stage
-    if (tile + 1 < n_tiles) {
-      const int next = (tile + 1) % kStages;
-      load_kv(sK + next * kTileElems, sV + next * kTileElems, tile + 1, p, t);
-    }
-    cp_async_commit();
     const bf16* k_tile = sK + (tile % kStages) * kTileElems;
     const bf16* v_tile = sV + (tile % kStages) * kTileElems;
 
-    if (tile * kBlockN <= wg_last_pos) {
+    // The next tile's copies go out once this tile's Q K^T runs (or at once, skipping it).
+    const auto load_next = [&] {
+      if (tile + 1 < n_tiles) {
+        const int next = (tile + 1) % kStages;
+        load_kv(sK + next * kTileElems, sV + next * kTileElems, tile + 1, p, t);
+      }
+      cp_async_commit();
+    };
+    // Warpgroup 1 never skips a tile (its rows are the later ones, and the last tile holds a key
+    // of its last row), so it waits for its turn on every tile, and warpgroup 0 gives it on every
+    // tile, after issuing its Q K^T or at once when it skips.
+    if (tile * kBlockN > wg_last_pos) {
+      give_turn();  // (warpgroup 0)
+      load_next();
+    } else {
+      if (wg == 1) wait_for_turn();
       // S = Q K^T: k16 step ks is 32 bytes into the rows of panel ks / 4.
       float acc_s[16][4];
 #pragma unroll
@@ -169,6 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
                            wgmma_descriptor(k_base + (ks / 4) * kKvPanelBytes + offset));
       }
       wgmma_commit();
+      if (wg == 0) give_turn();
+      load_next();
       wgmma_wait<0>();
 
       if (tile >= first_masked)

@@ -94,6 +94,7 @@ __device__ __forceinline__ KvRow kv_row(const PrefillParams& p, const TileInfo& 
 // take the block index mb (a compile-time constant after unrolling).
 template <int MB>
 struct SoftmaxGate {
+  static constexpr bool kRescalesOutput = true;  // apply() may scale O: no product may be writing it
   static constexpr float kRescaleLog2 = 8.0f;  // see apply()
   float scale_log2;       // scale * log2(e)
   float scale_cap;        // scale / softcap
@@ -190,6 +191,7 @@ struct SoftmaxGate {
 template <int MB, int kMaxW, bool kExact>
 struct AsyncGate {
   static_assert(kMaxW >= 1 && kMaxW <= 8, "pool window 1..8");
+  static constexpr bool kRescalesOutput = false;  // apply() leaves O alone
   // The scores stay unscaled: the scale and 1/W live in the constants (async_gate_unscaled),
   // and gamma multiplies O once in finish().
   float alpha_scale, sigma_over_w, gamma;

@@ -7,21 +7,22 @@
 //   S = Q K^T  eight m64n128k16 steps, Q and K read by the tensor cores from shared memory;
 //   P = gate(S) in registers (the m16n8 fragment layout both gates already work on);
 //   O += P V   eight m64n128k16 steps with P as the register operand and V read MN-major.
-// The K and V tiles (128 keys) are double-buffered in shared memory; all 256 threads copy them
-// with cp.async (the cache is paged, so a row's source goes through the block table; one
-// 2-D tensor copy could not follow it), the next tile while the current one is multiplied: the
-// copies are issued after the tile's Q K^T, which then already runs.
-// Every tile in shared memory is two panels of [rows][64] in the 128-byte swizzle, the layout the
-// wgmma descriptors read: K-major for Q and K (the product's K is head_dim), and the same bytes
-// read MN-major for V (its K is the key).
+// The K and V tiles (128 keys) sit in a ring of three stages in shared memory; all 256 threads
+// copy them with cp.async (the cache is paged, so a row's source goes through the block table;
+// one 2-D tensor copy could not follow it), the next tile while the current one is multiplied,
+// issued once the tile's Q K^T runs. Every tile in shared memory is two panels of [rows][64] in
+// the 128-byte swizzle, the layout the wgmma descriptors read: K-major for Q and K (the
+// product's K is head_dim), and the same bytes read MN-major for V (its K is the key).
 //
-// The warpgroups take turns: warpgroup 1 issues its Q K^T only after warpgroup 0 has issued its
-// own, so the tensor cores run them one after the other, and warpgroup 0's gate overlaps
-// warpgroup 1's Q K^T, warpgroup 1's gate warpgroup 0's P V. (Started together, both would
-// reach the gate together, and the tensor cores would wait through it.)
+// What overlaps what (the tensor cores should never wait for a gate):
+// - within a warpgroup, tile t's Q K^T is issued first and tile t-1's P V right behind it, so the
+//   P V runs while the gate of tile t works (FlashAttention-3's intra-warpgroup overlap; for the
+//   async gate fully, for softmax, whose gate may rescale O, only up to the gate);
+// - across the two, warpgroup 1 issues its Q K^T only after warpgroup 0 has issued its own, so
+//   that they do not reach their gates at the same moment.
 //
-// Not done (FlashAttention-3 does it): a producer warp with tensor copies and mbarriers instead of
-// a CTA barrier per tile, and overlapping a warpgroup's gate with its own next Q K^T.
+// Not done (FlashAttention-3 does it): a producer warp with mbarriers instead of a CTA barrier per
+// tile, and softmax's rescale split from its exponentials.
 #include "kernels/prefill_hopper.h"
 
 #include <cstdint>
@@ -44,7 +45,7 @@ constexpr int kWarpgroups = 2;
 constexpr int kThreads = 128 * kWarpgroups;
 constexpr int kBlockM = 64 * kWarpgroups;  // query rows per CTA, 64 per warpgroup
 constexpr int kBlockN = 128;               // keys per tile
-constexpr int kStages = 2;                 // K/V tiles in flight
+constexpr int kStages = 3;                 // K/V tiles in flight (see the main loop)
 constexpr int kChunks = kD / 8;            // 16-byte chunks per row
 constexpr int kPanelCols = 64;             // one 128-byte swizzle row
 constexpr int kRowBytes = kPanelCols * 2;
@@ -154,75 +155,100 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   const unsigned q_base = smem_addr(sQ) + 64 * wg * kRowBytes;
   constexpr unsigned kQPanelBytes = kBlockM * kRowBytes, kKvPanelBytes = kBlockN * kRowBytes;
 
+  // The next tile's copies (into the stage that held tile - 2: both its products are complete,
+  // and the barrier at the top of this tile says so for every warpgroup).
+  const auto load_next = [&](int tile) {
+    if (tile + 1 < n_tiles) {
+      const int next = (tile + 1) % kStages;
+      load_kv(sK + next * kTileElems, sV + next * kTileElems, tile + 1, p, t);
+    }
+    cp_async_commit();
+  };
+
+  // P of the tile whose Q K^T and gate are done and whose P V is not yet issued (bf16 pairs: the
+  // register operand, key step kk = n8 blocks 2kk and 2kk+1 of S).
+  unsigned p_frag[kBlockN / 16][4];
+  // O += P V for tile `of_tile`: V's k16 step kk starts 16 rows (2048 bytes) into its panels.
+  const auto issue_pv = [&](int of_tile) {
+    const unsigned v_base = smem_addr(sV + (of_tile % kStages) * kTileElems);
+    wgmma_fence();  // p_frag (and O, after a softmax rescale) written before the wgmma read them
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      WgmmaBf16x128::run_rs(acc_o, p_frag[kk], wgmma_descriptor_mn(v_base + kk * 16 * kRowBytes, kKvPanelBytes));
+    wgmma_commit();
+  };
+
+  // Tile `tile`'s S = Q K^T (k16 step ks is 32 bytes into the rows of panel ks / 4), then its gate,
+  // into p_frag. With kPendingPv the previous tile's P V is issued right behind the Q K^T, so the
+  // tensor cores run it while the gate works (the async gate leaves O alone; softmax's may rescale
+  // O, so it first waits for that product).
+  const auto scores_to_p = [&]<bool kPendingPv>(int tile) {
+    float acc_s[16][4];
+#pragma unroll
+    for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[nb][e] = 0.0f;
+    if (wg == 1) wait_for_turn();
+    const unsigned k_base = smem_addr(sK + (tile % kStages) * kTileElems);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      const unsigned offset = (ks % 4) * 32;
+      WgmmaBf16x128::run(acc_s, wgmma_descriptor(q_base + (ks / 4) * kQPanelBytes + offset),
+                         wgmma_descriptor(k_base + (ks / 4) * kKvPanelBytes + offset));
+    }
+    wgmma_commit();
+    if (wg == 0) give_turn();
+    if constexpr (kPendingPv) issue_pv(tile - 1);
+    load_next(tile);
+    if constexpr (kPendingPv) {
+      wgmma_wait<1>();  // Q K^T done; the P V may still run
+      if constexpr (Gate::kRescalesOutput) wgmma_wait<0>();
+    } else {
+      wgmma_wait<0>();
+    }
+    if (tile >= first_masked)
+      gate.template apply<true>(0, acc_s, acc_o, tile * kBlockN, pos0);
+    else
+      gate.template apply<false>(0, acc_s, acc_o, tile * kBlockN, pos0);
+    if constexpr (kPendingPv) wgmma_wait<0>();  // the P V is done with p_frag
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      p_frag[kk][0] = pack_bf16(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+      p_frag[kk][1] = pack_bf16(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+      p_frag[kk][2] = pack_bf16(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+      p_frag[kk][3] = pack_bf16(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+    }
+  };
+
+  // Warpgroup 1 never skips a tile (its rows are the later ones, and the last tile holds a key of
+  // its last row); warpgroup 0 skips at most the last tile (its last row is at most 64 keys
+  // before the tile's end). So warpgroup 1 waits for its turn on every tile, and warpgroup 0 gives
+  // it on every tile: after issuing its Q K^T, or at once when it skips.
   for (int tile = 0; tile < n_tiles; ++tile) {
     cp_async_wait_all();
     fence_proxy_async_shared();  // the copies (generic proxy) before the wgmma reads (async proxy)
-    __syncthreads();             // tile landed for all; every warpgroup is done with tile-1's stage
-    const bf16* k_tile = sK + (tile % kStages) * kTileElems;
-    const bf16* v_tile = sV + (tile % kStages) * kTileElems;
-
-    // The next tile's copies go out once this tile's Q K^T runs (or at once, skipping it).
-    const auto load_next = [&] {
-      if (tile + 1 < n_tiles) {
-        const int next = (tile + 1) % kStages;
-        load_kv(sK + next * kTileElems, sV + next * kTileElems, tile + 1, p, t);
-      }
-      cp_async_commit();
-    };
-    // Warpgroup 1 never skips a tile (its rows are the later ones, and the last tile holds a key
-    // of its last row), so it waits for its turn on every tile, and warpgroup 0 gives it on every
-    // tile, after issuing its Q K^T or at once when it skips.
-    if (tile * kBlockN > wg_last_pos) {
-      give_turn();  // (warpgroup 0)
-      load_next();
-    } else {
-      if (wg == 1) wait_for_turn();
-      // S = Q K^T: k16 step ks is 32 bytes into the rows of panel ks / 4.
-      float acc_s[16][4];
-#pragma unroll
-      for (int nb = 0; nb < 16; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc_s[nb][e] = 0.0f;
-      const unsigned k_base = smem_addr(k_tile);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < kD / 16; ++ks) {
-        const unsigned offset = (ks % 4) * 32;
-        WgmmaBf16x128::run(acc_s, wgmma_descriptor(q_base + (ks / 4) * kQPanelBytes + offset),
-                           wgmma_descriptor(k_base + (ks / 4) * kKvPanelBytes + offset));
-      }
-      wgmma_commit();
-      if (wg == 0) give_turn();
-      load_next();
-      wgmma_wait<0>();
-
-      if (tile >= first_masked)
-        gate.template apply<true>(0, acc_s, acc_o, tile * kBlockN, pos0);
-      else
-        gate.template apply<false>(0, acc_s, acc_o, tile * kBlockN, pos0);
-
-      // O += P V: P (bf16) as the register operand, key step kk = n8 blocks 2kk and 2kk+1 of S;
-      // V's k16 step kk starts 16 rows (2048 bytes) into its panels.
-      unsigned a[kBlockN / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        a[kk][0] = pack_bf16(acc_s[2 * kk][0], acc_s[2 * kk][1]);
-        a[kk][1] = pack_bf16(acc_s[2 * kk][2], acc_s[2 * kk][3]);
-        a[kk][2] = pack_bf16(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
-        a[kk][3] = pack_bf16(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
-      }
-      const unsigned v_base = smem_addr(v_tile);
-      wgmma_fence();  // P's registers and O (a softmax rescale) written before the wgmma read them
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk)
-        WgmmaBf16x128::run_rs(acc_o, a[kk], wgmma_descriptor_mn(v_base + kk * 16 * kRowBytes, kKvPanelBytes));
-      wgmma_commit();
+    __syncthreads();             // tile landed for all; every warpgroup is done with tile-2's stage
+    if (tile == 0) {
+      scores_to_p.template operator()<false>(tile);
+    } else if (tile * kBlockN <= wg_last_pos) {
+      scores_to_p.template operator()<true>(tile);
+    } else {  // (warpgroup 0, its last tile)
+      give_turn();
+      load_next(tile);
+      issue_pv(tile - 1);
       wgmma_wait<0>();
     }
-    // The tile's new rows into the cache, before the next iteration's copies reuse the stage.
-    if (writes_cache && (tile + 1) * kBlockN > t.prefix + t.m0)
-      store_new_rows<kD, kBlockN, kThreads>(k_tile, v_tile, tile, p, t,
+    // The tile's new rows into the cache, while its stage is still untouched.
+    if (writes_cache && (tile + 1) * kBlockN > t.prefix + t.m0) {
+      const int stage = tile % kStages;
+      store_new_rows<kD, kBlockN, kThreads>(sK + stage * kTileElems, sV + stage * kTileElems, tile, p, t,
                                             [](int row, int chunk) { return panel_offset<kBlockN>(row, chunk); });
+    }
+  }
+  if ((n_tiles - 1) * kBlockN <= wg_last_pos) {  // the last tile's P V
+    issue_pv(n_tiles - 1);
+    wgmma_wait<0>();
   }
 
   // O (bf16) through the warpgroup's own rows of sQ (its wgmma reads of them are complete), then

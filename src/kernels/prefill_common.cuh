@@ -213,24 +213,15 @@ struct AsyncGate {
   __device__ __forceinline__ void apply(int mb, float (&s)[NB][4], float (&)[DB][4], int key0,
                                         int pos0) {
     const int lane = threadIdx.x & 31, quad = lane & 3;
-    float prev[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      prev[e] = carry[mb][e];
-      carry[mb][e] = fmaxf(s[NB - 1][e], 0.0f);
-    }
-    // Descending blocks: block nb's P overwrites its S only after block nb+1 (which reads it
-    // as its left neighbour) is done.
+    for (int hh = 0; hh < 2; ++hh) {
+      // Ascending blocks: r0, r1 are this thread's ReLU'd scores of block nb, p0, p1 those of
+      // block nb - 1 (the previous tile's last block for nb = 0), kept as P overwrites S.
+      float p0 = carry[mb][2 * hh], p1 = carry[mb][2 * hh + 1];
 #pragma unroll
-    for (int nb = NB - 1; nb >= 0; --nb) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
+      for (int nb = 0; nb < NB; ++nb) {
         const float s0 = s[nb][2 * hh], s1 = s[nb][2 * hh + 1];
         const float r0 = fmaxf(s0, 0.0f), r1 = fmaxf(s1, 0.0f);
-        // This thread's ReLU'd scores of the same columns one block (8 keys) to the left.
-        const float p0 = nb > 0 ? fmaxf(s[nb > 0 ? nb - 1 : 0][2 * hh], 0.0f) : prev[2 * hh];
-        const float p1 =
-            nb > 0 ? fmaxf(s[nb > 0 ? nb - 1 : 0][2 * hh + 1], 0.0f) : prev[2 * hh + 1];
         // left[k] = R of column (8nb + 2quad) - k, k = 1 .. kMaxW-1. Column pair m to the left
         // is held by quad lane (quad - m) & 3: in this block when quad >= m, else in the block
         // before, so the source lane picks which of its two blocks to send.
@@ -248,15 +239,29 @@ struct AsyncGate {
           }
         }
         if (kMaxW - 1 >= 7) left[7] = p1;
-        // sum0: R over columns c0-W+1 .. c0; sum1: over c0-W+2 .. c0+1.
-        float sum0 = r0, sum1 = r1;
-        if (kExact ? kMaxW >= 2 : window >= 2) sum1 += r0;
+        // sum0: R over columns c0-W+1 .. c0; sum1: over c0-W+2 .. c0+1. With the window known
+        // they share r0 + left[1 .. W-2].
+        float sum0, sum1;
+        if constexpr (kExact && kMaxW == 1) {
+          sum0 = r0;
+          sum1 = r1;
+        } else if constexpr (kExact) {
+          float shared = r0;
 #pragma unroll
-        for (int k = 1; k < kMaxW; ++k)
-          if (kExact || k < window) sum0 += left[k];
+          for (int k = 1; k + 1 < kMaxW; ++k) shared += left[k];
+          sum0 = shared + left[kMaxW - 1];
+          sum1 = shared + r1;
+        } else {
+          sum0 = r0;
+          sum1 = r1;
+          if (window >= 2) sum1 += r0;
 #pragma unroll
-        for (int k = 1; k + 1 < kMaxW; ++k)
-          if (kExact || k + 1 < window) sum1 += left[k];
+          for (int k = 1; k < kMaxW; ++k)
+            if (k < window) sum0 += left[k];
+#pragma unroll
+          for (int k = 1; k + 1 < kMaxW; ++k)
+            if (k + 1 < window) sum1 += left[k];
+        }
         float g0 = async_gate_unscaled(s0, sum0, alpha_scale, sigma_over_w);
         float g1 = async_gate_unscaled(s1, sum1, alpha_scale, sigma_over_w);
         if constexpr (kMask) {
@@ -265,7 +270,11 @@ struct AsyncGate {
         }
         s[nb][2 * hh] = g0;
         s[nb][2 * hh + 1] = g1;
+        p0 = r0;
+        p1 = r1;
       }
+      carry[mb][2 * hh] = p0;
+      carry[mb][2 * hh + 1] = p1;
     }
   }
 

@@ -56,11 +56,15 @@ constexpr int kChunks = kD / 8;                   // 16-byte chunks per row
 constexpr int kPanelCols = 64;                    // one 128-byte swizzle row
 constexpr int kRowBytes = kPanelCols * 2;
 constexpr int kTileElems = kBlockN * kD;
-// Registers per thread after the hand-over (setmaxnreg). The producer keeps enough for its
-// addresses (fewer spilled), the consumers fit in 216 without spilling (ptxas -v; the runtime
-// windows 4..8 spill some).
-constexpr int kProducerRegisters = 80, kConsumerRegisters = 216;
-static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= 65536, "one register file");
+// Registers per thread after the hand-over (setmaxnreg). The CTA starts with kLaunchRegisters per
+// thread (what ptxas gives 384 threads, one CTA per SM); setmaxnreg.inc takes registers only from
+// what the producer's setmaxnreg.dec gave back, so the two must add up to no more than that, or
+// the consumers wait forever. The producer keeps enough for its addresses, the consumers fit in
+// 216 without spilling (ptxas -v; the runtime windows 4..8 spill some).
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;  // 168
+constexpr int kProducerRegisters = 72, kConsumerRegisters = 216;
+static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= kThreads * kLaunchRegisters,
+              "the consumers can only claim what the producer gave back");
 
 // The ring's barriers: full[s] completes when stage s has landed (the producer's 128 threads
 // arrive), empty[s] when both consumers are done with it (their 256 threads arrive).

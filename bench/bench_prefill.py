@@ -1,6 +1,7 @@
-"""Prefill attention TFLOP/s (causal counts half): asynct's portable prefill (async and
-softmax gates, pure prefill writing the paged cache) against cuDNN SDPA (and flash), Hq=16,
-Hkv=8, D=128, bf16, standard-normal Q/K/V, alpha=sigma=gamma=1, W=3.
+"""Prefill attention TFLOP/s (causal counts half): asynct's prefill (async and softmax gates,
+pure prefill writing the paged cache) against cuDNN SDPA (and flash), Hq=16, Hkv=8, D=128,
+bf16, standard-normal Q/K/V, alpha=sigma=gamma=1, W=3. The kernel is the one launch_prefill
+picks (on Hopper the wgmma kernel); ASYNCT_PREFILL=portable measures the portable one.
 
 Usage: python3 bench/bench_prefill.py --lib BUILD_DIR --out OUT_DIR [--block-size 16]
 """

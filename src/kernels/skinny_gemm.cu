@@ -174,7 +174,8 @@ SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, int room_s
   p.tiles_per_split = (p.k_tiles + p.splits - 1) / p.splits;
   p.splits = (p.k_tiles + p.tiles_per_split - 1) / p.tiles_per_split;  // no empty split
   p.large_ring = large_rings && (long long)p.col_tiles * p.splits <= sm_count;
-  p.wgmma = large_rings && forced.wgmma != SkinnyPlanOverride::kOff;  // large_rings: a Hopper device
+  // wgmma is Hopper's alone (a later GPU runs this build's tensor copies, not its wgmma).
+  p.wgmma = large_rings && current_device_info().major == 9 && forced.wgmma != SkinnyPlanOverride::kOff;
   return p;
 }
 

@@ -13,7 +13,6 @@
 #include "kernels/bulk_copy.cuh"
 #include "kernels/mma_sync.cuh"
 #include "kernels/prefill.h"
-#include "kernels/skinny_gemm.h"
 #include "kernels/wgmma.cuh"
 #include "reference/layers.h"
 #include "support/compare.h"
@@ -74,7 +73,7 @@ void check_wgmma_tile(testing::Random& rng) {
 
 TEST(Wgmma, SmallTileMatchesTheReferenceForEveryWidth) {
   testing::require_gpu();
-  if (!kernels::skinny_gemm_fast_here()) GTEST_SKIP() << "wgmma needs a Hopper GPU";
+  if (!kernels::prefill_hopper_available()) GTEST_SKIP() << "needs a Hopper GPU and sm_90a code";
   testing::Random rng(11);
   check_wgmma_tile<16>(rng);
   check_wgmma_tile<32>(rng);

@@ -58,12 +58,6 @@ static_assert(kRowBytes == 128 && kTileElems % 8192 == 0 && kChunks == 16, "tile
 // The device code exists only where wgmma does (sm_90a); elsewhere the kernel is a trapping stub.
 #ifdef ASYNCT_WGMMA
 
-// A [kRows][128] tile in shared memory: two panels, columns 0..63 and 64..127 (wgmma.cuh).
-template <int kRows>
-__device__ __forceinline__ int panel_offset(int row, int chunk) {
-  return wgmma_panel_offset<kRows>(row, chunk);
-}
-
 // The copy pattern of a 128-row tile by the CTA's 256 threads: thread t copies chunks h, h+2, ..
 // of row r, so one copy instruction of a warp reads 16 rows' 32-byte sectors, and the 8 threads
 // of a shared-memory phase hold 8 consecutive rows (distinct banks after the swizzle).
@@ -82,7 +76,7 @@ __device__ __forceinline__ void load_q(bf16* sQ, const PrefillParams& p, const T
 #pragma unroll
   for (int j = 0; j < kChunks / 2; ++j) {
     const int c = 2 * j + slot.h;
-    cp_async16(sQ + panel_offset<kBlockM>(slot.row, c), src + (valid ? c * 8 : 0), valid);
+    cp_async16(sQ + wgmma_panel_offset<kBlockM>(slot.row, c), src + (valid ? c * 8 : 0), valid);
   }
 }
 
@@ -97,7 +91,7 @@ __device__ __forceinline__ void load_kv(bf16* k_stage, bf16* v_stage, int tile, 
 #pragma unroll
   for (int j = 0; j < kChunks / 2; ++j) {
     const int c = 2 * j + slot.h;
-    const int dst = panel_offset<kBlockN>(slot.row, c), src = valid ? c * 8 : 0;
+    const int dst = wgmma_panel_offset<kBlockN>(slot.row, c), src = valid ? c * 8 : 0;
     cp_async16(k_stage + dst, source.key + src, valid);
     cp_async16(v_stage + dst, source.value + src, valid);
   }
@@ -243,7 +237,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
     if (writes_cache && (tile + 1) * kBlockN > t.prefix + t.m0) {
       const int stage = tile % kStages;
       store_new_rows<kD, kBlockN, kThreads>(sK + stage * kTileElems, sV + stage * kTileElems, tile, p, t,
-                                            [](int row, int chunk) { return panel_offset<kBlockN>(row, chunk); });
+                                            [](int row, int chunk) { return wgmma_panel_offset<kBlockN>(row, chunk); });
     }
   }
   if ((n_tiles - 1) * kBlockN <= wg_last_pos) {  // the last tile's P V
@@ -260,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int row = 64 * wg + 16 * warp + g + 8 * hh;
-      *reinterpret_cast<__nv_bfloat162*>(sQ + panel_offset<kBlockM>(row, db) + 2 * quad) =
+      *reinterpret_cast<__nv_bfloat162*>(sQ + wgmma_panel_offset<kBlockM>(row, db) + 2 * quad) =
           __floats2bfloat162_rn(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
     }
   warpgroup_barrier(wg);
@@ -270,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
     const int row = 64 * wg + idx / kChunks, chunk = idx % kChunks;
     if (row < rows) {
       const long long dst = ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD + chunk * 8;
-      store_bf16x8(p.out + dst, load_bf16x8(sQ + panel_offset<kBlockM>(row, chunk)));
+      store_bf16x8(p.out + dst, load_bf16x8(sQ + wgmma_panel_offset<kBlockM>(row, chunk)));
     }
   }
 #else

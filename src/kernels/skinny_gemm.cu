@@ -98,7 +98,7 @@ struct Ring {
 struct SkinnyPlan {
   int tile_n, col_tiles, k_tiles, splits, tiles_per_split;
   bool large_ring;
-  bool wgmma;  // the consumer form (see the consumers below)
+  bool wgmma;  // wgmma allowed (Hopper, not forced off); launch_ring picks it by the rows
 };
 
 // One CTA's partial tile in the workspace: [16 x 4 rows][kWideTileN] fp32 (the widest x and tile).

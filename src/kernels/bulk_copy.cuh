@@ -60,6 +60,11 @@ struct SharedBarrier {
     asm volatile("mbarrier.arrive.shared.b64 %0, [%1];" : "=l"(state) : "r"(shared_address(&word)) : "memory");
     return state;
   }
+  // One arrival, made when every cp.async this thread issued before it has landed (the count the
+  // barrier was initialised with includes it: .noinc). The thread does not wait.
+  __device__ __forceinline__ void arrive_when_copies_land() {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(shared_address(&word)) : "memory");
+  }
   // Waits until the phase with this parity (0, 1, 0, ... for its 1st, 2nd, 3rd use) completes.
   __device__ __forceinline__ void wait(unsigned parity) {
 #ifndef ASYNCT_BULK_COPY_EMULATED

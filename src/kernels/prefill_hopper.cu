@@ -1,34 +1,40 @@
 // Hopper prefill attention (sm_90a) for head_dim 128: the portable kernel's algorithm (prefill.cu)
 // on warpgroup MMA (wgmma.cuh), with the same gates, tile order, K/V sources and cache write
-// (prefill_common.cuh).
+// (prefill_common.cuh), in the FlashAttention-3 form: a producer warpgroup that copies and two
+// consumer warpgroups that multiply.
 //
-// One CTA of two warpgroups handles 128 query rows of one (sequence, query head); each warpgroup
-// owns 64 of them and multiplies on its own:
-//   S = Q K^T  eight m64n128k16 steps, Q and K read by the tensor cores from shared memory;
-//   P = gate(S) in registers (the m16n8 fragment layout both gates already work on);
-//   O += P V   eight m64n128k16 steps with P as the register operand and V read MN-major.
-// The K and V tiles (128 keys) sit in a ring of three stages in shared memory; all 256 threads
-// copy them with cp.async (the cache is paged, so a row's source goes through the block table;
-// one 2-D tensor copy could not follow it), the next tile while the current one is multiplied,
-// issued once the tile's Q K^T runs. Every tile in shared memory is two panels of [rows][64] in
-// the 128-byte swizzle, the layout the wgmma descriptors read: K-major for Q and K (the
-// product's K is head_dim), and the same bytes read MN-major for V (its K is the key).
+// One CTA handles 128 query rows of one (sequence, query head). Its three warpgroups:
+// - the producer copies Q and the K/V tiles (128 keys) into a ring of three stages with cp.async
+//   (the cache is paged, so a row's source goes through the block table; one 2-D tensor copy
+//   could not follow it), announces each stage on its "full" barrier once the stage has landed,
+//   waits on the stage's "empty" barrier before refilling it, and copies the tile's new K/V rows
+//   from shared memory into the paged cache. It gives its registers to the consumers.
+// - each consumer owns 64 query rows:
+//     S = Q K^T  eight m64n128k16 steps, Q and K read by the tensor cores from shared memory;
+//     P = gate(S) in registers (the m16n8 fragment layout both gates already work on);
+//     O += P V   eight m64n128k16 steps with P as the register operand and V read MN-major;
+//   and releases a stage once its P V is done.
+// Every tile in shared memory is two panels of [rows][64] in the 128-byte swizzle, the layout the
+// wgmma descriptors read: K-major for Q and K (the product's K is head_dim), and the same bytes
+// read MN-major for V (its K is the key).
 //
-// What overlaps what (the tensor cores should never wait for a gate):
-// - within a warpgroup, tile t's Q K^T is issued first and tile t-1's P V right behind it, so the
-//   P V runs while the gate of tile t works (FlashAttention-3's intra-warpgroup overlap; for the
-//   async gate fully, for softmax, whose gate may rescale O, only up to the gate);
-// - across the two, warpgroup 1 issues its Q K^T only after warpgroup 0 has issued its own, so
-//   that they do not reach their gates at the same moment.
+// What overlaps what (the tensor cores should never wait for a gate, nor the consumers for a copy):
+// - within a consumer, tile t's Q K^T is issued first and tile t-1's P V right behind it, so the
+//   P V runs while the gate of tile t works (the async gate leaves O alone, so the overlap is
+//   full; softmax's gate may rescale O and waits for the P V first);
+// - the two consumers take turns at Q K^T (0, 1, 0, 1, ...), so that they do not reach their gates
+//   at the same moment;
+// - the producer runs up to three tiles ahead.
 //
-// Not done (FlashAttention-3 does it): a producer warp with mbarriers instead of a CTA barrier per
-// tile, and softmax's rescale split from its exponentials.
+// Not done (FlashAttention-3 does it): tensor copies for pages of at least 128 tokens, and
+// softmax's rescale split from its exponentials.
 #include "kernels/prefill_hopper.h"
 
 #include <cstdint>
 
 #include "core/error.h"
 #include "kernels/bf16.cuh"
+#include "kernels/bulk_copy.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/device_info.h"
 #include "kernels/mma_sync.cuh"
@@ -41,42 +47,64 @@ namespace {
 using namespace prefill;  // TileInfo, the gates, kv_row, store_new_rows
 
 constexpr int kD = 128;
-constexpr int kWarpgroups = 2;
-constexpr int kThreads = 128 * kWarpgroups;
-constexpr int kBlockM = 64 * kWarpgroups;  // query rows per CTA, 64 per warpgroup
-constexpr int kBlockN = 128;               // keys per tile
-constexpr int kStages = 3;                 // K/V tiles in flight (see the main loop)
-constexpr int kChunks = kD / 8;            // 16-byte chunks per row
-constexpr int kPanelCols = 64;             // one 128-byte swizzle row
+constexpr int kConsumers = 2;                     // consumer warpgroups, 64 query rows each
+constexpr int kThreads = 128 * (kConsumers + 1);  // and the producer warpgroup
+constexpr int kBlockM = 64 * kConsumers;          // query rows per CTA
+constexpr int kBlockN = 128;                      // keys per tile
+constexpr int kStages = 3;                        // K/V tiles in the ring
+constexpr int kChunks = kD / 8;                   // 16-byte chunks per row
+constexpr int kPanelCols = 64;                    // one 128-byte swizzle row
 constexpr int kRowBytes = kPanelCols * 2;
 constexpr int kTileElems = kBlockN * kD;
-// Q, then kStages K tiles, then kStages V tiles; + 1024 to align the base to a swizzle period.
-constexpr int kSmemBytes = (kBlockM + 2 * kStages * kBlockN) * kD * 2 + 1024;
+// Registers per thread after the hand-over (setmaxnreg). The CTA starts with kLaunchRegisters per
+// thread (what ptxas gives 384 threads, one CTA per SM); setmaxnreg.inc takes registers only from
+// what the producer's setmaxnreg.dec gave back, so the two must add up to no more than that, or
+// the consumers wait forever. The producer keeps enough for its addresses, the consumers fit in
+// 216 without spilling (ptxas -v; the runtime windows 4..8 spill some).
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;  // 168
+constexpr int kProducerRegisters = 72, kConsumerRegisters = 216;
+static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= kThreads * kLaunchRegisters,
+              "the consumers can only claim what the producer gave back");
+
+// The ring's barriers: full[s] completes when stage s has landed (the producer's 128 threads
+// arrive), empty[s] when both consumers are done with it (their 256 threads arrive).
+struct RingBarriers {
+  SharedBarrier full[kStages], empty[kStages];
+};
+// Q, kStages K tiles, kStages V tiles, the barriers; + 1024 to align the base to a swizzle period.
+constexpr int kTileBytes = (kBlockM + 2 * kStages * kBlockN) * kD * 2;
+constexpr int kSmemBytes = kTileBytes + int(sizeof(RingBarriers)) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
 static_assert(kRowBytes == 128 && kTileElems % 8192 == 0 && kChunks == 16, "tiles of whole swizzle atoms");
 
 // The device code exists only where wgmma does (sm_90a); elsewhere the kernel is a trapping stub.
 #ifdef ASYNCT_WGMMA
 
-// The copy pattern of a 128-row tile by the CTA's 256 threads: thread t copies chunks h, h+2, ..
-// of row r, so one copy instruction of a warp reads 16 rows' 32-byte sectors, and the 8 threads
-// of a shared-memory phase hold 8 consecutive rows (distinct banks after the swizzle).
+// How the producer's 128 threads copy a 128-row tile: in 4 passes of 32 rows, lane l of warp w
+// takes row 8 w + l % 8 (+ 32 per pass) and chunks 4 j + l / 8, j = 0..3. One copy instruction of a
+// warp reads 64 contiguous bytes of each of 8 rows, and the 8 threads of a shared-memory phase
+// hold 8 consecutive rows at one chunk (distinct banks after the swizzle).
+constexpr int kCopyPasses = 4;
 struct CopySlot {
-  int row, h;
-  __device__ __forceinline__ CopySlot() : row((threadIdx.x & 7) | ((threadIdx.x >> 4) << 3)), h((threadIdx.x >> 3) & 1) {}
+  int row0, sub;  // the thread's row in pass 0, its chunk within each group of 4
+  __device__ __forceinline__ CopySlot()
+      : row0(8 * ((threadIdx.x % 128) / 32) + threadIdx.x % 8), sub((threadIdx.x % 32) / 8) {}
 };
-static_assert(kThreads == 2 * kBlockN && kBlockM == kBlockN, "two threads per tile row");
+static_assert(kBlockM == kBlockN && kCopyPasses * 32 == kBlockN, "the producer copies 128-row tiles");
 
 // Q rows [m0, m0 + 128) of the tile's head; rows past the sequence's new tokens zero-filled.
 __device__ __forceinline__ void load_q(bf16* sQ, const PrefillParams& p, const TileInfo& t, int rows) {
   const CopySlot slot;
-  const bool valid = slot.row < rows;
-  const bf16* src =
-      p.query + (valid ? ((long long)(t.q_begin + t.m0 + slot.row) * p.num_q_heads + t.head) * kD : 0);
 #pragma unroll
-  for (int j = 0; j < kChunks / 2; ++j) {
-    const int c = 2 * j + slot.h;
-    cp_async16(sQ + wgmma_panel_offset<kBlockM>(slot.row, c), src + (valid ? c * 8 : 0), valid);
+  for (int pass = 0; pass < kCopyPasses; ++pass) {
+    const int row = slot.row0 + 32 * pass;
+    const bool valid = row < rows;
+    const bf16* src = p.query + (valid ? ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD : 0);
+#pragma unroll
+    for (int j = 0; j < kChunks / 4; ++j) {
+      const int c = 4 * j + slot.sub;
+      cp_async16(sQ + wgmma_panel_offset<kBlockM>(row, c), src + (valid ? c * 8 : 0), valid);
+    }
   }
 }
 
@@ -84,51 +112,122 @@ __device__ __forceinline__ void load_q(bf16* sQ, const PrefillParams& p, const T
 __device__ __forceinline__ void load_kv(bf16* k_stage, bf16* v_stage, int tile, const PrefillParams& p,
                                         const TileInfo& t) {
   const CopySlot slot;
-  const int pos = tile * kBlockN + slot.row;
-  const bool valid = pos < t.kv_end;
-  KvRow source{p.key, p.value};  // (any valid address: an invalid copy reads nothing)
-  if (valid) source = kv_row<kD>(p, t, pos);
 #pragma unroll
-  for (int j = 0; j < kChunks / 2; ++j) {
-    const int c = 2 * j + slot.h;
-    const int dst = wgmma_panel_offset<kBlockN>(slot.row, c), src = valid ? c * 8 : 0;
-    cp_async16(k_stage + dst, source.key + src, valid);
-    cp_async16(v_stage + dst, source.value + src, valid);
+  for (int pass = 0; pass < kCopyPasses; ++pass) {
+    const int row = slot.row0 + 32 * pass;
+    const int pos = tile * kBlockN + row;
+    const bool valid = pos < t.kv_end;
+    KvRow source{p.key, p.value};  // (any valid address: an invalid copy reads nothing)
+    if (valid) source = kv_row<kD>(p, t, pos);
+#pragma unroll
+    for (int j = 0; j < kChunks / 4; ++j) {
+      const int c = 4 * j + slot.sub;
+      const int dst = wgmma_panel_offset<kBlockN>(row, c), src = valid ? c * 8 : 0;
+      cp_async16(k_stage + dst, source.key + src, valid);
+      cp_async16(v_stage + dst, source.value + src, valid);
+    }
   }
 }
 
-// Named barriers (0 is __syncthreads): 1 + wg, the 128 threads of warpgroup wg; kTurnBarrier,
-// warpgroup 0 letting warpgroup 1 issue its Q K^T (256 threads: 128 arrive, 128 wait).
-constexpr int kTurnBarrier = 3;
-__device__ __forceinline__ void warpgroup_barrier(int wg) {
-  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+// Named barriers (0 is __syncthreads): 1 + c, the 128 threads of consumer c; turn_barrier(c),
+// consumer c's turn to issue its Q K^T (256 threads: the other consumer's 128 arrive, c's 128
+// wait); kProducerBarrier, the producer's 128 threads.
+constexpr int kProducerBarrier = 5;
+__device__ __forceinline__ int turn_barrier(int c) { return 3 + c; }
+__device__ __forceinline__ void consumer_barrier(int c) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
 }
-__device__ __forceinline__ void wait_for_turn() {
-  asm volatile("bar.sync %0, 256;\n" ::"n"(kTurnBarrier) : "memory");
+__device__ __forceinline__ void wait_for_turn(int c) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(turn_barrier(c)) : "memory");
 }
-__device__ __forceinline__ void give_turn() {
-  asm volatile("bar.arrive %0, 256;\n" ::"n"(kTurnBarrier) : "memory");
+__device__ __forceinline__ void give_turn(int to) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(turn_barrier(to)) : "memory");
+}
+__device__ __forceinline__ void producer_barrier() {
+  asm volatile("bar.sync %0, 128;\n" ::"n"(kProducerBarrier) : "memory");
 }
 
-#endif  // ASYNCT_WGMMA
+// The register hand-over between warpgroups (each warpgroup executes one, all its warps together).
+template <int kRegisters>
+__device__ __forceinline__ void release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
 
+// What the warpgroups share.
+struct Cta {
+  const PrefillParams& p;
+  const TileInfo& t;
+  bf16 *sQ, *sK, *sV;
+  RingBarriers& ring;
+  int rows, n_tiles;
+};
+
+// The producer: tile t into stage t % kStages once both consumers released tile t - kStages.
+#ifndef ASYNCT_PREFILL_ANNOUNCE_ON_LANDING
+#define ASYNCT_PREFILL_ANNOUNCE_ON_LANDING 1
+#endif
+__device__ __forceinline__ void produce(const Cta& cta) {
+  const PrefillParams& p = cta.p;
+  const TileInfo& t = cta.t;
+  // The first query head of each KV-head group writes the new tokens' K/V into the cache.
+  const bool writes_cache = t.head % (p.num_q_heads / p.kv.num_kv_heads) == 0;
+  const auto has_new_rows = [&](int tile) { return writes_cache && (tile + 1) * kBlockN > t.prefix + t.m0; };
+  const auto write_cache = [&](int tile) {
+    producer_barrier();  // every producer thread's copies of the tile have landed
+    const int stage = tile % kStages;
+    store_new_rows<kD, kBlockN, 128>(cta.sK + stage * kTileElems, cta.sV + stage * kTileElems, tile, p, t,
+                                     [](int row, int chunk) { return wgmma_panel_offset<kBlockN>(row, chunk); });
+  };
+#if ASYNCT_PREFILL_ANNOUNCE_ON_LANDING
+  // Tile t is announced by the copies themselves: each thread's arrival on full[t % kStages]
+  // happens when its copies have landed, so the producer never waits for a copy (except to write
+  // the cache from a tile with new rows).
+  for (int tile = 0; tile < cta.n_tiles; ++tile) {
+    const int stage = tile % kStages;
+    if (tile >= kStages) cta.ring.empty[stage].wait((tile / kStages - 1) & 1);
+    if (tile == 0) load_q(cta.sQ, p, t, cta.rows);
+    load_kv(cta.sK + stage * kTileElems, cta.sV + stage * kTileElems, tile, p, t);
+    cta.ring.full[stage].arrive_when_copies_land();
+    if (has_new_rows(tile)) {
+      cp_async_commit();
+      cp_async_wait<0>();
+      write_cache(tile);
+    }
+  }
+#else
+  // Tile t is announced when its copies (and, for t = 0, Q's) have landed, which the producer
+  // learns one tile later (cp.async groups complete in order), so two tiles' copies are in flight.
+  const auto announce = [&](int tile) {
+    fence_proxy_async_shared();  // the copies (generic proxy) before the wgmma reads (async proxy)
+    cta.ring.full[tile % kStages].arrive();
+    if (has_new_rows(tile)) write_cache(tile);
+  };
+  for (int tile = 0; tile < cta.n_tiles; ++tile) {
+    const int stage = tile % kStages;
+    if (tile >= kStages) cta.ring.empty[stage].wait((tile / kStages - 1) & 1);
+    if (tile == 0) load_q(cta.sQ, p, t, cta.rows);
+    load_kv(cta.sK + stage * kTileElems, cta.sV + stage * kTileElems, tile, p, t);
+    cp_async_commit();
+    if (tile >= 1) {
+      cp_async_wait<1>();
+      announce(tile - 1);
+    }
+  }
+  cp_async_wait<0>();
+  announce(cta.n_tiles - 1);
+#endif
+}
+
+// Consumer c: rows [64 c, 64 c + 64) of the CTA's tile.
 template <class Gate>
-__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale) {
-#ifdef ASYNCT_WGMMA
-  TileInfo t;
-  if (!make_tile_info(p, kBlockM, t)) return;
-  const int rows = min(kBlockM, t.q_len - t.m0);  // valid query rows of this tile
-
-  extern __shared__ unsigned char smem_raw[];
-  bf16* sQ = reinterpret_cast<bf16*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
-  bf16* sK = sQ + kBlockM * kD;         // kStages K tiles
-  bf16* sV = sK + kStages * kTileElems;  // kStages V tiles
-
-  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32;
-  load_q(sQ, p, t, rows);
-  load_kv(sK, sV, 0, p, t);
-  cp_async_commit();
-
+__device__ __forceinline__ void consume(const Cta& cta, int c, float scale) {
+  const PrefillParams& p = cta.p;
+  const TileInfo& t = cta.t;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
   Gate gate(p, t.head, scale);
   float acc_o[16][4];
 #pragma unroll
@@ -136,27 +235,27 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_o[db][e] = 0.0f;
 
-  const int wg_pos = t.prefix + t.m0 + 64 * wg;  // position of the warpgroup's first row
-  const int pos0 = wg_pos + 16 * warp + lane / 4;  // position of the thread's row g
-  // The first tile with a key past the warpgroup's first row needs the causal mask; a tile whose
+  const int c_pos = t.prefix + t.m0 + 64 * c;      // position of the consumer's first row
+  const int pos0 = c_pos + 16 * warp + lane / 4;  // position of the thread's row g
+  // The first tile with a key past the consumer's first row needs the causal mask; a tile whose
   // first key is past its last row has nothing for it (nor has any later tile).
-  const int first_masked = (wg_pos + 1) / kBlockN;
-  const int wg_last_pos = wg_pos + 63;
-  // The first query head of each KV-head group writes the new tokens' K/V into the cache.
-  const bool writes_cache = t.head % (p.num_q_heads / p.kv.num_kv_heads) == 0;
-  const int n_tiles = (t.kv_end + kBlockN - 1) / kBlockN;
-  // Shared addresses in bytes: the warpgroup's 64 rows of each Q panel; the panels' sizes.
-  const unsigned q_base = smem_addr(sQ) + 64 * wg * kRowBytes;
+  const int first_masked = (c_pos + 1) / kBlockN;
+  const int last_pos = c_pos + 63;
+  // Shared addresses in bytes: the consumer's 64 rows of each Q panel; the panels' sizes.
+  const unsigned q_base = smem_addr(cta.sQ) + 64 * c * kRowBytes;
   constexpr unsigned kQPanelBytes = kBlockM * kRowBytes, kKvPanelBytes = kBlockN * kRowBytes;
+  const auto release = [&](int tile) { cta.ring.empty[tile % kStages].arrive(); };
 
-  // The next tile's copies (into the stage that held tile - 2: both its products are complete,
-  // and the barrier at the top of this tile says so for every warpgroup).
-  const auto load_next = [&](int tile) {
-    if (tile + 1 < n_tiles) {
-      const int next = (tile + 1) % kStages;
-      load_kv(sK + next * kTileElems, sV + next * kTileElems, tile + 1, p, t);
-    }
-    cp_async_commit();
+  // The consumers take turns at Q K^T, tile by tile: 0, 1, 0, 1, ... Consumer 1 never skips a tile
+  // (its rows are the later ones, and the last tile holds a key of its last row); consumer 0 skips
+  // at most the last tile (its last row is at most 64 keys before the tile's end) and still takes
+  // and passes its turn there. Both directions wait, so neither runs a turn ahead: a consumer that
+  // arrived twice at one barrier before the other waited would complete it alone.
+  const auto take_turn = [&](int tile) {
+    if (c == 1 || tile > 0) wait_for_turn(c);
+  };
+  const auto pass_turn = [&](int tile) {
+    if (c == 0 || tile + 1 < cta.n_tiles) give_turn(1 - c);
   };
 
   // P of the tile whose Q K^T and gate are done and whose P V is not yet issued (bf16 pairs: the
@@ -164,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   unsigned p_frag[kBlockN / 16][4];
   // O += P V for tile `of_tile`: V's k16 step kk starts 16 rows (2048 bytes) into its panels.
   const auto issue_pv = [&](int of_tile) {
-    const unsigned v_base = smem_addr(sV + (of_tile % kStages) * kTileElems);
+    const unsigned v_base = smem_addr(cta.sV + (of_tile % kStages) * kTileElems);
     wgmma_fence();  // p_frag (and O, after a softmax rescale) written before the wgmma read them
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
@@ -174,16 +273,15 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 
   // Tile `tile`'s S = Q K^T (k16 step ks is 32 bytes into the rows of panel ks / 4), then its gate,
   // into p_frag. With kPendingPv the previous tile's P V is issued right behind the Q K^T, so the
-  // tensor cores run it while the gate works (the async gate leaves O alone; softmax's may rescale
-  // O, so it first waits for that product).
+  // tensor cores run it while the gate works, and its stage is released once it is done.
   const auto scores_to_p = [&]<bool kPendingPv>(int tile) {
     float acc_s[16][4];
 #pragma unroll
     for (int nb = 0; nb < 16; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_s[nb][e] = 0.0f;
-    if (wg == 1) wait_for_turn();
-    const unsigned k_base = smem_addr(sK + (tile % kStages) * kTileElems);
+    take_turn(tile);
+    const unsigned k_base = smem_addr(cta.sK + (tile % kStages) * kTileElems);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
@@ -192,10 +290,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
                          wgmma_descriptor(k_base + (ks / 4) * kKvPanelBytes + offset));
     }
     wgmma_commit();
-    if (wg == 0) give_turn();
-    if constexpr (kPendingPv) issue_pv(tile - 1);
-    load_next(tile);
+    pass_turn(tile);
     if constexpr (kPendingPv) {
+      issue_pv(tile - 1);
       wgmma_wait<1>();  // Q K^T done; the P V may still run
       if constexpr (Gate::kRescalesOutput) wgmma_wait<0>();
     } else {
@@ -205,7 +302,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
       gate.template apply<true>(0, acc_s, acc_o, tile * kBlockN, pos0);
     else
       gate.template apply<false>(0, acc_s, acc_o, tile * kBlockN, pos0);
-    if constexpr (kPendingPv) wgmma_wait<0>();  // the P V is done with p_frag
+    if constexpr (kPendingPv) {
+      wgmma_wait<0>();  // the P V is done with p_frag and with its stage
+      release(tile - 1);
+    }
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       p_frag[kk][0] = pack_bf16(acc_s[2 * kk][0], acc_s[2 * kk][1]);
@@ -215,37 +315,31 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
     }
   };
 
-  // Warpgroup 1 never skips a tile (its rows are the later ones, and the last tile holds a key of
-  // its last row); warpgroup 0 skips at most the last tile (its last row is at most 64 keys
-  // before the tile's end). So warpgroup 1 waits for its turn on every tile, and warpgroup 0 gives
-  // it on every tile: after issuing its Q K^T, or at once when it skips.
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    cp_async_wait_all();
-    fence_proxy_async_shared();  // the copies (generic proxy) before the wgmma reads (async proxy)
-    __syncthreads();             // tile landed for all; every warpgroup is done with tile-2's stage
+  for (int tile = 0; tile < cta.n_tiles; ++tile) {
+    cta.ring.full[tile % kStages].wait((tile / kStages) & 1);
+#if ASYNCT_PREFILL_ANNOUNCE_ON_LANDING
+    fence_proxy_async_shared();  // the landed copies (generic proxy) before this thread's wgmma reads
+#endif
     if (tile == 0) {
       scores_to_p.template operator()<false>(tile);
-    } else if (tile * kBlockN <= wg_last_pos) {
+    } else if (tile * kBlockN <= last_pos) {
       scores_to_p.template operator()<true>(tile);
-    } else {  // (warpgroup 0, its last tile)
-      give_turn();
-      load_next(tile);
+    } else {  // (consumer 0, its last tile)
+      take_turn(tile);
+      pass_turn(tile);
       issue_pv(tile - 1);
       wgmma_wait<0>();
-    }
-    // The tile's new rows into the cache, while its stage is still untouched.
-    if (writes_cache && (tile + 1) * kBlockN > t.prefix + t.m0) {
-      const int stage = tile % kStages;
-      store_new_rows<kD, kBlockN, kThreads>(sK + stage * kTileElems, sV + stage * kTileElems, tile, p, t,
-                                            [](int row, int chunk) { return wgmma_panel_offset<kBlockN>(row, chunk); });
+      release(tile - 1);
+      release(tile);
     }
   }
-  if ((n_tiles - 1) * kBlockN <= wg_last_pos) {  // the last tile's P V
-    issue_pv(n_tiles - 1);
+  if ((cta.n_tiles - 1) * kBlockN <= last_pos) {  // the last tile's P V
+    issue_pv(cta.n_tiles - 1);
     wgmma_wait<0>();
+    release(cta.n_tiles - 1);
   }
 
-  // O (bf16) through the warpgroup's own rows of sQ (its wgmma reads of them are complete), then
+  // O (bf16) through the consumer's own rows of sQ (its wgmma reads of them are complete), then
   // 16-byte coalesced stores.
   gate.finish(0, acc_o);
   const int g = lane / 4, quad = lane % 4;
@@ -253,20 +347,53 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   for (int db = 0; db < 16; ++db)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int row = 64 * wg + 16 * warp + g + 8 * hh;
-      *reinterpret_cast<__nv_bfloat162*>(sQ + wgmma_panel_offset<kBlockM>(row, db) + 2 * quad) =
+      const int row = 64 * c + 16 * warp + g + 8 * hh;
+      *reinterpret_cast<__nv_bfloat162*>(cta.sQ + wgmma_panel_offset<kBlockM>(row, db) + 2 * quad) =
           __floats2bfloat162_rn(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
     }
-  warpgroup_barrier(wg);
+  consumer_barrier(c);
 #pragma unroll
   for (int i = 0; i < 64 * kChunks / 128; ++i) {
-    const int idx = i * 128 + tid % 128;
-    const int row = 64 * wg + idx / kChunks, chunk = idx % kChunks;
-    if (row < rows) {
+    const int idx = i * 128 + tid;
+    const int row = 64 * c + idx / kChunks, chunk = idx % kChunks;
+    if (row < cta.rows) {
       const long long dst = ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD + chunk * 8;
-      store_bf16x8(p.out + dst, load_bf16x8(sQ + wgmma_panel_offset<kBlockM>(row, chunk)));
+      store_bf16x8(p.out + dst, load_bf16x8(cta.sQ + wgmma_panel_offset<kBlockM>(row, chunk)));
     }
   }
+}
+
+#endif  // ASYNCT_WGMMA
+
+template <class Gate>
+__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale) {
+#ifdef ASYNCT_WGMMA
+  TileInfo t;
+  if (!make_tile_info(p, kBlockM, t)) return;
+
+  extern __shared__ unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
+  bf16* sK = sQ + kBlockM * kD;
+  bf16* sV = sK + kStages * kTileElems;
+  RingBarriers& ring = *reinterpret_cast<RingBarriers*>(sV + kStages * kTileElems);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ring.full[s].init(128);
+      ring.empty[s].init(128 * kConsumers);
+    }
+    SharedBarrier::fence_init();
+  }
+  __syncthreads();
+
+  const Cta cta{p, t, sQ, sK, sV, ring, min(kBlockM, t.q_len - t.m0), (t.kv_end + kBlockN - 1) / kBlockN};
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    release_registers<kProducerRegisters>();
+    produce(cta);
+    return;  // (the producer's path must not join the consumers': they hold other register counts)
+  }
+  claim_registers<kConsumerRegisters>();
+  consume<Gate>(cta, wg - 1, scale);
 #else
   __trap();  // launched only where the build has sm_90a code (prefill_hopper_applies)
 #endif

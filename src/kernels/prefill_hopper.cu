@@ -167,59 +167,29 @@ struct Cta {
 };
 
 // The producer: tile t into stage t % kStages once both consumers released tile t - kStages.
-#ifndef ASYNCT_PREFILL_ANNOUNCE_ON_LANDING
-#define ASYNCT_PREFILL_ANNOUNCE_ON_LANDING 1
-#endif
+// Tile t is announced by the copies themselves: each thread's arrival on full[t % kStages] is
+// made when its copies have landed, so the producer never waits for a copy, except to write the
+// cache from a tile with new rows.
 __device__ __forceinline__ void produce(const Cta& cta) {
   const PrefillParams& p = cta.p;
   const TileInfo& t = cta.t;
   // The first query head of each KV-head group writes the new tokens' K/V into the cache.
   const bool writes_cache = t.head % (p.num_q_heads / p.kv.num_kv_heads) == 0;
-  const auto has_new_rows = [&](int tile) { return writes_cache && (tile + 1) * kBlockN > t.prefix + t.m0; };
-  const auto write_cache = [&](int tile) {
-    producer_barrier();  // every producer thread's copies of the tile have landed
-    const int stage = tile % kStages;
-    store_new_rows<kD, kBlockN, 128>(cta.sK + stage * kTileElems, cta.sV + stage * kTileElems, tile, p, t,
-                                     [](int row, int chunk) { return wgmma_panel_offset<kBlockN>(row, chunk); });
-  };
-#if ASYNCT_PREFILL_ANNOUNCE_ON_LANDING
-  // Tile t is announced by the copies themselves: each thread's arrival on full[t % kStages]
-  // happens when its copies have landed, so the producer never waits for a copy (except to write
-  // the cache from a tile with new rows).
   for (int tile = 0; tile < cta.n_tiles; ++tile) {
     const int stage = tile % kStages;
+    bf16 *k_stage = cta.sK + stage * kTileElems, *v_stage = cta.sV + stage * kTileElems;
     if (tile >= kStages) cta.ring.empty[stage].wait((tile / kStages - 1) & 1);
     if (tile == 0) load_q(cta.sQ, p, t, cta.rows);
-    load_kv(cta.sK + stage * kTileElems, cta.sV + stage * kTileElems, tile, p, t);
+    load_kv(k_stage, v_stage, tile, p, t);
     cta.ring.full[stage].arrive_when_copies_land();
-    if (has_new_rows(tile)) {
-      cp_async_commit();
-      cp_async_wait<0>();
-      write_cache(tile);
+    if (writes_cache && (tile + 1) * kBlockN > t.prefix + t.m0) {  // the tile holds new rows
+      cp_async_commit();  // (wait_group waits for committed groups only)
+      cp_async_wait_all();
+      producer_barrier();  // every producer thread's copies of the tile have landed
+      store_new_rows<kD, kBlockN, 128>(k_stage, v_stage, tile, p, t,
+                                       [](int row, int chunk) { return wgmma_panel_offset<kBlockN>(row, chunk); });
     }
   }
-#else
-  // Tile t is announced when its copies (and, for t = 0, Q's) have landed, which the producer
-  // learns one tile later (cp.async groups complete in order), so two tiles' copies are in flight.
-  const auto announce = [&](int tile) {
-    fence_proxy_async_shared();  // the copies (generic proxy) before the wgmma reads (async proxy)
-    cta.ring.full[tile % kStages].arrive();
-    if (has_new_rows(tile)) write_cache(tile);
-  };
-  for (int tile = 0; tile < cta.n_tiles; ++tile) {
-    const int stage = tile % kStages;
-    if (tile >= kStages) cta.ring.empty[stage].wait((tile / kStages - 1) & 1);
-    if (tile == 0) load_q(cta.sQ, p, t, cta.rows);
-    load_kv(cta.sK + stage * kTileElems, cta.sV + stage * kTileElems, tile, p, t);
-    cp_async_commit();
-    if (tile >= 1) {
-      cp_async_wait<1>();
-      announce(tile - 1);
-    }
-  }
-  cp_async_wait<0>();
-  announce(cta.n_tiles - 1);
-#endif
 }
 
 // Consumer c: rows [64 c, 64 c + 64) of the CTA's tile.
@@ -317,9 +287,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale) {
 
   for (int tile = 0; tile < cta.n_tiles; ++tile) {
     cta.ring.full[tile % kStages].wait((tile / kStages) & 1);
-#if ASYNCT_PREFILL_ANNOUNCE_ON_LANDING
     fence_proxy_async_shared();  // the landed copies (generic proxy) before this thread's wgmma reads
-#endif
     if (tile == 0) {
       scores_to_p.template operator()<false>(tile);
     } else if (tile * kBlockN <= last_pos) {

@@ -26,6 +26,15 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+// Orders this thread's earlier global writes before the bulk copies that later read them (the
+// copy engine reads through the async proxy); the thread that issues those copies must learn of
+// the writes through a barrier or a warp synchronisation after this fence.
+__device__ __forceinline__ void fence_generic_to_async_global() {
+#ifndef ASYNCT_BULK_COPY_EMULATED
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+#endif
+}
+
 // A barrier in shared memory that completes a phase when `count` threads have arrived and
 // every byte announced with arrive_expecting has been written.
 struct SharedBarrier {

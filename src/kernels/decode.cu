@@ -42,6 +42,7 @@
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_info.h"
 #include "kernels/gate.cuh"
+#include "kernels/head_norm_rope.cuh"
 
 namespace asynct::kernels {
 namespace {
@@ -450,6 +451,7 @@ struct Stage1Args {
   float* partial_out;  // [splits, seqs, Hq, D] (null when one split)
   float* partial_max;  // [splits, seqs, Hq] softmax only
   float* partial_sum;
+  RopeTurns turns;  // with p.projection
 };
 
 // The split counters, one per (head group, sequence): zero when the module loads, and left zero
@@ -511,10 +513,12 @@ __device__ void combine_splits(const Stage1Args& a, int splits, long long first_
 // `written_from` do not depend on the kernel before this one (a dependent launch: only the
 // newest key is written by it), so the tiles that end before it are requested before the wait
 // for that kernel: their loads overlap its tail and this kernel's start.
+// With the projection (decode.h), the newest key is written by this CTA's consumer warps, and
+// the tile that holds it waits for them (`newest`, null when the CTA does not hold it).
 template <int kTile, int kStages, int kParts>
 __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsigned char* stages, int stage_bytes,
                               int row_bytes, SharedBarrier* full, SharedBarrier* empty, int begin, int end,
-                              int written_from) {
+                              int written_from, SharedBarrier* newest) {
   const PagedKv& kv = a.p.kv;
   const int lane = threadIdx.x & 31;
   // With all of the cache's heads in the CTA, a token's rows for them are contiguous and a tile
@@ -529,6 +533,10 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
       wait_for_prior_grids();
       allow_next_grid();
       waited = true;
+    }
+    if (newest != nullptr && first + n > written_from) {
+      newest->wait(0);
+      newest = nullptr;
     }
     if (t >= kStages) empty[s].wait((t / kStages - 1) & 1);
     for (int i = lane * rows_per_copy; i < n; i += 32 * rows_per_copy) {
@@ -547,13 +555,53 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
   }
 }
 
+// With the projection (decode.h): this lane's 8 values of each of the warp's query heads, normed
+// and rotated, from the sequence's projection row; and, when the CTA holds the sequence's newest
+// key (`writes_newest`), that key and its value for the warp's KV head, written into the cache
+// and announced on `newest` (one arrival per consumer warp).
+template <int kHeadDim, int kGroup>
+__device__ void project_new_token(const Stage1Args& a, int seq, int kv_head, bool writes_newest,
+                                  float (&q)[kGroup][8], SharedBarrier& newest) {
+  using L = Layout<kHeadDim, kGroup>;
+  const DecodeProjection& pr = a.p.projection;
+  const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey;
+  const int hq = a.p.num_q_heads, hkv = a.p.kv.num_kv_heads;
+  const std::int64_t row = std::int64_t(seq) * (hq + 2 * hkv) * kHeadDim + 8 * slice;  // this lane's values
+  float2 rotation[8];
+  const std::int64_t position = pr.positions[seq];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) rotation[i] = rope_rotation(a.turns, position, (8 * slice + i) % (kHeadDim / 2));
+  // Every lane group of the warp computes every head (they all need all of q).
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) {
+    load_output8(pr.qkv, row + std::int64_t(kv_head * kGroup + h) * kHeadDim, q[h]);
+    head_norm8<kHeadDim>(q[h], pr.q_weight + 8 * slice, pr.norm.eps, pr.norm.clip);
+    head_rope8<kHeadDim>(q[h], slice, rotation);
+  }
+  if (!writes_newest) return;
+  float k[8], v[8];
+  load_output8(pr.qkv, row + std::int64_t(hq + kv_head) * kHeadDim, k);
+  load_output8(pr.qkv, row + std::int64_t(hq + hkv + kv_head) * kHeadDim, v);
+  head_norm8<kHeadDim>(k, pr.k_weight + 8 * slice, pr.norm.eps, pr.norm.clip);
+  head_rope8<kHeadDim>(k, slice, rotation);
+  const std::int64_t slot = pr.slot_mapping[seq];
+  if (lane < L::kLanesPerKey && slot >= 0) {
+    const std::int64_t at = (slot * hkv + kv_head) * kHeadDim + 8 * slice;
+    store8(a.p.kv.key_cache + at, k);
+    store8(a.p.kv.value_cache + at, v);  // rounded as the dense product would be
+    fence_generic_to_async_global();     // the producer's and the V gathers' bulk copies read them
+  }
+  __syncwarp();
+  if (lane == 0) newest.arrive();
+}
+
 template <int kHeadDim, int kGroup, typename Gate>
 __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate gate) {
   using L = Layout<kHeadDim, kGroup>;
   constexpr bool kSoftmax = Gate::kLoadValuesWithKeys;
   using Ring = StageRing<kHeadDim, kGroup, Gate>;
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ SharedBarrier full[Ring::kStages], empty[Ring::kStages];
+  __shared__ SharedBarrier full[Ring::kStages], empty[Ring::kStages], newest;
   // A dependent launch: the kernel before writes q and the newest key of each sequence (see
   // produce_tiles); the metadata and the older keys were written before it.
   const DecodeParams& p = a.p;
@@ -577,8 +625,11 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   const int begin = split * keys_per_split;
   const int end = min(kv_len, begin + keys_per_split);
 
+  // With the projection, the CTA that holds the newest key writes it (project_new_token).
+  const bool writes_newest = p.projection.enabled() && begin < end && end == kv_len;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Ring::kStages; ++s) full[s].init(1), empty[s].init(unsigned(heads));
+    newest.init(unsigned(heads));
     for (int w = 0; w < heads; ++w) Gate::init_scratch(scratch(w));
     SharedBarrier::fence_init();
   }
@@ -590,21 +641,26 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
                        p.kv.block_size - 1, p.kv.num_kv_heads * kHeadDim, kv_head * kHeadDim};
   if (warp == heads) {
     produce_tiles<L::kTile, Ring::kStages, Ring::kParts>(a, cache, smem, stage_bytes, row_bytes, full, empty,
-                                                         begin, end, kv_len - 1);
+                                                         begin, end, kv_len - 1, writes_newest ? &newest : nullptr);
     return;
   }
-  wait_for_prior_grids();  // q, and the newest key that the gate's halo or V gathers may read
+  wait_for_prior_grids();  // q (or the projection), and the newest key the halo or V gathers may read
   allow_next_grid();
 
   // A consumer warp: this lane's 8 elements of each query head, pre-scaled.
   const int first_head = kv_head * kGroup;
   float q[kGroup][8];
+  if (p.projection.enabled()) {
+    project_new_token<kHeadDim, kGroup>(a, seq, kv_head, writes_newest, q, newest);
+  } else {
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    to_float8(load_bf16x8(p.query + ((long long)seq * p.num_q_heads + first_head + h) * kHeadDim + slice * 8), q[h]);
+    for (int h = 0; h < kGroup; ++h)
+      to_float8(load_bf16x8(p.query + ((long long)seq * p.num_q_heads + first_head + h) * kHeadDim + slice * 8), q[h]);
+  }
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h)
 #pragma unroll
     for (int e = 0; e < 8; ++e) q[h][e] *= a.scale;
-  }
   typename Gate::template State<kGroup> state;
   gate.template start<kGroup>(state, first_head);
   float o[kGroup][8] = {};
@@ -762,7 +818,7 @@ std::size_t decode_workspace_bytes(const DecodeParams& p, int num_splits) {
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   validate_paged_kv(p.kv, "decode");
   validate_gate(p.gate, "decode");
-  check(p.query && p.out && p.kv_lens, "decode: null query, out or kv_lens");
+  check((p.query || p.projection.enabled()) && p.out && p.kv_lens, "decode: null query (and no projection), out or kv_lens");
   check(p.num_seqs >= 1, "decode: no sequences");
   check(p.num_q_heads % p.kv.num_kv_heads == 0, "decode: ", p.num_q_heads,
         " query heads are not a multiple of ", p.kv.num_kv_heads, " KV heads");
@@ -781,7 +837,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (splits <= 0) splits = decode_num_splits(p.num_seqs, p.kv.num_kv_heads, p.max_kv_len, current_device_info().sm_count);
   splits = std::min({splits, p.max_kv_len, kMaxSplits});
 
-  Stage1Args a{p, 0, kv_heads_per_cta(p.kv.num_kv_heads), 0.0f, nullptr, nullptr, nullptr};
+  Stage1Args a{p, 0, kv_heads_per_cta(p.kv.num_kv_heads), 0.0f, nullptr, nullptr, nullptr, {}};
   while ((1 << a.block_shift) < p.kv.block_size) ++a.block_shift;
   a.scale = p.scale != 0.0f ? p.scale : float(1.0 / std::sqrt(double(p.kv.head_dim)));
   if (splits > 1) {
@@ -794,6 +850,27 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     const long long counters = (long long)p.num_seqs * (p.kv.num_kv_heads / a.heads_per_cta);
     check(counters <= kMaxSplitCounters, "decode: ", p.num_seqs, " sequences x ", p.kv.num_kv_heads / a.heads_per_cta,
           " head groups need more split counters than the ", kMaxSplitCounters, " there are");
+  }
+
+  if (p.projection.enabled()) {
+    const DecodeProjection& pr = p.projection;
+    check(pr.q_weight && pr.k_weight && pr.positions && pr.slot_mapping,
+          "decode: the projection needs q_weight, k_weight, positions and slot_mapping");
+    check(std::isfinite(pr.rope_theta) && pr.rope_theta > 0, "decode: rope_theta must be finite and > 0, got ",
+          pr.rope_theta);
+    check(std::isfinite(pr.norm.eps) && pr.norm.eps >= 0 && pr.norm.clip > 0,
+          "decode: the projection's norm needs a finite eps >= 0 and a clip > 0");
+    const std::int64_t elements = std::int64_t(p.num_seqs) * (p.num_q_heads + 2 * p.kv.num_kv_heads) * p.kv.head_dim;
+    if (pr.qkv.is_split()) {
+      check(pr.qkv.splits >= 1 && pr.qkv.splits <= kMaxLinearSplits, "decode: the projection has ", pr.qkv.splits,
+            " splits; 1..", kMaxLinearSplits, " are supported");
+      check(pr.qkv.split_stride >= elements && pr.qkv.split_stride % 4 == 0, "decode: the projection's split stride ",
+            pr.qkv.split_stride, " is not a multiple of 4 of at least ", elements);
+      check(reinterpret_cast<std::uintptr_t>(pr.qkv.partials) % 16 == 0, "decode: the projection is not 16-byte aligned");
+    } else {
+      check(reinterpret_cast<std::uintptr_t>(pr.qkv.dense) % 16 == 0, "decode: the projection is not 16-byte aligned");
+    }
+    a.turns = RopeTurns::of(p.kv.head_dim, pr.rope_theta);
   }
 
   const bool softmax = p.gate.kind == GateKind::Softmax;

@@ -8,11 +8,31 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention_args.h"
+#include "kernels/linear_output.h"
+#include "kernels/norms.h"  // NormArgs
 
 namespace asynct::kernels {
 
+// The decode step's q and newest key/value straight from the qkv projection: what
+// launch_qk_norm_rope_cache_write (norms.h) computes for these rows, done by the decode kernel
+// itself, which saves a launch and a dependency per layer. With `qkv` set, each sequence's
+// query heads are normed and rotated from its projection row instead of read from `query`, and
+// the sequence's newest key and value (position kv_lens - 1) are normed, rotated and written
+// into the cache at slot_mapping before anything reads them. slot_mapping must be where the
+// block table puts that position (the engine's slot mapping).
+struct DecodeProjection {
+  LinearOutput qkv;  // [num_seqs, (num_q_heads + 2 num_kv_heads) * head_dim]: q, k, v heads
+  const bf16* q_weight = nullptr;  // [head_dim]
+  const bf16* k_weight = nullptr;
+  const std::int64_t* positions = nullptr;     // device, [num_seqs]: the rotation's positions
+  const std::int64_t* slot_mapping = nullptr;  // device, [num_seqs]: the newest K/V's cache slots
+  float rope_theta = 1e6f;
+  NormArgs norm;
+  __host__ __device__ bool enabled() const { return qkv.dense != nullptr || qkv.is_split(); }
+};
+
 struct DecodeParams {
-  const bf16* query = nullptr;           // [num_seqs, num_q_heads, head_dim]
+  const bf16* query = nullptr;           // [num_seqs, num_q_heads, head_dim]; unused with projection
   bf16* out = nullptr;                   // [num_seqs, num_q_heads, head_dim]
   const std::int32_t* kv_lens = nullptr; // device, [num_seqs]; each >= 1, includes this token
   int num_seqs = 0;
@@ -26,6 +46,7 @@ struct DecodeParams {
   // Optional device counters, added to: [0] non-zero P entries (one per query head and key),
   // [1] V rows the PV loop loaded (one per KV head and key). Dense softmax counts every key.
   unsigned long long* counters = nullptr;
+  DecodeProjection projection;  // optional: q and the newest K/V from the qkv projection
 };
 
 // The split count the heuristic picks for a shape, given the GPU's multiprocessor count.

@@ -19,6 +19,7 @@
 #include "kernels/bf16.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/dependent_launch.cuh"
+#include "kernels/head_norm_rope.cuh"
 
 namespace asynct::kernels {
 namespace {
@@ -26,18 +27,8 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kMaxThreads = 256;
 constexpr int kMaxWarps = kMaxThreads / kWarp;
-constexpr unsigned kFullMask = 0xffffffffu;
 
 // ---- Pieces shared by every entry point -------------------------------------------------
-
-// Sum over aligned groups of WIDTH lanes (a power of two <= 32); every lane gets its group's
-// sum. All 32 lanes of the warp must call it.
-template <int WIDTH>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int offset = WIDTH / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(kFullMask, v, offset);
-  return v;
-}
 
 // Sum over the block (a whole number of warps); every thread gets the total. `partial` is
 // kMaxWarps floats used by this call only, so consecutive reductions need no extra barrier.
@@ -48,34 +39,6 @@ __device__ __forceinline__ float block_sum(float v, float* partial) {
   __syncthreads();
   v = lane < int(blockDim.x / kWarp) ? partial[lane] : 0.0f;
   return group_sum<kWarp>(v);
-}
-
-__device__ __forceinline__ void load8(const bf16* p, float (&x)[8]) { to_float8(load_bf16x8(p), x); }
-__device__ __forceinline__ void store8(bf16* p, const float (&x)[8]) { store_bf16x8(p, from_float8(x)); }
-
-__device__ __forceinline__ float sum_squares8(const float (&x)[8]) {
-  float s = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) s = fmaf(x[i], x[i], s);
-  return s;
-}
-
-__device__ __forceinline__ float inv_rms(float sum_squares, float inv_count, float eps) {
-  return rsqrtf(fmaf(sum_squares, inv_count, eps));
-}
-
-// x = w * clamp(x * inv_rms, -clip, clip) for 8 values and their 8 weights. An infinite clip
-// leaves the clamp a no-op, which makes this RMSNorm.
-__device__ __forceinline__ void apply_norm8(float (&x)[8], const Bf16x8& w, float inv_rms,
-                                            float clip) {
-  float wf[8];
-  to_float8(w, wf);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) x[i] = wf[i] * fminf(fmaxf(x[i] * inv_rms, -clip), clip);
-}
-__device__ __forceinline__ void apply_norm8(float (&x)[8], const bf16* w, float inv_rms,
-                                            float clip) {
-  apply_norm8(x, load_bf16x8(w), inv_rms, clip);
 }
 
 __device__ __forceinline__ void add8(float (&x)[8], const float (&y)[8]) {
@@ -135,33 +98,6 @@ __device__ __forceinline__ void load_row(const bf16* row, int vectors, const Thr
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) x[k][i] = 0.0f;
-    }
-  }
-}
-
-// 8 values of a split product at element offset `at`: the splits' fp32 values added in split
-// order. All the splits' loads are issued before the first add (the loop is unrolled to the
-// most splits there can be): a chain of one L2 trip per split would cost more than the GEMM
-// epilogue it replaces. Past `valid` nothing is read and x is zero.
-__device__ __forceinline__ void load_split8(const LinearOutput& in, std::int64_t at, bool valid, float (&x)[8]) {
-  float4 loaded[kMaxLinearSplits][2];
-#pragma unroll
-  for (int s = 0; s < kMaxLinearSplits; ++s) {
-    if (s < in.splits && valid) {
-      const float4* from = reinterpret_cast<const float4*>(in.partials + s * in.split_stride + at);
-      loaded[s][0] = __ldcg(from);
-      loaded[s][1] = __ldcg(from + 1);
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) x[i] = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kMaxLinearSplits; ++s) {
-    if (s < in.splits && valid) {
-      const float v[8] = {loaded[s][0].x, loaded[s][0].y, loaded[s][0].z, loaded[s][0].w,
-                          loaded[s][1].x, loaded[s][1].y, loaded[s][1].z, loaded[s][1].w};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] += v[i];
     }
   }
 }
@@ -393,8 +329,6 @@ RowParams row_params(const char* who, int rows, int hidden, const NormArgs& args
 
 // ---- Per-head q/k norm + neox RoPE + KV-cache write ----------------------------------------
 
-constexpr int kMaxHeadDim = 256;
-
 struct QkParams {
   bf16* q;
   bf16* k;
@@ -409,26 +343,23 @@ struct QkParams {
   bf16* value_cache;
   int num_q_heads, num_kv_heads;
   float eps, clip;
-  // inv_freq_i / (2 pi) = theta^(-2i/head_dim) / (2 pi), computed on the host in double (so
-  // the kernel skips a double exp2 per frequency); 1 KiB of kernel parameters.
-  double turns_per_position[kMaxHeadDim / 2];
+  RopeTurns turns;
+  int first_token;
 };
 
-// Grid (token, group of heads). A head is held by HEAD_DIM/8 lanes, one vector each; q heads
-// come first, then k heads, whose lanes also copy v into the cache. The head's RoPE partner
-// (element i +- HEAD_DIM/2) sits HEAD_DIM/16 lanes away, which is a lane XOR because the
-// lane count is a power of two.
+// Grid (token, group of heads): a head is held by HEAD_DIM/8 lanes, one vector each
+// (head_norm_rope.cuh); q heads come first, then k heads, whose lanes also copy v into the cache.
 template <int HEAD_DIM, bool SPLIT>
 __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
   constexpr int kLanes = HEAD_DIM / 8, kHalf = HEAD_DIM / 2, kPartner = kLanes / 2;
   static_assert(kLanes >= 2 && kLanes <= kWarp && (kLanes & (kLanes - 1)) == 0);
   // cos/sin per frequency, shared by the block's heads (all of one token): computed once per
-  // block and in double precision (see below), not once per element.
+  // block, not once per element.
   __shared__ float2 rotation[kHalf];
   wait_for_prior_grids();
   allow_next_grid();
 
-  const int token = blockIdx.x;
+  const int token = p.first_token + blockIdx.x;
   const int lane = threadIdx.x % kLanes;
   const int head = blockIdx.y * (blockDim.x / kLanes) + threadIdx.x / kLanes;
   const bool is_q = head < p.num_q_heads;
@@ -464,33 +395,16 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
     }
   }
 
-  // While the loads are in flight. Angles reach ~1e5 rad at long positions, where fp32's
-  // position * inv_freq alone is off by up to ~5e-3 rad; so the angle is formed in double, as
-  // turns, and reduced to [-1/2, 1/2] turn (error ~1e-11) before the fp32 sin/cos (~1e-7).
+  // While the loads are in flight.
   const std::int64_t position = p.positions[token];
-  for (int i = threadIdx.x; i < kHalf; i += blockDim.x) {
-    const double turns = double(position) * p.turns_per_position[i];
-    float s, c;
-    sincospif(2.0f * float(turns - rint(turns)), &s, &c);
-    rotation[i] = make_float2(c, s);
-  }
+  for (int i = threadIdx.x; i < kHalf; i += blockDim.x) rotation[i] = rope_rotation(p.turns, position, i);
 
-  const float inv = inv_rms(group_sum<kLanes>(sum_squares8(x)), 1.0f / HEAD_DIM, p.eps);
-  apply_norm8(x, (is_q ? p.q_weight : p.k_weight) + 8 * lane, inv, p.clip);
-
-  float partner[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) partner[i] = __shfl_xor_sync(kFullMask, x[i], kPartner);
+  head_norm8<HEAD_DIM>(x, (is_q ? p.q_weight : p.k_weight) + 8 * lane, p.eps, p.clip);
   __syncthreads();  // rotation[] is written
-
-  // First half: x cos - partner sin; second half: x cos + partner sin (rotate_half).
-  const float sign = lane < kPartner ? -1.0f : 1.0f;
-  const int first_pair = 8 * (lane % kPartner);
+  float2 lane_rotation[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float2 cs = rotation[first_pair + i];
-    x[i] = fmaf(sign * partner[i], cs.y, x[i] * cs.x);
-  }
+  for (int i = 0; i < 8; ++i) lane_rotation[i] = rotation[8 * (lane % kPartner) + i];
+  head_rope8<HEAD_DIM>(x, lane, lane_rotation);
   if (!active) return;
   if (is_q) {
     store8(p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
@@ -506,13 +420,13 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
 }
 
 template <int HEAD_DIM>
-void launch_qk(const QkParams& p, bool split, int tokens, cudaStream_t stream) {
+void launch_qk(const QkParams& p, bool split, int tokens, cudaStream_t stream) {  // tokens from first_token
   constexpr int kLanes = HEAD_DIM / 8;
   const int heads = p.num_q_heads + p.num_kv_heads;
   // Up to kMaxThreads per block; fewer when the token has few heads (whole warps always).
   const int threads = round_up(std::min(heads * kLanes, kMaxThreads), kWarp);
   const int heads_per_block = threads / kLanes;
-  const dim3 grid(tokens, (heads + heads_per_block - 1) / heads_per_block);
+  const dim3 grid(tokens - p.first_token, (heads + heads_per_block - 1) / heads_per_block);
   if (split)
     launch_dependent(qk_norm_rope_kernel<HEAD_DIM, true>, grid, threads, 0, stream, "qk_norm_rope", p);
   else
@@ -622,14 +536,11 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
     check(args.slot_mapping != nullptr, who, ": slot_mapping is null");
   }
 
-  QkParams p{args.q, args.k, args.v, args.qkv, args.v_out, args.q_weight, args.k_weight, args.positions,
-             args.slot_mapping, args.key_cache, args.value_cache, args.num_q_heads,
-             args.num_kv_heads, args.norm.eps, args.norm.clip, {}};
-  // Successive powers of theta^(-2/head_dim): one pow per launch (a pow per frequency measured
-  // ~2 us of host time per launch); the product's error stays ~1e-14 relative.
-  const double ratio = std::pow(double(args.rope_theta), -2.0 / args.head_dim);
-  double turns = 1.0 / 6.283185307179586477;
-  for (int i = 0; i < args.head_dim / 2; ++i, turns *= ratio) p.turns_per_position[i] = turns;
+  check(args.first_token >= 0 && args.first_token < args.tokens, who, ": first_token ", args.first_token,
+        " outside 0..", args.tokens - 1);
+  const QkParams p{args.q, args.k, args.v, args.qkv, args.v_out, args.q_weight, args.k_weight, args.positions,
+                   args.slot_mapping, args.key_cache, args.value_cache, args.num_q_heads, args.num_kv_heads,
+                   args.norm.eps, args.norm.clip, RopeTurns::of(args.head_dim, args.rope_theta), args.first_token};
   switch (args.head_dim) {
     case 64: return launch_qk<64>(p, split, args.tokens, stream);
     case 128: return launch_qk<128>(p, split, args.tokens, stream);

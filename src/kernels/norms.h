@@ -56,6 +56,8 @@ void launch_post_attn_pre_mlp(const LinearOutput& attn_out, bf16* residual, cons
 // (v_out gets a copy of v, for the prefill kernel); v is then unused. The fused input may also
 // come as a GEMM's split partial sums (linear_output.h), added in fp32 as they are read, v
 // rounded to bf16 as the dense product would be. qkv left empty: q, k and v are separate.
+// Only tokens first_token .. tokens - 1 are processed (the decode kernel does a step's leading
+// decode tokens itself, decode.h): indices stay those of the whole step.
 struct QkNormRopeArgs {
   bf16* q = nullptr;
   bf16* k = nullptr;
@@ -69,6 +71,7 @@ struct QkNormRopeArgs {
   bf16* key_cache = nullptr;
   bf16* value_cache = nullptr;
   int tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int first_token = 0;
   float rope_theta = 1e6f;
   NormArgs norm;
 };

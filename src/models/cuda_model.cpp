@@ -448,7 +448,6 @@ struct CudaModelRunner::Impl {
 
   kernels::DecodeParams decode_params(DeviceLayer& l, int s, int max_blocks, int max_kv_len) const {
     kernels::DecodeParams p;
-    p.query = q.get();
     p.out = attn.get();
     p.kv_lens = step.kv_lens;
     p.num_seqs = s;
@@ -463,9 +462,17 @@ struct CudaModelRunner::Impl {
 
   // Leading sequences that add one token go to the decode kernel, the rest to the prefill
   // kernel (the engine orders a step's sequences that way).
-  void attention(DeviceLayer& l, const StepShape& shape) {
+  void attention(DeviceLayer& l, const StepShape& shape, const kernels::LinearOutput& qkv_proj) {
     if (shape.decodes > 0) {
       kernels::DecodeParams p = decode_params(l, shape.decodes, shape.max_blocks, shape.decode_kv_len);
+      kernels::DecodeProjection& pr = p.projection;  // the decode rows lead the projection
+      pr.qkv = qkv_proj;
+      pr.q_weight = l.q_norm.get();
+      pr.k_weight = l.k_norm.get();
+      pr.positions = step.positions;
+      pr.slot_mapping = step.slots;
+      pr.rope_theta = float(c.rope_theta);
+      pr.norm = norm;
       decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(p, p.num_splits)));
       p.workspace = decode_workspace.get();
       kernels::launch_decode(p, stream);
@@ -588,28 +595,29 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
     const kernels::LinearOutput qkv_proj = gemm.linear_for_reader(
         hidden.get(), layer.qkv_proj.get(), qkv.get(), linear_partials.get(), partial_floats, t, h, qd + 2 * kvd, stream);
     timer.mark("gemm");
-    kernels::QkNormRopeArgs qk;  // splits qkv into dense q, k, v on the way
-    qk.qkv = qkv_proj;
-    qk.q = q.get();
-    qk.k = k.get();
-    qk.v_out = v.get();
-    qk.q_weight = layer.q_norm.get();
-    qk.k_weight = layer.k_norm.get();
-    qk.positions = step.positions;
-    qk.slot_mapping = step.slots;
-    if (shape.decodes > 0) {  // the decode kernel reads the cache: write it here (prefill writes its own)
-      qk.key_cache = layer.key_cache.get();
-      qk.value_cache = layer.value_cache.get();
+    // The decode tokens' q/k norm, RoPE and cache write happen in the decode kernel (it reads the
+    // projection); the prefill tokens' here, into dense q, k, v (the prefill kernel writes the
+    // cache itself).
+    if (shape.decodes < t) {
+      kernels::QkNormRopeArgs qk;
+      qk.qkv = qkv_proj;
+      qk.q = q.get();
+      qk.k = k.get();
+      qk.v_out = v.get();
+      qk.q_weight = layer.q_norm.get();
+      qk.k_weight = layer.k_norm.get();
+      qk.positions = step.positions;
+      qk.tokens = t;
+      qk.first_token = shape.decodes;
+      qk.num_q_heads = c.num_attention_heads;
+      qk.num_kv_heads = c.num_key_value_heads;
+      qk.head_dim = c.head_dim;
+      qk.rope_theta = float(c.rope_theta);
+      qk.norm = norm;
+      kernels::launch_qk_norm_rope_cache_write(qk, stream);
+      timer.mark("norms");
     }
-    qk.tokens = t;
-    qk.num_q_heads = c.num_attention_heads;
-    qk.num_kv_heads = c.num_key_value_heads;
-    qk.head_dim = c.head_dim;
-    qk.rope_theta = float(c.rope_theta);
-    qk.norm = norm;
-    kernels::launch_qk_norm_rope_cache_write(qk, stream);
-    timer.mark("norms");
-    attention(layer, shape);
+    attention(layer, shape, qkv_proj);
     timer.mark("attention");
     const kernels::LinearOutput attn_proj = gemm.linear_for_reader(
         attn.get(), layer.o_proj.get(), attn_out.get(), linear_partials.get(), partial_floats, t, qd, h, stream);

@@ -1,12 +1,18 @@
 // Decode kernel against the CPU reference: one query token per sequence over a paged cache
-// with shuffled blocks. Tolerance: relative Frobenius error 2e-2 (bf16 inputs and outputs land
-// near 4e-3); outputs poisoned before every launch; NaN never passes.
+// with shuffled blocks; and the same from the qkv projection (the kernel norms and rotates q and
+// the newest key and writes the newest K/V into the cache). Tolerance: relative Frobenius error
+// 2e-2 (bf16 inputs and outputs land near 4e-3); outputs poisoned before every launch; NaN
+// never passes.
 #include <gtest/gtest.h>
+
+#include <cmath>
 
 #include "gpu/device_buffer.h"
 #include "kernels/decode.h"
+#include "reference/rope.h"
 #include "support/attention_case.h"
 #include "support/compare.h"
+#include "support/expect_error.h"
 
 namespace asynct {
 namespace {
@@ -22,11 +28,13 @@ constexpr double kTolerance = 2e-2;
 struct DecodeRun {
   Tensor out;
   unsigned long long nonzero = 0, rows_loaded = 0;
+  Tensor key_cache, value_cache;  // after the launch
 };
 
-// Runs the kernel on the case (all sequences decoding, q_len 1) and returns its output.
+// Runs the kernel on the case (all sequences decoding, q_len 1) and returns its output. With a
+// projection (its device pointers set up by the caller) the kernel reads that instead of q.
 DecodeRun run_decode(const AttentionCase& c, const AttentionCase::Paged& paged, const Gate& gate,
-                     int num_splits) {
+                     int num_splits, const kernels::DecodeProjection* projection = nullptr) {
   const int num_seqs = int(c.seqs.size());
   DeviceBuffer query = DeviceBuffer::upload(c.query, DType::BF16);
   DeviceBuffer out(DType::BF16, c.query.shape());
@@ -66,6 +74,10 @@ DecodeRun run_decode(const AttentionCase& c, const AttentionCase::Paged& paged, 
   p.gate.softcap = gate.softmax.softcap;
   p.num_splits = num_splits;
   p.counters = counters.as<unsigned long long>();
+  if (projection) {
+    p.projection = *projection;
+    p.query = nullptr;
+  }
   int splits = num_splits;
   if (splits <= 0) {
     int sms = 0;
@@ -84,6 +96,8 @@ DecodeRun run_decode(const AttentionCase& c, const AttentionCase::Paged& paged, 
   Tensor counts = counters.download();
   run.nonzero = std::uint64_t(counts.at<std::int64_t>(0));
   run.rows_loaded = std::uint64_t(counts.at<std::int64_t>(1));
+  run.key_cache = key_cache.download_float();
+  run.value_cache = value_cache.download_float();
   return run;
 }
 
@@ -120,6 +134,119 @@ void check_decode(const DecodeShape& shape, std::uint64_t seed) {
   }
 }
 
+// ---- From the qkv projection ----------------------------------------------------------------
+
+// The newest token of every sequence comes as the qkv projection's row (dense bf16, or `splits`
+// fp32 partial sums); the cache holds NaN where its K/V go, so a read before the kernel's own
+// write fails. Expected: the reference's q/k norm + RoPE + cache write, then the reference
+// attention over that cache; and the newest cache rows equal to the reference's.
+void check_decode_from_projection(const DecodeShape& shape, int splits, std::uint64_t seed) {
+  testing::require_gpu();
+  SCOPED_TRACE(::testing::Message() << "head_dim " << shape.head_dim << " block " << shape.block_size
+                                    << " projection splits " << splits);
+  Random rng(seed);
+  std::vector<testing::SequenceLengths> seqs;
+  for (int len : shape.kv_lens) seqs.push_back({1, len});
+  AttentionCase c(rng, seqs, shape.hq, shape.hkv, shape.head_dim, /*bf16_exact=*/true);
+  AttentionCase::Paged paged = c.paged(rng, shape.block_size);
+  const int S = int(seqs.size()), D = shape.head_dim, Hq = shape.hq, Hkv = shape.hkv;
+  Tensor q_in = rng.normal({S, Hq, D}, 3.0f, true), k_in = rng.normal({S, Hkv, D}, 3.0f, true);
+  Tensor v_in = rng.normal({S, Hkv, D}, 1.0f, true);
+  Tensor q_weight = rng.normal({D}, 1.0f, true), k_weight = rng.normal({D}, 1.0f, true);
+  std::vector<std::int64_t> positions, slots;
+  const std::int64_t width = paged.block_table.size(1), row = std::int64_t(Hkv) * D;
+  for (int s = 0; s < S; ++s) {
+    const int pos = shape.kv_lens[std::size_t(s)] - 1;
+    const std::int64_t block = paged.block_table.at<std::int32_t>(s * width + pos / shape.block_size);
+    positions.push_back(pos);
+    slots.push_back(block * shape.block_size + pos % shape.block_size);
+    for (std::int64_t i = 0; i < row; ++i) {  // poison the newest rows of the uploaded cache
+      paged.key_cache.at<float>(slots.back() * row + i) = std::nanf("");
+      paged.value_cache.at<float>(slots.back() * row + i) = std::nanf("");
+    }
+  }
+
+  // The projection on the device, laid out as the GEMM writes it: [S, (Hq + 2 Hkv) D].
+  const std::int64_t cols = std::int64_t(Hq + 2 * Hkv) * D;
+  Tensor qkv = Tensor::empty(DType::F32, {S, cols});
+  for (int s = 0; s < S; ++s) {
+    float* out = qkv.data_as<float>() + s * cols;
+    out = std::copy_n(q_in.data_as<float>() + s * Hq * D, Hq * D, out);
+    out = std::copy_n(k_in.data_as<float>() + s * row, row, out);
+    std::copy_n(v_in.data_as<float>() + s * row, row, out);
+  }
+  DeviceBuffer dense = DeviceBuffer::upload(qkv, DType::BF16);
+  // Split form: split 0 holds x minus the others, which hold multiples of 1/16, so the sum in
+  // split order is x exactly.
+  const std::int64_t stride = S * cols + 4;
+  Tensor parts = Tensor::empty(DType::F32, {std::max(splits, 1), stride});
+  for (std::int64_t i = 0; i < S * cols; ++i) {
+    float rest = qkv.data_as<float>()[i];
+    for (int sp = 1; sp < splits; ++sp) {
+      const float a = float(rng.integer(-64, 64)) / 16.0f;
+      parts.data_as<float>()[sp * stride + i] = a;
+      rest -= a;
+    }
+    parts.data_as<float>()[i] = rest;
+  }
+  DeviceBuffer partials = DeviceBuffer::upload(parts, DType::F32);
+  DeviceBuffer dqw = DeviceBuffer::upload(q_weight, DType::BF16), dkw = DeviceBuffer::upload(k_weight, DType::BF16);
+  DeviceBuffer dpos = DeviceBuffer::upload(Tensor::from_vector(positions, {S}), DType::I64);
+  DeviceBuffer dslots = DeviceBuffer::upload(Tensor::from_vector(slots, {S}), DType::I64);
+  const NormConfig config = NormConfig::uclip(1e-6f, 1.0f);
+  const float theta = 1e6f;
+  kernels::DecodeProjection projection;
+  projection.qkv = splits > 0 ? kernels::LinearOutput{nullptr, partials.as<float>(), splits, stride}
+                              : kernels::LinearOutput::of(dense.as<kernels::bf16>());
+  projection.q_weight = dqw.as<kernels::bf16>();
+  projection.k_weight = dkw.as<kernels::bf16>();
+  projection.positions = dpos.as<std::int64_t>();
+  projection.slot_mapping = dslots.as<std::int64_t>();
+  projection.rope_theta = theta;
+  projection.norm = {config.eps, config.clip};
+
+  // The reference: q and the newest K/V into a copy of the cache, then attention over it.
+  AttentionCase::Paged expected_cache = paged;
+  expected_cache.key_cache = paged.key_cache.to(DType::F32);
+  expected_cache.value_cache = paged.value_cache.to(DType::F32);
+  QkNormRopeOutput ref = qk_norm_rope_cache_write(q_in, k_in, v_in, q_weight, k_weight, config, positions, theta,
+                                                  expected_cache.key_cache, expected_cache.value_cache, slots);
+  expected_cache.cache = KvCache::paged(expected_cache.key_cache, expected_cache.value_cache, paged.block_table);
+  AttentionCase projected = c;
+  projected.query = ref.q;
+  std::vector<float> newest_k, newest_v;
+  for (std::int64_t slot : slots)
+    for (std::int64_t i = 0; i < row; ++i) {
+      newest_k.push_back(expected_cache.key_cache.at<float>(slot * row + i));
+      newest_v.push_back(expected_cache.value_cache.at<float>(slot * row + i));
+    }
+
+  for (const Gate& gate : {random_async_gate(rng, Hq, 3), Gate::make_softmax()}) {
+    const Tensor expected = attention(projected.batch(expected_cache.cache), gate);
+    for (int num_splits : {1, 0, 7}) {
+      DecodeRun run = run_decode(c, paged, gate, num_splits, &projection);
+      EXPECT_TRUE(close_to(run.out, expected, kTolerance))
+          << (gate.kind == GateKind::Async ? "async" : "softmax") << ", decode splits " << num_splits;
+      std::vector<float> got_k, got_v;
+      for (std::int64_t slot : slots)
+        for (std::int64_t i = 0; i < row; ++i) {
+          got_k.push_back(run.key_cache.at<float>(slot * row + i));
+          got_v.push_back(run.value_cache.at<float>(slot * row + i));
+        }
+      EXPECT_TRUE(close_to(got_k, newest_k, kTolerance)) << "the newest keys in the cache";
+      EXPECT_TRUE(close_to(got_v, newest_v, 0.0)) << "the newest values in the cache (copied)";
+    }
+  }
+}
+
+TEST(DecodeSmall, FromProjectionHeadDim128) { check_decode_from_projection({{3, 40}, 4, 2, 128, 16}, 0, 21); }
+TEST(Decode, FromProjectionAwkwardLengthsGqa) {
+  check_decode_from_projection({{1, 17, 300, 1000, 4097}, 16, 8, 128, 16}, 3, 22);
+  check_decode_from_projection({{255, 256, 257, 2049}, 8, 2, 128, 256}, 0, 23);
+  check_decode_from_projection({{100, 1500}, 8, 8, 64, 64}, 8, 24);
+  check_decode_from_projection({{77, 600}, 8, 1, 256, 32}, 1, 25);
+}
+
 TEST(Decode, SmallBatchAllGates) { check_decode({{1, 5, 17, 33}, 4, 2, 64, 16}, 1); }
 TEST(Decode, SmallHeadDim128) { check_decode({{3, 40}, 2, 1, 128, 16}, 2); }
 TEST(Decode, AwkwardLengthsGqaBlock16) { check_decode({{1, 17, 300, 1000, 4097}, 8, 2, 128, 16}, 3); }
@@ -132,6 +259,24 @@ TEST(Decode, RejectsBadArguments) {
   kernels::DecodeParams p;
   p.kv.block_size = 24;
   EXPECT_THROW(kernels::launch_decode(p, nullptr), Error);
+}
+
+TEST(Decode, RejectsABadProjection) {
+  testing::require_gpu();
+  Random rng(3);
+  AttentionCase c(rng, {{1, 20}}, 4, 2, 128, true);
+  AttentionCase::Paged paged = c.paged(rng, 16);
+  DeviceBuffer parts(DType::F32, {4096});
+  kernels::DecodeProjection projection;
+  projection.qkv = kernels::LinearOutput{nullptr, parts.as<float>(), 9, 1000};  // 1024 values
+  EXPECT_THROW(run_decode(c, paged, Gate::make_softmax(), 1, &projection), Error) << "missing weights";
+  DeviceBuffer weights(DType::BF16, {128});
+  DeviceBuffer indices(DType::I64, {1});
+  projection.q_weight = projection.k_weight = weights.as<kernels::bf16>();
+  projection.positions = projection.slot_mapping = indices.as<std::int64_t>();
+  testing::expect_error([&] { run_decode(c, paged, Gate::make_softmax(), 1, &projection); }, "splits");
+  projection.qkv.splits = 2;
+  testing::expect_error([&] { run_decode(c, paged, Gate::make_softmax(), 1, &projection); }, "split stride");
 }
 
 }  // namespace

@@ -284,6 +284,7 @@ struct QkCase {
   std::vector<std::int64_t> positions;
   std::vector<std::int64_t> slots;  // one per token; -1 skips the cache write
   int num_blocks = 4, block_size = 16;
+  int first_token = 0;  // tokens before it are left alone
 };
 
 // Flat float copies (element access through Tensor::at is slow on large tensors).
@@ -366,6 +367,7 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, boo
   args.key_cache = with_cache ? dkc.as<bf16>() : nullptr;
   args.value_cache = with_cache ? dvc.as<bf16>() : nullptr;
   args.tokens = T;
+  args.first_token = c.first_token;
   args.num_q_heads = Hq;
   args.num_kv_heads = Hkv;
   args.head_dim = D;
@@ -484,6 +486,36 @@ TEST(QkNormRopeKernel, SmallWithoutCacheRewritesQAndKOnly) {
   EXPECT_TRUE(close_to(r.q, r.ref_q, kTolerance)) << "q";
   EXPECT_TRUE(close_to(r.k, r.ref_k, kTolerance)) << "k, every token (slots are not used)";
   for (float x : r.key_cache) ASSERT_TRUE(std::isnan(x)) << "the cache must stay untouched";
+}
+
+// From first_token on (the decode kernel does the leading decode tokens itself): the later
+// tokens as the reference has them, the earlier ones' q, dense k and v and cache slots untouched.
+TEST(QkNormRopeKernel, SmallFromFirstTokenLeavesEarlierTokens) {
+  testing::require_gpu();
+  Random rng(17);
+  QkCase c = make_qk_case(rng, 6, 128, true);
+  c.slots = shuffled_slots(rng, c, 4);
+  c.first_token = 2;
+  QkResult r = run_qk(c, 18, /*with_cache=*/true, /*fused=*/true, /*splits=*/2);
+  const std::int64_t q_row = std::int64_t(c.num_q_heads) * c.head_dim, kv_row = std::int64_t(c.num_kv_heads) * c.head_dim;
+  std::vector<float> q_got(r.q.begin() + c.first_token * q_row, r.q.end());
+  std::vector<float> q_ref(r.ref_q.begin() + c.first_token * q_row, r.ref_q.end());
+  EXPECT_TRUE(close_to(q_got, q_ref, kTolerance)) << "q of the processed tokens";
+  for (std::int64_t i = 0; i < c.first_token * q_row; ++i) ASSERT_TRUE(std::isnan(r.q[std::size_t(i)])) << "q " << i;
+  for (std::int64_t i = 0; i < c.first_token * kv_row; ++i) {
+    ASSERT_TRUE(std::isnan(r.k[std::size_t(i)])) << "k " << i;
+    ASSERT_TRUE(std::isnan(r.v_out[std::size_t(i)])) << "v " << i;
+  }
+  const std::int64_t slot_row = kv_row;
+  for (int t = 0; t < c.tokens; ++t) {
+    const std::int64_t slot = c.slots[std::size_t(t)];
+    if (slot < 0) continue;
+    for (std::int64_t i = 0; i < slot_row; ++i) {
+      const float got = r.key_cache[std::size_t(slot * slot_row + i)];
+      if (t < c.first_token) ASSERT_TRUE(std::isnan(got)) << "token " << t << " written to the cache";
+      else ASSERT_NEAR(got, r.ref_k[std::size_t(t * kv_row + i)], 0.05f + 0.02f * std::fabs(got)) << "token " << t;
+    }
+  }
 }
 
 TEST(QkNormRopeKernel, MatchesReference) {

@@ -1,0 +1,139 @@
+// Per-row norm arithmetic on the device and one attention head's q/k norm and neox RoPE, as the
+// norm kernels (norms.cu) and the decode kernel that reads the qkv projection itself (decode.cu)
+// both do it.
+//
+// A head of HEAD_DIM values is held by HEAD_DIM / 8 consecutive lanes, 8 values each (lane j of
+// the head: values 8j .. 8j + 7), so its sum of squares is a reduction over those lanes, and a
+// value's RoPE partner (i +- HEAD_DIM / 2) sits HEAD_DIM / 16 lanes away: a lane XOR, as the lane
+// count is a power of two.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/bf16.cuh"
+#include "kernels/linear_output.h"
+
+namespace asynct::kernels {
+
+constexpr int kMaxRopeHeadDim = 256;
+
+// inv_freq_i / (2 pi) = theta^(-2i/head_dim) / (2 pi) per frequency, computed on the host in
+// double (so the kernels skip a double exp2 per frequency); 1 KiB of kernel parameters.
+struct RopeTurns {
+  double per_position[kMaxRopeHeadDim / 2];
+
+  // Successive powers of theta^(-2/head_dim): one pow per launch (a pow per frequency measured
+  // ~2 us of host time per launch); the product's error stays ~1e-14 relative.
+  static RopeTurns of(int head_dim, float theta) {
+    RopeTurns t{};
+    const double ratio = std::pow(double(theta), -2.0 / head_dim);
+    double turns = 1.0 / 6.283185307179586477;
+    for (int i = 0; i < head_dim / 2; ++i, turns *= ratio) t.per_position[i] = turns;
+    return t;
+  }
+};
+
+#ifdef __CUDACC__
+
+// (cos, sin) of frequency i at `position`. Angles reach ~1e5 rad at long positions, where fp32's
+// position * inv_freq alone is off by up to ~5e-3 rad; so the angle is formed in double, as
+// turns, and reduced to [-1/2, 1/2] turn (error ~1e-11) before the fp32 sin/cos (~1e-7).
+__device__ __forceinline__ float2 rope_rotation(const RopeTurns& t, std::int64_t position, int i) {
+  const double turns = double(position) * t.per_position[i];
+  float s, c;
+  sincospif(2.0f * float(turns - rint(turns)), &s, &c);
+  return make_float2(c, s);
+}
+
+// Sum over aligned groups of WIDTH lanes (a power of two <= 32); every lane gets its group's
+// sum. All 32 lanes of the warp must call it.
+template <int WIDTH>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int offset = WIDTH / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ void load8(const bf16* p, float (&x)[8]) { to_float8(load_bf16x8(p), x); }
+__device__ __forceinline__ void store8(bf16* p, const float (&x)[8]) { store_bf16x8(p, from_float8(x)); }
+
+__device__ __forceinline__ float sum_squares8(const float (&x)[8]) {
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s = fmaf(x[i], x[i], s);
+  return s;
+}
+
+__device__ __forceinline__ float inv_rms(float sum_squares, float inv_count, float eps) {
+  return rsqrtf(fmaf(sum_squares, inv_count, eps));
+}
+
+// x = w * clamp(x * inv_rms, -clip, clip) for 8 values and their 8 weights. An infinite clip
+// leaves the clamp a no-op, which makes this RMSNorm.
+__device__ __forceinline__ void apply_norm8(float (&x)[8], const Bf16x8& w, float inv_rms, float clip) {
+  float wf[8];
+  to_float8(w, wf);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = wf[i] * fminf(fmaxf(x[i] * inv_rms, -clip), clip);
+}
+__device__ __forceinline__ void apply_norm8(float (&x)[8], const bf16* w, float inv_rms, float clip) {
+  apply_norm8(x, load_bf16x8(w), inv_rms, clip);
+}
+
+// 8 values of a split product at element offset `at`: the splits' fp32 values added in split
+// order. All the splits' loads are issued before the first add (the loop is unrolled to the
+// most splits there can be): a chain of one L2 trip per split would cost more than the GEMM
+// epilogue it replaces. Past `valid` nothing is read and x is zero.
+__device__ __forceinline__ void load_split8(const LinearOutput& in, std::int64_t at, bool valid, float (&x)[8]) {
+  float4 loaded[kMaxLinearSplits][2];
+#pragma unroll
+  for (int s = 0; s < kMaxLinearSplits; ++s) {
+    if (s < in.splits && valid) {
+      const float4* from = reinterpret_cast<const float4*>(in.partials + s * in.split_stride + at);
+      loaded[s][0] = __ldcg(from);
+      loaded[s][1] = __ldcg(from + 1);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kMaxLinearSplits; ++s) {
+    if (s < in.splits && valid) {
+      const float v[8] = {loaded[s][0].x, loaded[s][0].y, loaded[s][0].z, loaded[s][0].w,
+                          loaded[s][1].x, loaded[s][1].y, loaded[s][1].z, loaded[s][1].w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] += v[i];
+    }
+  }
+}
+
+// 8 values of a product's output, dense bf16 or split partial sums.
+__device__ __forceinline__ void load_output8(const LinearOutput& in, std::int64_t at, float (&x)[8]) {
+  if (in.is_split()) load_split8(in, at, true, x);
+  else load8(in.dense + at, x);
+}
+
+// The head's norm: x = norm(x) with this lane's 8 weights (`weight` points at them).
+template <int HEAD_DIM>
+__device__ __forceinline__ void head_norm8(float (&x)[8], const bf16* weight, float eps, float clip) {
+  const float inv = inv_rms(group_sum<HEAD_DIM / 8>(sum_squares8(x)), 1.0f / HEAD_DIM, eps);
+  apply_norm8(x, weight, inv, clip);
+}
+
+// The head's neox RoPE (rotate_half): first half x cos - partner sin, second half x cos + partner
+// sin. rotation[i] is (cos, sin) of this lane's value i's frequency, (8 lane + i) % (HEAD_DIM / 2).
+template <int HEAD_DIM>
+__device__ __forceinline__ void head_rope8(float (&x)[8], int lane_in_head, const float2 (&rotation)[8]) {
+  constexpr int kPartner = HEAD_DIM / 16;
+  float partner[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) partner[i] = __shfl_xor_sync(0xffffffffu, x[i], kPartner);
+  const float sign = lane_in_head < kPartner ? -1.0f : 1.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = fmaf(sign * partner[i], rotation[i].y, x[i] * rotation[i].x);
+}
+
+#endif  // __CUDACC__
+
+}  // namespace asynct::kernels

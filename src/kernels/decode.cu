@@ -511,14 +511,13 @@ __device__ void combine_splits(const Stage1Args& a, int splits, long long first_
 // The producer warp: streams the split's tiles into the stage ring. A stage is refilled once
 // every consumer warp has arrived on its "empty" barrier (it has read its rows out). Keys before
 // `written_from` do not depend on the kernel before this one (a dependent launch: only the
-// newest key is written by it), so the tiles that end before it are requested before the wait
-// for that kernel: their loads overlap its tail and this kernel's start.
-// With the projection (decode.h), the newest key is written by this CTA's consumer warps, and
-// the tile that holds it waits for them (`newest`, null when the CTA does not hold it).
+// newest key is written by it, or, with the projection, by this kernel, whose consumers then do
+// not use the copy), so the tiles that end before it are requested before the wait for that
+// kernel: their loads overlap its tail and this kernel's start.
 template <int kTile, int kStages, int kParts>
 __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsigned char* stages, int stage_bytes,
                               int row_bytes, SharedBarrier* full, SharedBarrier* empty, int begin, int end,
-                              int written_from, SharedBarrier* newest) {
+                              int written_from) {
   const PagedKv& kv = a.p.kv;
   const int lane = threadIdx.x & 31;
   // With all of the cache's heads in the CTA, a token's rows for them are contiguous and a tile
@@ -533,10 +532,6 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
       wait_for_prior_grids();
       allow_next_grid();
       waited = true;
-    }
-    if (newest != nullptr && first + n > written_from) {
-      newest->wait(0);
-      newest = nullptr;
     }
     if (t >= kStages) empty[s].wait((t / kStages - 1) & 1);
     for (int i = lane * rows_per_copy; i < n; i += 32 * rows_per_copy) {
@@ -558,41 +553,64 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
 // With the projection (decode.h): this lane's 8 values of each of the warp's query heads, normed
 // and rotated, from the sequence's projection row; and, when the CTA holds the sequence's newest
 // key (`writes_newest`), that key and its value for the warp's KV head, written into the cache
-// and announced on `newest` (one arrival per consumer warp).
+// for later steps and for the V gathers, and returned (this lane's 8 values, bf16 as stored) for
+// the consumer to use in place of the stage's copy of that row, which the producer may have
+// copied before the write.
 template <int kHeadDim, int kGroup>
 __device__ void project_new_token(const Stage1Args& a, int seq, int kv_head, bool writes_newest,
-                                  float (&q)[kGroup][8], SharedBarrier& newest) {
+                                  float (&q)[kGroup][8], Bf16x8& newest_k, Bf16x8& newest_v) {
   using L = Layout<kHeadDim, kGroup>;
   const DecodeProjection& pr = a.p.projection;
   const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey;
   const int hq = a.p.num_q_heads, hkv = a.p.kv.num_kv_heads;
   const std::int64_t row = std::int64_t(seq) * (hq + 2 * hkv) * kHeadDim + 8 * slice;  // this lane's values
+  // The warp's query heads, its key head and its value head, loaded together (in batches of
+  // at most 4 heads: more spill the registers of the largest groups). Every lane group of the
+  // warp computes every head (they all need all of q).
+  constexpr int kSets = kGroup + 2, kKey = kGroup, kValue = kGroup + 1;
+  constexpr int kBatch = kSets <= 4 ? kSets : 2;
+  std::int64_t at[kSets];
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) at[h] = row + std::int64_t(kv_head * kGroup + h) * kHeadDim;
+  at[kKey] = row + std::int64_t(hq + kv_head) * kHeadDim;
+  at[kValue] = row + std::int64_t(hq + hkv + kv_head) * kHeadDim;
+  float x[kSets][8];
+#pragma unroll
+  for (int first = 0; first < kSets; first += kBatch) {
+    std::int64_t batch_at[kBatch];
+    float batch[kBatch][8];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) batch_at[i] = at[first + i];
+    load_outputs8<kBatch>(pr.qkv, batch_at, batch);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[first + i][e] = batch[i][e];
+  }
   float2 rotation[8];
   const std::int64_t position = pr.positions[seq];
 #pragma unroll
   for (int i = 0; i < 8; ++i) rotation[i] = rope_rotation(a.turns, position, (8 * slice + i) % (kHeadDim / 2));
-  // Every lane group of the warp computes every head (they all need all of q).
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
-    load_output8(pr.qkv, row + std::int64_t(kv_head * kGroup + h) * kHeadDim, q[h]);
-    head_norm8<kHeadDim>(q[h], pr.q_weight + 8 * slice, pr.norm.eps, pr.norm.clip);
-    head_rope8<kHeadDim>(q[h], slice, rotation);
+    head_norm8<kHeadDim>(x[h], pr.q_weight + 8 * slice, pr.norm.eps, pr.norm.clip);
+    head_rope8<kHeadDim>(x[h], slice, rotation);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[h][e] = x[h][e];
   }
   if (!writes_newest) return;
-  float k[8], v[8];
-  load_output8(pr.qkv, row + std::int64_t(hq + kv_head) * kHeadDim, k);
-  load_output8(pr.qkv, row + std::int64_t(hq + hkv + kv_head) * kHeadDim, v);
-  head_norm8<kHeadDim>(k, pr.k_weight + 8 * slice, pr.norm.eps, pr.norm.clip);
-  head_rope8<kHeadDim>(k, slice, rotation);
+  head_norm8<kHeadDim>(x[kKey], pr.k_weight + 8 * slice, pr.norm.eps, pr.norm.clip);
+  head_rope8<kHeadDim>(x[kKey], slice, rotation);
+  newest_k = from_float8(x[kKey]);
+  newest_v = from_float8(x[kValue]);  // rounded as the dense product would be
   const std::int64_t slot = pr.slot_mapping[seq];
   if (lane < L::kLanesPerKey && slot >= 0) {
-    const std::int64_t at = (slot * hkv + kv_head) * kHeadDim + 8 * slice;
-    store8(a.p.kv.key_cache + at, k);
-    store8(a.p.kv.value_cache + at, v);  // rounded as the dense product would be
-    fence_generic_to_async_global();     // the producer's and the V gathers' bulk copies read them
+    const std::int64_t offset = (slot * hkv + kv_head) * kHeadDim + 8 * slice;
+    store_bf16x8(a.p.kv.key_cache + offset, newest_k);
+    store_bf16x8(a.p.kv.value_cache + offset, newest_v);
+    fence_generic_to_async_global();  // the V gathers' bulk copies read them
   }
   __syncwarp();
-  if (lane == 0) newest.arrive();
 }
 
 template <int kHeadDim, int kGroup, typename Gate>
@@ -601,9 +619,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   constexpr bool kSoftmax = Gate::kLoadValuesWithKeys;
   using Ring = StageRing<kHeadDim, kGroup, Gate>;
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ SharedBarrier full[Ring::kStages], empty[Ring::kStages], newest;
-  // A dependent launch: the kernel before writes q and the newest key of each sequence (see
-  // produce_tiles); the metadata and the older keys were written before it.
+  __shared__ SharedBarrier full[Ring::kStages], empty[Ring::kStages];
+  // A dependent launch: the kernel before writes q and the newest key of each sequence, or the
+  // projection (see produce_tiles); the metadata and the older keys were written before it.
   const DecodeParams& p = a.p;
   const int heads = a.heads_per_cta;
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -625,11 +643,12 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   const int begin = split * keys_per_split;
   const int end = min(kv_len, begin + keys_per_split);
 
-  // With the projection, the CTA that holds the newest key writes it (project_new_token).
+  // With the projection, the CTA that holds the newest key writes it (project_new_token). Its
+  // producer may copy that cache row before the write lands (the copy races the write and is
+  // not used): the consumers take the row from their registers instead.
   const bool writes_newest = p.projection.enabled() && begin < end && end == kv_len;
   if (threadIdx.x == 0) {
     for (int s = 0; s < Ring::kStages; ++s) full[s].init(1), empty[s].init(unsigned(heads));
-    newest.init(unsigned(heads));
     for (int w = 0; w < heads; ++w) Gate::init_scratch(scratch(w));
     SharedBarrier::fence_init();
   }
@@ -641,7 +660,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
                        p.kv.block_size - 1, p.kv.num_kv_heads * kHeadDim, kv_head * kHeadDim};
   if (warp == heads) {
     produce_tiles<L::kTile, Ring::kStages, Ring::kParts>(a, cache, smem, stage_bytes, row_bytes, full, empty,
-                                                         begin, end, kv_len - 1, writes_newest ? &newest : nullptr);
+                                                         begin, end, kv_len - 1);
     return;
   }
   wait_for_prior_grids();  // q (or the projection), and the newest key the halo or V gathers may read
@@ -650,8 +669,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   // A consumer warp: this lane's 8 elements of each query head, pre-scaled.
   const int first_head = kv_head * kGroup;
   float q[kGroup][8];
+  Bf16x8 newest_k{}, newest_v{};  // with writes_newest: the newest key's row, as written
   if (p.projection.enabled()) {
-    project_new_token<kHeadDim, kGroup>(a, seq, kv_head, writes_newest, q, newest);
+    project_new_token<kHeadDim, kGroup>(a, seq, kv_head, writes_newest, q, newest_k, newest_v);
   } else {
 #pragma unroll
     for (int h = 0; h < kGroup; ++h)
@@ -681,6 +701,10 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
         k[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + row * row_bytes) : Bf16x8{};
         if constexpr (kSoftmax)
           v[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + (L::kTile + row) * row_bytes) : Bf16x8{};
+        if (writes_newest && first_key + row == kv_len - 1) {  // this warp wrote it: use its own
+          k[u] = newest_k;
+          if constexpr (kSoftmax) v[u] = newest_v;
+        }
       }
       __syncwarp();
       if (lane == 0) empty[s].arrive();  // the rows are in registers: the stage can refill

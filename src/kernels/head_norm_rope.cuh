@@ -108,10 +108,49 @@ __device__ __forceinline__ void load_split8(const LinearOutput& in, std::int64_t
   }
 }
 
-// 8 values of a product's output, dense bf16 or split partial sums.
-__device__ __forceinline__ void load_output8(const LinearOutput& in, std::int64_t at, float (&x)[8]) {
-  if (in.is_split()) load_split8(in, at, true, x);
-  else load8(in.dense + at, x);
+// 8 values at each of kSets offsets of a product's output, dense bf16 or split partial sums
+// (added in split order, as load_split8 does). Every set's loads are issued together, two
+// splits at a time, so the wait is one L2 round trip per two splits rather than one per set.
+template <int kSets>
+__device__ __forceinline__ void load_outputs8(const LinearOutput& in, const std::int64_t (&at)[kSets],
+                                              float (&x)[kSets][8]) {
+  if (!in.is_split()) {
+    Bf16x8 loaded[kSets];
+#pragma unroll
+    for (int i = 0; i < kSets; ++i) loaded[i] = load_bf16x8(in.dense + at[i]);
+#pragma unroll
+    for (int i = 0; i < kSets; ++i) to_float8(loaded[i], x[i]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kSets; ++i)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[i][e] = 0.0f;
+  for (int s = 0; s < in.splits; s += 2) {
+    const bool second = s + 1 < in.splits;
+    float4 loaded[2][kSets][2];
+#pragma unroll
+    for (int i = 0; i < kSets; ++i) {
+      const float4* from = reinterpret_cast<const float4*>(in.partials + s * in.split_stride + at[i]);
+      loaded[0][i][0] = __ldcg(from);
+      loaded[0][i][1] = __ldcg(from + 1);
+      if (second) {
+        loaded[1][i][0] = __ldcg(from + in.split_stride / 4);
+        loaded[1][i][1] = __ldcg(from + in.split_stride / 4 + 1);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (j == 1 && !second) break;
+#pragma unroll
+      for (int i = 0; i < kSets; ++i) {
+        const float4 a = loaded[j][i][0], b = loaded[j][i][1];
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[i][e] += v[e];
+      }
+    }
+  }
 }
 
 // The head's norm: x = norm(x) with this lane's 8 weights (`weight` points at them).

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <map>
@@ -33,6 +34,16 @@ bool cuda_device_available() {
 }
 
 namespace {
+
+// Whether the decode kernel reads the qkv projection itself (decode.h); ASYNCT_DECODE_PROJECTION=0
+// turns it off, for measuring.
+bool decode_projection_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("ASYNCT_DECODE_PROJECTION");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return enabled;
+}
 
 // Host weights (bf16, or float32 converted on the way) as device bf16 arrays. A 1.7B model is
 // ~2e9 values: each weight goes in chunks through two reused pinned staging buffers, a chunk
@@ -466,7 +477,8 @@ struct CudaModelRunner::Impl {
     if (shape.decodes > 0) {
       kernels::DecodeParams p = decode_params(l, shape.decodes, shape.max_blocks, shape.decode_kv_len);
       kernels::DecodeProjection& pr = p.projection;  // the decode rows lead the projection
-      pr.qkv = qkv_proj;
+      if (!decode_projection_enabled()) p.query = q.get();
+      else pr.qkv = qkv_proj;
       pr.q_weight = l.q_norm.get();
       pr.k_weight = l.k_norm.get();
       pr.positions = step.positions;
@@ -597,8 +609,9 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
     timer.mark("gemm");
     // The decode tokens' q/k norm, RoPE and cache write happen in the decode kernel (it reads the
     // projection); the prefill tokens' here, into dense q, k, v (the prefill kernel writes the
-    // cache itself).
-    if (shape.decodes < t) {
+    // cache itself). ASYNCT_DECODE_PROJECTION=0 does the decode tokens here too (for measuring).
+    const bool decode_reads_projection = decode_projection_enabled();
+    if (shape.decodes < t || !decode_reads_projection) {
       kernels::QkNormRopeArgs qk;
       qk.qkv = qkv_proj;
       qk.q = q.get();
@@ -608,7 +621,12 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
       qk.k_weight = layer.k_norm.get();
       qk.positions = step.positions;
       qk.tokens = t;
-      qk.first_token = shape.decodes;
+      qk.first_token = decode_reads_projection ? shape.decodes : 0;
+      if (!decode_reads_projection && shape.decodes > 0) {  // the decode kernel reads the cache
+        qk.slot_mapping = step.slots;
+        qk.key_cache = layer.key_cache.get();
+        qk.value_cache = layer.value_cache.get();
+      }
       qk.num_q_heads = c.num_attention_heads;
       qk.num_kv_heads = c.num_key_value_heads;
       qk.head_dim = c.head_dim;

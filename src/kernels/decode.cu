@@ -553,9 +553,10 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
 // With the projection (decode.h): this lane's 8 values of each of the warp's query heads, normed
 // and rotated, from the sequence's projection row; and, when the CTA holds the sequence's newest
 // key (`writes_newest`), that key and its value for the warp's KV head, written into the cache
-// for later steps and for the V gathers, and returned (this lane's 8 values, bf16 as stored) for
-// the consumer to use in place of the stage's copy of that row, which the producer may have
-// copied before the write.
+// for later steps and for the V gathers (which the consumer orders after these writes when it
+// reaches the newest key's tile), and returned (this lane's 8 values, bf16 as stored) for the
+// consumer to use in place of the stage's copy of that row, which the producer may have copied
+// before the write.
 template <int kHeadDim, int kGroup>
 __device__ void project_new_token(const Stage1Args& a, int seq, int kv_head, bool writes_newest,
                                   float (&q)[kGroup][8], Bf16x8& newest_k, Bf16x8& newest_v) {
@@ -608,9 +609,7 @@ __device__ void project_new_token(const Stage1Args& a, int seq, int kv_head, boo
     const std::int64_t offset = (slot * hkv + kv_head) * kHeadDim + 8 * slice;
     store_bf16x8(a.p.kv.key_cache + offset, newest_k);
     store_bf16x8(a.p.kv.value_cache + offset, newest_v);
-    fence_generic_to_async_global();  // the V gathers' bulk copies read them
   }
-  __syncwarp();
 }
 
 template <int kHeadDim, int kGroup, typename Gate>
@@ -708,6 +707,14 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
       }
       __syncwarp();
       if (lane == 0) empty[s].arrive();  // the rows are in registers: the stage can refill
+      if constexpr (!kSoftmax) {
+        // The gate gathers V rows with bulk copies, the newest key's among them: this warp's
+        // write of it first (late in the loop, so the fence finds it long done).
+        if (writes_newest && first_key + L::kTile >= kv_len) {
+          fence_generic_to_async_global();
+          __syncwarp();
+        }
+      }
       gate.template tile<kHeadDim, kGroup>(state, scratch(warp), q, k, v, o, cache, p.kv.value_cache, first_key,
                                            end, counts);
     }

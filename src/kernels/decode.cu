@@ -22,6 +22,10 @@
 //     in warp-private shared memory), compacts the keys whose P is non-zero for some head of the
 //     group (sparse-P) and bulk-copies only their V rows into the warp's shared memory, used
 //     two tiles later;
+//   * with the qkv projection as input (DecodeProjection, decode.h), the consumer warps norm and
+//     rotate their q heads themselves before their first tile, and the CTA holding a sequence's
+//     newest key writes that key and value into the cache and uses them from registers, so the
+//     decode step needs no separate qk-norm kernel;
 //   * with several splits, each CTA leaves its partial outputs in the workspace and counts
 //     itself on its (head group, sequence) counter; the last of the splits to arrive combines
 //     them, in split order: a plain sum for the async gate (additivity; each warp recomputes the
@@ -892,15 +896,10 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
     check(std::isfinite(pr.norm.eps) && pr.norm.eps >= 0 && pr.norm.clip > 0,
           "decode: the projection's norm needs a finite eps >= 0 and a clip > 0");
     const std::int64_t elements = std::int64_t(p.num_seqs) * (p.num_q_heads + 2 * p.kv.num_kv_heads) * p.kv.head_dim;
-    if (pr.qkv.is_split()) {
-      check(pr.qkv.splits >= 1 && pr.qkv.splits <= kMaxLinearSplits, "decode: the projection has ", pr.qkv.splits,
-            " splits; 1..", kMaxLinearSplits, " are supported");
-      check(pr.qkv.split_stride >= elements && pr.qkv.split_stride % 4 == 0, "decode: the projection's split stride ",
-            pr.qkv.split_stride, " is not a multiple of 4 of at least ", elements);
-      check(reinterpret_cast<std::uintptr_t>(pr.qkv.partials) % 16 == 0, "decode: the projection is not 16-byte aligned");
-    } else {
+    if (pr.qkv.is_split())
+      check_split_output("decode", "qkv partials", pr.qkv, elements);
+    else
       check(reinterpret_cast<std::uintptr_t>(pr.qkv.dense) % 16 == 0, "decode: the projection is not 16-byte aligned");
-    }
     a.turns = RopeTurns::of(p.kv.head_dim, pr.rope_theta);
   }
 

@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include "core/error.h"
 #include "kernels/attention_args.h"  // bf16
 
 namespace asynct::kernels {
@@ -28,6 +29,18 @@ struct LinearOutput {
   static LinearOutput of(const bf16* dense) { return LinearOutput{dense, nullptr, 0, 0}; }
   __host__ __device__ bool is_split() const { return partials != nullptr; }
 };
+
+// Checks a split operand of a product of `elements` values before a kernel reads it: partials
+// 16-byte aligned (the readers load float4s), a split count they unroll to, a stride past the
+// whole product that keeps every split aligned.
+inline void check_split_output(const char* who, const char* name, const LinearOutput& in, std::int64_t elements) {
+  check(in.partials != nullptr, who, ": ", name, " is null");
+  check(reinterpret_cast<std::uintptr_t>(in.partials) % 16 == 0, who, ": ", name, " is not 16-byte aligned");
+  check(in.splits >= 1 && in.splits <= kMaxLinearSplits, who, ": ", name, " has ", in.splits, " splits; 1..",
+        kMaxLinearSplits, " are supported");
+  check(in.split_stride >= elements && in.split_stride % 4 == 0, who, ": ", name, "' split stride ",
+        in.split_stride, " is not a multiple of 4 of at least ", elements);
+}
 
 // The merged gate/up projection (SwiGLU) on the device: its 2 x inter rows come in blocks of
 // kGluBlock gate rows followed by the same up rows ([g0..g31, u0..u31, g32..g63, u32..], the

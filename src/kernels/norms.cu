@@ -295,16 +295,6 @@ void check_pointers(const char* who, std::initializer_list<NamedPointer> pointer
   }
 }
 
-// A split operand (linear_output.h) of a product of `elements` values: partials aligned for
-// 16-byte loads, a split count the readers unroll to, a stride past the whole product.
-void check_split(const char* who, const char* name, const LinearOutput& in, std::int64_t elements) {
-  check_pointers(who, {{in.partials, name}});
-  check(in.splits >= 1 && in.splits <= kMaxLinearSplits, who, ": ", name, " has ", in.splits, " splits; 1..",
-        kMaxLinearSplits, " are supported");
-  check(in.split_stride >= elements && in.split_stride % 4 == 0, who, ": ", name, "' split stride ",
-        in.split_stride, " is not a multiple of 4 of at least ", elements);
-}
-
 void check_norm_args(const char* who, const NormArgs& args) {
   check(std::isfinite(args.eps) && args.eps >= 0, who, ": eps must be finite and >= 0, got ",
         args.eps);
@@ -455,7 +445,7 @@ void set_x(RowParams& p, const LinearOutput& x, const char* who) {
     p.x = x.dense;
     return;
   }
-  check_split(who, "x partials", x, std::int64_t(p.rows) * p.vectors * 8);
+  check_split_output(who, "x partials", x, std::int64_t(p.rows) * p.vectors * 8);
   p.x_split = x;
 }
 
@@ -520,7 +510,7 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
   if (split) {
     check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.v_out, "v_out"}, {args.q_weight, "q_weight"},
                          {args.k_weight, "k_weight"}});
-    check_split(who, "qkv partials", args.qkv,
+    check_split_output(who, "qkv partials", args.qkv,
                 std::int64_t(args.tokens) * (args.num_q_heads + 2 * args.num_kv_heads) * args.head_dim);
   } else if (args.qkv.dense)
     check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.qkv.dense, "qkv"}, {args.v_out, "v_out"},

@@ -476,15 +476,18 @@ struct CudaModelRunner::Impl {
   void attention(DeviceLayer& l, const StepShape& shape, const kernels::LinearOutput& qkv_proj) {
     if (shape.decodes > 0) {
       kernels::DecodeParams p = decode_params(l, shape.decodes, shape.max_blocks, shape.decode_kv_len);
-      kernels::DecodeProjection& pr = p.projection;  // the decode rows lead the projection
-      if (!decode_projection_enabled()) p.query = q.get();
-      else pr.qkv = qkv_proj;
-      pr.q_weight = l.q_norm.get();
-      pr.k_weight = l.k_norm.get();
-      pr.positions = step.positions;
-      pr.slot_mapping = step.slots;
-      pr.rope_theta = float(c.rope_theta);
-      pr.norm = norm;
+      if (decode_projection_enabled()) {
+        kernels::DecodeProjection& pr = p.projection;  // the decode rows lead the projection
+        pr.qkv = qkv_proj;
+        pr.q_weight = l.q_norm.get();
+        pr.k_weight = l.k_norm.get();
+        pr.positions = step.positions;
+        pr.slot_mapping = step.slots;
+        pr.rope_theta = float(c.rope_theta);
+        pr.norm = norm;
+      } else {
+        p.query = q.get();  // written by the qk-norm kernel
+      }
       decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(p, p.num_splits)));
       p.workspace = decode_workspace.get();
       kernels::launch_decode(p, stream);

@@ -61,9 +61,9 @@ struct Config {
 
 // ---- Tile loads ----------------------------------------------------------------------------
 
-// Copies key/value tile `tile` (kBlockN rows) into shared memory with cp.async: positions
-// < prefix from the paged cache, positions in [prefix, kv_end) from the new-token arrays, rows
-// at or past kv_end zero-filled.
+// Copies key/value tile `tile` (kBlockN rows, in the key order of prefill_common.cuh) into
+// shared memory with cp.async: positions < prefix from the paged cache, positions in [prefix,
+// kv_end) from the new-token arrays, rows at or past kv_end zero-filled.
 //
 // Each thread copies part of one row (kThreadsPerRow threads per row), so the row's address (a
 // block-table lookup, or a linear index; the same for K and V) is computed once per tile. Chunk
@@ -94,9 +94,9 @@ struct KvTileLoader {
   __device__ __forceinline__ KvTileLoader(bf16* k_stage, int tile, const PrefillParams& p,
                                           const TileInfo& t) {
     const int tid = threadIdx.x;
-    const int row = (tid & 7) | ((tid / (8 * kThreadsPerRow)) << 3);
+    const int row = (tid & 7) | ((tid / (8 * kThreadsPerRow)) << 3);  // in shared memory
     const int h = (tid / 8) % kThreadsPerRow;
-    const int pos = tile * C::kBlockN + row;
+    const int pos = tile * C::kBlockN + key_of_column<C::kBlockN / 8>(row);  // (the key order)
     valid = pos < t.kv_end;
     k_src = p.key;  // (any valid address: an invalid copy reads nothing)
     v_src = p.value;

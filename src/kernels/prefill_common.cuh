@@ -44,10 +44,30 @@ struct TileInfo {
   int kv_end;  // keys [0, kv_end) are visible to some row of the tile
 };
 
+// ---- The order of a tile's keys ------------------------------------------------------------
+//
+// S's m16n8 fragments (mma.sync and wgmma alike) give the thread of quad lane `quad` the columns
+// 8 nb + 2 quad + {0, 1} of each 8-column block nb = 0 .. NB-1. Both kernels store a tile's
+// keys in shared memory in an order that makes those columns consecutive keys: column
+// j = 8 nb + 2 quad + e holds key 2 NB quad + 2 nb + e, so quad lane q holds the run of keys
+// [2 NB q, 2 NB q + 2 NB). The async gate's window sums then stay within the thread, except for
+// the first W-1 keys of each run (one exchange per run instead of one per block). K and V rows
+// share the order, so P V is unchanged; softmax does not care.
+template <int NB>
+__device__ __forceinline__ int key_of_column(int j) {
+  return 2 * NB * ((j % 8) / 2) + 2 * (j / 8) + (j & 1);
+}
+template <int NB>
+__device__ __forceinline__ int column_of_key(int k) {
+  constexpr int kRun = 2 * NB;
+  return 8 * ((k % kRun) / 2) + 2 * (k / kRun) + (k & 1);
+}
+
 // Whether element e (0..3) of 8-column block nb of the warp's S fragment is causally masked.
-// key0: the key of column 0 of the tile; pos0: the position of the thread's first row.
+// key0: the tile's first key; pos0: the position of the thread's first row.
+template <int NB>
 __device__ __forceinline__ bool is_masked(int key0, int pos0, int nb, int e, int quad) {
-  return key0 + 8 * nb + 2 * quad + (e & 1) > pos0 + 8 * (e >> 1);
+  return key0 + 2 * NB * quad + 2 * nb + (e & 1) > pos0 + 8 * (e >> 1);
 }
 
 // The CTA's tile: (query head, sequence) from blockIdx.x/y, and the query rows from blockIdx.z,
@@ -133,7 +153,7 @@ struct SoftmaxGate {
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (is_masked(key0, pos0, nb, e, quad)) s[nb][e] = -INFINITY;
+          if (is_masked<NB>(key0, pos0, nb, e, quad)) s[nb][e] = -INFINITY;
     }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
@@ -192,11 +212,14 @@ template <int MB, int kMaxW, bool kExact>
 struct AsyncGate {
   static_assert(kMaxW >= 1 && kMaxW <= 8, "pool window 1..8");
   static constexpr bool kRescalesOutput = false;  // apply() leaves O alone
+  static constexpr int kHalo = kMaxW - 1 > 0 ? kMaxW - 1 : 1;  // keys left of a run (1 if none)
   // The scores stay unscaled: the scale and 1/W live in the constants (async_gate_unscaled),
   // and gamma multiplies O once in finish().
   float alpha_scale, sigma_over_w, gamma;
   int window;
-  float carry[MB][4];  // ReLU'd scores of this thread's columns of the previous tile's last block
+  // For quad lane 0: R of the previous tile's last kMaxW-1 keys (k = 1: its last), the keys
+  // left of its run; rows g and g+8.
+  float carry[MB][2][kHalo];
 
   __device__ AsyncGate(const PrefillParams& p, int head, float s) {
     window = kExact ? kMaxW : p.gate.pool_window;
@@ -206,51 +229,43 @@ struct AsyncGate {
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) carry[mb][e] = 0.0f;  // R = 0 left of key 0
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int k = 0; k < kHalo; ++k) carry[mb][hh][k] = 0.0f;  // R = 0 left of key 0
   }
 
   template <bool kMask, int NB, int DB>
   __device__ __forceinline__ void apply(int mb, float (&s)[NB][4], float (&)[DB][4], int key0,
                                         int pos0) {
+    constexpr int kRun = 2 * NB;  // this thread's consecutive keys (see key_of_column)
     const int lane = threadIdx.x & 31, quad = lane & 3;
+    const int from = (lane & ~3) | ((quad - 1) & 3);  // the lane holding the run to the left
+    const auto relu = [&](int i, int hh) { return fmaxf(s[i / 2][2 * hh + (i & 1)], 0.0f); };  // key i of the run
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      // Ascending blocks: r0, r1 are this thread's ReLU'd scores of block nb, p0, p1 those of
-      // block nb - 1 (the previous tile's last block for nb = 0), kept as P overwrites S.
-      float p0 = carry[mb][2 * hh], p1 = carry[mb][2 * hh + 1];
+      // left[k] = R of the key k places left of the key pair in hand: first the left lane's
+      // last keys, or, for quad lane 0, the previous tile's (quad lane 3's, received one tile
+      // ago); then this run's, rolled along pair by pair (the scores are overwritten by P).
+      float left[kHalo + 1];
+#pragma unroll
+      for (int k = 1; k < kMaxW; ++k) {
+        const float got = __shfl_sync(0xffffffffu, relu(kRun - k, hh), from);
+        left[k] = quad == 0 ? carry[mb][hh][k - 1] : got;
+        carry[mb][hh][k - 1] = got;
+      }
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
         const float s0 = s[nb][2 * hh], s1 = s[nb][2 * hh + 1];
         const float r0 = fmaxf(s0, 0.0f), r1 = fmaxf(s1, 0.0f);
-        // left[k] = R of column (8nb + 2quad) - k, k = 1 .. kMaxW-1. Column pair m to the left
-        // is held by quad lane (quad - m) & 3: in this block when quad >= m, else in the block
-        // before, so the source lane picks which of its two blocks to send.
-        float left[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) left[k] = 0.0f;
-#pragma unroll
-        for (int m = 1; m <= 3; ++m) {
-          if (2 * m - 1 <= kMaxW - 1) {
-            const int src = (lane & ~3) | ((quad - m) & 3);
-            const bool same_block = quad + m < 4;  // as the source: my receiver is in my block
-            left[2 * m - 1] = __shfl_sync(0xffffffffu, same_block ? r1 : p1, src);
-            if (2 * m <= kMaxW - 1)
-              left[2 * m] = __shfl_sync(0xffffffffu, same_block ? r0 : p0, src);
-          }
-        }
-        if (kMaxW - 1 >= 7) left[7] = p1;
-        // sum0: R over columns c0-W+1 .. c0; sum1: over c0-W+2 .. c0+1. With the window known
-        // they share r0 + left[1 .. W-2].
+        // sum0: R over keys i-W+1 .. i; sum1: over i-W+2 .. i+1 (i = 2 nb). With the window
+        // known they share R over i-W+2 .. i.
         float sum0, sum1;
-        if constexpr (kExact && kMaxW == 1) {
-          sum0 = r0;
-          sum1 = r1;
-        } else if constexpr (kExact) {
+        if constexpr (kExact) {
           float shared = r0;
 #pragma unroll
           for (int k = 1; k + 1 < kMaxW; ++k) shared += left[k];
-          sum0 = shared + left[kMaxW - 1];
-          sum1 = shared + r1;
+          sum0 = kMaxW > 1 ? shared + left[kMaxW - 1] : shared;
+          sum1 = kMaxW > 1 ? shared + r1 : r1;
         } else {
           sum0 = r0;
           sum1 = r1;
@@ -265,16 +280,17 @@ struct AsyncGate {
         float g0 = async_gate_unscaled(s0, sum0, alpha_scale, sigma_over_w);
         float g1 = async_gate_unscaled(s1, sum1, alpha_scale, sigma_over_w);
         if constexpr (kMask) {
-          if (is_masked(key0, pos0, nb, 2 * hh, quad)) g0 = 0.0f;
-          if (is_masked(key0, pos0, nb, 2 * hh + 1, quad)) g1 = 0.0f;
+          if (is_masked<NB>(key0, pos0, nb, 2 * hh, quad)) g0 = 0.0f;
+          if (is_masked<NB>(key0, pos0, nb, 2 * hh + 1, quad)) g1 = 0.0f;
         }
         s[nb][2 * hh] = g0;
         s[nb][2 * hh + 1] = g1;
-        p0 = r0;
-        p1 = r1;
+        // Roll: the next pair's left keys are this pair and the ones before it.
+#pragma unroll
+        for (int k = kMaxW - 1; k >= 3; --k) left[k] = left[k - 2];
+        if (kMaxW >= 3) left[2] = r0;
+        if (kMaxW >= 2) left[1] = r1;
       }
-      carry[mb][2 * hh] = p0;
-      carry[mb][2 * hh + 1] = p1;
     }
   }
 
@@ -306,7 +322,7 @@ void with_gate(const GateArgs& gate, Visit&& visit) {
 // the staged K/V tiles into the paged cache. They pass through shared memory anyway, so the
 // write costs no global loads; stores do not stall the warp. The kernel's tile shape: kBlockN
 // keys, kThreads threads; layout(row, chunk) is the element offset of 16-byte chunk `chunk` of
-// tile row `row` in its shared-memory layout.
+// shared-memory row `row` (which holds key key_of_column(row), see the key order above).
 template <int D, int kBlockN, int kThreads, class Layout>
 __device__ __forceinline__ void store_new_rows(const bf16* k_tile, const bf16* v_tile, int tile,
                                                const PrefillParams& p, const TileInfo& t,
@@ -325,8 +341,9 @@ __device__ __forceinline__ void store_new_rows(const bf16* k_tile, const bf16* v
     const long long dst =
         ((block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * hkv + t.kv_head) * D +
         chunk * 8;
-    store_bf16x8(p.kv.key_cache + dst, load_bf16x8(k_tile + layout(row, chunk)));
-    store_bf16x8(p.kv.value_cache + dst, load_bf16x8(v_tile + layout(row, chunk)));
+    const int at = layout(column_of_key<kBlockN / 8>(row), chunk);  // (the key order)
+    store_bf16x8(p.kv.key_cache + dst, load_bf16x8(k_tile + at));
+    store_bf16x8(p.kv.value_cache + dst, load_bf16x8(v_tile + at));
   }
 }
 

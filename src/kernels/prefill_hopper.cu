@@ -108,14 +108,15 @@ __device__ __forceinline__ void load_q(bf16* sQ, const PrefillParams& p, const T
   }
 }
 
-// K/V tile `tile` (keys [128 tile, 128 tile + 128)): keys past kv_end zero-filled.
+// K/V tile `tile` (keys [128 tile, 128 tile + 128), in the key order of prefill_common.cuh):
+// keys past kv_end zero-filled.
 __device__ __forceinline__ void load_kv(bf16* k_stage, bf16* v_stage, int tile, const PrefillParams& p,
                                         const TileInfo& t) {
   const CopySlot slot;
 #pragma unroll
   for (int pass = 0; pass < kCopyPasses; ++pass) {
-    const int row = slot.row0 + 32 * pass;
-    const int pos = tile * kBlockN + row;
+    const int row = slot.row0 + 32 * pass;                          // in shared memory
+    const int pos = tile * kBlockN + key_of_column<kBlockN / 8>(row);  // (the key order)
     const bool valid = pos < t.kv_end;
     KvRow source{p.key, p.value};  // (any valid address: an invalid copy reads nothing)
     if (valid) source = kv_row<kD>(p, t, pos);

@@ -893,8 +893,7 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
           "decode: the projection needs q_weight, k_weight, positions and slot_mapping");
     check(std::isfinite(pr.rope_theta) && pr.rope_theta > 0, "decode: rope_theta must be finite and > 0, got ",
           pr.rope_theta);
-    check(std::isfinite(pr.norm.eps) && pr.norm.eps >= 0 && pr.norm.clip > 0,
-          "decode: the projection's norm needs a finite eps >= 0 and a clip > 0");
+    check_norm_args("decode (projection)", pr.norm);
     const std::int64_t elements = std::int64_t(p.num_seqs) * (p.num_q_heads + 2 * p.kv.num_kv_heads) * p.kv.head_dim;
     if (pr.qkv.is_split())
       check_split_output("decode", "qkv partials", pr.qkv, elements);

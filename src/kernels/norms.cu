@@ -295,12 +295,6 @@ void check_pointers(const char* who, std::initializer_list<NamedPointer> pointer
   }
 }
 
-void check_norm_args(const char* who, const NormArgs& args) {
-  check(std::isfinite(args.eps) && args.eps >= 0, who, ": eps must be finite and >= 0, got ",
-        args.eps);
-  check(args.clip > 0, who, ": clip must be > 0 (infinity for RMSNorm), got ", args.clip);
-}
-
 RowParams row_params(const char* who, int rows, int hidden, const NormArgs& args,
                      std::initializer_list<NamedPointer> pointers) {
   check(rows > 0, who, ": rows must be > 0, got ", rows);
@@ -424,6 +418,12 @@ void launch_qk(const QkParams& p, bool split, int tokens, cudaStream_t stream) {
 }
 
 }  // namespace
+
+void check_norm_args(const char* who, const NormArgs& args) {
+  check(std::isfinite(args.eps) && args.eps >= 0, who, ": eps must be finite and >= 0, got ",
+        args.eps);
+  check(args.clip > 0, who, ": clip must be > 0 (infinity for RMSNorm), got ", args.clip);
+}
 
 void launch_norm(const bf16* x, const bf16* weight, bf16* out, int rows, int hidden,
                  NormArgs args, cudaStream_t stream) {

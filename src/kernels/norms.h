@@ -18,6 +18,9 @@ struct NormArgs {
   float clip = std::numeric_limits<float>::infinity();
 };
 
+// Raises an Error naming `who` unless eps is finite and >= 0 and clip > 0.
+void check_norm_args(const char* who, const NormArgs& args);
+
 // out = norm(x). x, out: [rows, hidden]; weight: [hidden].
 void launch_norm(const bf16* x, const bf16* weight, bf16* out, int rows, int hidden,
                  NormArgs args, cudaStream_t stream);

@@ -295,13 +295,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
 template <int D, class Gate>
 void launch_with(const PrefillParams& p, float scale, cudaStream_t stream) {
   using C = Config<D>;
-  allow_dynamic_smem<prefill_kernel<D, Gate>>(C::kSmemBytes);
-  const int m_tiles = (p.max_q_len + C::kBlockM - 1) / C::kBlockM;
-  check(m_tiles <= 65535, "launch_prefill: max_q_len ", p.max_q_len, " needs ", m_tiles,
-        " query tiles; the grid allows 65535");
-  const dim3 grid(p.num_q_heads, p.num_seqs, m_tiles);
-  prefill_kernel<D, Gate><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale);
-  check_launch("launch_prefill");
+  launch_tiles<prefill_kernel<D, Gate>>(p, C::kBlockM, C::kThreads, C::kSmemBytes, scale, stream, "launch_prefill");
 }
 
 template <int D>

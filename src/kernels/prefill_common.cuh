@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/bf16.cuh"
+#include "kernels/cuda_check.h"
 #include "kernels/gate.cuh"
 #include "kernels/prefill.h"
 
@@ -314,6 +315,19 @@ void with_gate(const GateArgs& gate, Visit&& visit) {
     case 3: return visit.template operator()<AsyncGate<MB, 3, true>>();
     default: return visit.template operator()<AsyncGate<MB, 8, false>>();  // 4..8
   }
+}
+
+// ---- The launch ----------------------------------------------------------------------------
+
+// Either kernel's grid: one CTA per (query head, sequence, block_m query rows).
+template <auto kKernel>
+void launch_tiles(const PrefillParams& p, int block_m, int threads, int smem_bytes, float scale, cudaStream_t stream,
+                  const char* who) {
+  allow_dynamic_smem<kKernel>(smem_bytes);
+  const int m_tiles = (p.max_q_len + block_m - 1) / block_m;
+  check(m_tiles <= 65535, who, ": max_q_len ", p.max_q_len, " needs ", m_tiles, " query tiles; the grid allows 65535");
+  kKernel<<<dim3(p.num_q_heads, p.num_seqs, m_tiles), threads, smem_bytes, stream>>>(p, scale);
+  check_launch(who);
 }
 
 // ---- The cache write -----------------------------------------------------------------------

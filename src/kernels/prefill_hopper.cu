@@ -370,13 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 
 template <class Gate>
 void launch_with(const PrefillParams& p, float scale, cudaStream_t stream) {
-  allow_dynamic_smem<prefill_hopper_kernel<Gate>>(kSmemBytes);
-  const int m_tiles = (p.max_q_len + kBlockM - 1) / kBlockM;
-  check(m_tiles <= 65535, "launch_prefill: max_q_len ", p.max_q_len, " needs ", m_tiles,
-        " query tiles; the grid allows 65535");
-  const dim3 grid(p.num_q_heads, p.num_seqs, m_tiles);
-  prefill_hopper_kernel<Gate><<<grid, kThreads, kSmemBytes, stream>>>(p, scale);
-  check_launch("launch_prefill (Hopper)");
+  launch_tiles<prefill_hopper_kernel<Gate>>(p, kBlockM, kThreads, kSmemBytes, scale, stream, "launch_prefill (Hopper)");
 }
 
 // Whether this build holds the kernel's sm_90a code for the current device: the binary the

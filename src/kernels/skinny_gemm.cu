@@ -1,7 +1,8 @@
 // Few-row dense layers: see skinny_gemm.h for why. The layout of the work:
 //   * a CTA owns a tile of 128 or 64 output columns (that many rows of W) and a range of K (its
 //     split). The plan picks the width: 64-column tiles double the CTAs of a narrow product (o
-//     and down, 2048 columns: 16 tiles of 128) without more splits for the reader to add. A producer thread streams W and x through a ring of shared-memory stages, one
+//     and down, 2048 columns: 16 tiles of 128) without more splits for the reader to add. A
+//     producer thread streams W and x through a ring of shared-memory stages, one
 //     2-D tensor copy (TMA) per operand and stage, counted on mbarriers: the bytes in flight do
 //     not depend on what the other warps are doing, which is what reading at the memory's rate
 //     needs. The copies zero-fill past the edges of W and x (no tail cases) and store 128-byte
@@ -15,8 +16,8 @@
 //     share of W, so the weight stream overlaps the previous kernel and the launch;
 //   * four consumer warps multiply the stage's W rows by all x rows and release the stage, in
 //     one of two forms (MmaSyncConsumer, WgmmaConsumer below): each warp with ldmatrix and
-//     mma.sync m16n8k16 (bf16 -> fp32) over 32 W rows, or (Hopper, opt-in for now) the four as
-//     one warpgroup with wgmma reading W and x straight from shared memory;
+//     mma.sync m16n8k16 (bf16 -> fp32) over 32 W rows, or (Hopper, for more than 16 rows of x)
+//     the four as one warpgroup with wgmma reading W and x straight from shared memory;
 //   * with several splits, either each CTA writes its fp32 partial tile to its split's matrix
 //     and the kernel that reads y adds the splits (launch_skinny_gemm_partials: no epilogue),
 //     or (launch_skinny_gemm) each CTA stores its tile in a global workspace and counts itself

@@ -23,8 +23,15 @@
 
 namespace asynct::kernels {
 
+#ifndef ASYNCT_PDL_EARLY_TRIGGER
+#define ASYNCT_PDL_EARLY_TRIGGER 0
+#endif
+
 __device__ __forceinline__ void wait_for_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if ASYNCT_PDL_EARLY_TRIGGER
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }

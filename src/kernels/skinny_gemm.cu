@@ -139,7 +139,8 @@ SkinnyPlanOverride& skinny_plan_override() {
         wgmma == nullptr || *wgmma == '\0' ? SkinnyPlanOverride::kAuto
         : std::atoi(wgmma) != 0            ? SkinnyPlanOverride::kOn
                                            : SkinnyPlanOverride::kOff;
-    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS"), consumer};
+    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS"), consumer,
+                              number("ASYNCT_SKINNY_CTAS_PER_SM")};
   }();
   return forced;
 }
@@ -174,7 +175,8 @@ SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, int room_s
   }
   p.tiles_per_split = (p.k_tiles + p.splits - 1) / p.splits;
   p.splits = (p.k_tiles + p.tiles_per_split - 1) / p.tiles_per_split;  // no empty split
-  p.large_ring = large_rings && (long long)p.col_tiles * p.splits <= sm_count;
+  p.large_ring = large_rings && (forced.ctas_per_sm > 0 ? forced.ctas_per_sm == 1
+                                                       : (long long)p.col_tiles * p.splits <= sm_count);
   // wgmma is Hopper's alone (a later GPU runs this build's tensor copies, not its wgmma).
   p.wgmma = large_rings && current_device_info().major == 9 && forced.wgmma != SkinnyPlanOverride::kOff;
   return p;

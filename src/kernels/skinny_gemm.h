@@ -68,6 +68,7 @@ struct SkinnyPlanOverride {
   int tile_n = 0;
   int splits = 0;
   Wgmma wgmma = kAuto;
+  int ctas_per_sm = 0;  // 1 (the deep ring) or 2; 0: by the CTA count
 };
 SkinnyPlanOverride& skinny_plan_override();
 

@@ -39,6 +39,11 @@ struct Run {
   double seconds = 0;
   std::int64_t tokens = 0;  // prompt + generated
   std::int64_t steps = 0;
+  // Steps in which every sequence decoded one token (no prompt tokens) and their median wall
+  // time: the decode step's own time, which the mean over all steps mixes with the prefill
+  // steps' (and the median keeps apart from the few steps that capture a CUDA graph).
+  std::int64_t decode_steps = 0;
+  double decode_step_ms = 0;
   // Where the time went, in ms over the whole run: "host_*" phases are host wall-clock time
   // and split a step's wall time; the others are GPU time between events (CUDA backend), which
   // runs during host_launch and host_wait.
@@ -96,6 +101,11 @@ std::string breakdown(const char* scenario, const char* model, const Run& run) {
   std::snprintf(part, sizeof part, ", unaccounted %.3f", wall - host);
   line += part;
   if (!gpu.empty()) line += "; GPU" + gpu;
+  if (run.decode_steps > 0) {
+    std::snprintf(part, sizeof part, "\n  %s %s decode steps: %lld, median %.3f ms", scenario, model,
+                  static_cast<long long>(run.decode_steps), run.decode_step_ms);
+    line += part;
+  }
   return line;
 }
 
@@ -144,8 +154,15 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
                  arch == Architecture::AsyncT ? "asynct" : "qwen3", static_cast<long long>(st.steps),
                  static_cast<long long>(st.prefill_tokens), static_cast<long long>(st.decode_tokens));
   };
+  std::vector<double> decode_step_ms;
+  auto step_start = t0;
+  EngineStats before;
   engine.run_to_completion([&](const EngineStats& st) {  // a few lines a second, not one per step
     const auto now = Clock::now();
+    if (st.steps == before.steps + 1 && st.prefill_tokens == before.prefill_tokens)
+      decode_step_ms.push_back(std::chrono::duration<double, std::milli>(now - step_start).count());
+    step_start = now;
+    before = st;
     if (now - shown < std::chrono::milliseconds(250)) return;
     shown = now;
     show(st);
@@ -155,6 +172,12 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
   show(st);
   std::fprintf(stderr, "\n");
   run.steps = st.steps;
+  run.decode_steps = std::int64_t(decode_step_ms.size());
+  if (!decode_step_ms.empty()) {
+    const auto middle = decode_step_ms.begin() + std::ptrdiff_t(decode_step_ms.size() / 2);
+    std::nth_element(decode_step_ms.begin(), middle, decode_step_ms.end());
+    run.decode_step_ms = *middle;
+  }
   run.phase_ms = engine.runner().phase_times_ms();
   // The engine's own host time; the runner's forward() is split by the runner when it times
   // its parts (CUDA), else it is one phase.
@@ -245,6 +268,8 @@ int run_bench(const BenchOptions& options) {
                        {"ratio", a.seconds / q.seconds}, {"tokens", a.tokens}, {"asynct_steps", a.steps},
                        {"qwen3_steps", q.steps}, {"asynct_step_ms", a.seconds * 1e3 / double(std::max<std::int64_t>(a.steps, 1))},
                        {"qwen3_step_ms", q.seconds * 1e3 / double(std::max<std::int64_t>(q.steps, 1))},
+                       {"asynct_decode_steps", a.decode_steps}, {"qwen3_decode_steps", q.decode_steps},
+                       {"asynct_decode_step_ms", a.decode_step_ms}, {"qwen3_decode_step_ms", q.decode_step_ms},
                        {"asynct_phase_ms", a.phase_ms}, {"qwen3_phase_ms", q.phase_ms},
                        {"asynct_seconds_each_run", seconds_of(asynct_runs)},
                        {"qwen3_seconds_each_run", seconds_of(qwen3_runs)}, {"ratio_each_run", ratios}});

@@ -69,6 +69,7 @@ struct SkinnyPlanOverride {
   int splits = 0;
   Wgmma wgmma = kAuto;
   int ctas_per_sm = 0;  // 1 (the deep ring) or 2; 0: by the CTA count
+  int prefetch_stages = -1;  // W stages requested before the dependent-launch wait; -1: the ring
 };
 SkinnyPlanOverride& skinny_plan_override();
 

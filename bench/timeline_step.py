@@ -1,0 +1,80 @@
+"""Where a decode step's time goes on the GPU's own clock: reads the kernel timeline that
+bench/kernel_timeline.cpp records (every kernel node of the replayed CUDA graphs, with its start
+and end), takes a window of decode steps of the first model `asynct bench` runs, and prints per
+kernel: calls per step, time from its start to its end inside the graph, how far it starts
+after the kernel before it ended (negative: it overlapped), and the step's idle time (no kernel
+running). Unlike Nsight Compute (bench/profile_step.py), nothing is serialised.
+
+  python3 bench/timeline_step.py TIMELINE.csv [--steps 40]
+"""
+import argparse
+import collections
+import csv
+import re
+
+
+def short_name(name, grid):
+    base = re.sub(r"^void ", "", name)
+    base = re.sub(r"\(anonymous namespace\)::|<unnamed>::|asynct::|kernels::", "", base)
+    base = re.sub(r"\(.*$", "", base)  # drop the parameter list
+    return f"{base[:60]} [{grid}]"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("timeline")
+    ap.add_argument("--steps", type=int, default=40, help="decode steps to average over")
+    args = ap.parse_args()
+
+    with open(args.timeline) as f:
+        rows = [r for r in csv.DictReader(f)]
+    kernels = sorted(((int(r["start_ns"]), int(r["end_ns"]), short_name(r["name"], r["grid"])) for r in rows))
+    # Steps end with the sampler's summary kernel; a decode step has decode attention in it.
+    steps, current = [], []
+    for k in kernels:
+        current.append(k)
+        if "summarize_logits" in k[2]:
+            steps.append(current)
+            current = []
+    decode = [i for i, s in enumerate(steps) if any("decode_stage1" in k[2] for k in s)
+              and not any("prefill" in k[2] for k in s)]
+    if not decode:
+        raise SystemExit("no decode steps in the timeline")
+    # The first model's decode steps form the first run of consecutive indices.
+    run = [decode[0]]
+    for i in decode[1:]:
+        if i != run[-1] + 1:
+            break
+        run.append(i)
+    middle = len(run) // 2
+    window = run[max(1, middle - args.steps // 2): middle + args.steps // 2]
+    print(f"{len(steps)} steps in the timeline, {len(run)} decode steps of the first model; "
+          f"averaging steps {window[0]}..{window[-1]}")
+
+    per_kernel = collections.defaultdict(lambda: [0, 0.0, 0.0])  # calls, duration, start gap
+    wall = busy = 0.0
+    for i in window:
+        previous_end = steps[i - 1][-1][1]
+        step = steps[i]
+        wall += step[-1][1] - previous_end
+        covered_to = previous_end
+        prev_end = previous_end
+        for start, end, name in step:
+            entry = per_kernel[name]
+            entry[0] += 1
+            entry[1] += end - start
+            entry[2] += start - prev_end
+            prev_end = max(prev_end, end) if start <= prev_end else end
+            busy += max(0, end - max(start, covered_to))
+            covered_to = max(covered_to, end)
+    n = len(window)
+    print(f"step {wall / n / 1e6:.3f} ms on the GPU clock; some kernel running {busy / n / 1e6:.3f} ms, "
+          f"idle {(wall - busy) / n / 1e6:.3f} ms")
+    print(f"{'kernel':<74} {'calls':>6} {'us/call':>8} {'us/step':>8} {'start gap us':>13}")
+    for name, (calls, duration, gap) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1]):
+        print(f"{name:<74} {calls / n:6.1f} {duration / calls / 1e3:8.2f} {duration / n / 1e3:8.1f} "
+              f"{gap / calls / 1e3:13.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -35,7 +35,6 @@
 #include "kernels/decode.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -822,18 +821,8 @@ void dispatch(int head_dim, int group, const Stage1Args& a, const Gate& gate, in
 
 int ceil_div(long long a, long long b) { return int((a + b - 1) / b); }
 
-// For measuring: ASYNCT_DECODE_HEADS_PER_CTA and ASYNCT_DECODE_SPLITS in the environment force
-// the CTA's KV heads (a power of two that divides the head count) and the split count.
-int forced_from_environment(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr ? std::max(0, std::atoi(value)) : 0;
-}
-
 // How many KV heads one CTA serves: the most (8, 4, 2 or 1) that divides the head count.
 int kv_heads_per_cta(int num_kv_heads) {
-  static const int forced = forced_from_environment("ASYNCT_DECODE_HEADS_PER_CTA");
-  if (forced > 0 && forced <= kMaxHeadsPerCta && (forced & (forced - 1)) == 0 && num_kv_heads % forced == 0)
-    return forced;
   for (int n = kMaxHeadsPerCta; n > 1; n /= 2)
     if (num_kv_heads % n == 0) return n;
   return 1;
@@ -852,8 +841,6 @@ int decode_num_splits(int num_seqs, int num_kv_heads, int max_kv_len, int sm_cou
   const long long resident = (long long)(kMaxHeadsPerCta / heads_per_cta) * sm_count;
   const long long wanted = std::max(1LL, resident / ctas);
   const int most = std::max(1, ceil_div(max_kv_len, 64));
-  static const int forced = forced_from_environment("ASYNCT_DECODE_SPLITS");
-  if (forced > 0) return std::min({forced, max_kv_len, kMaxSplits});
   return int(std::min<long long>({wanted, most, kMaxSplits}));
 }
 

@@ -23,15 +23,8 @@
 
 namespace asynct::kernels {
 
-#ifndef ASYNCT_PDL_EARLY_TRIGGER
-#define ASYNCT_PDL_EARLY_TRIGGER 0
-#endif
-
 __device__ __forceinline__ void wait_for_prior_grids() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#if ASYNCT_PDL_EARLY_TRIGGER
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
@@ -44,8 +37,6 @@ __device__ __forceinline__ void allow_next_grid() {
 
 // Whether launches on the current device may start early: sm_90 or later, and not turned off.
 bool dependent_launch_enabled();
-
-void prefer_shared_carveout(const void* kernel);
 
 // kernel<<<grid, block, smem, stream>>>(args...), allowed to start before its predecessor ends
 // (see the contract above).
@@ -62,7 +53,6 @@ void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::siz
   early.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &early;
   config.numAttrs = dependent_launch_enabled() ? 1 : 0;
-  prefer_shared_carveout(reinterpret_cast<const void*>(kernel));
   ASYNCT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
   check_launch(name);
 }

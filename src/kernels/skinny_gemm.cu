@@ -100,7 +100,6 @@ struct SkinnyPlan {
   int tile_n, col_tiles, k_tiles, splits, tiles_per_split;
   bool large_ring;
   bool wgmma;  // wgmma allowed (Hopper, not forced off); launch_ring picks it by the rows
-  int prefetch;  // stages of W requested before the dependent-launch wait (at most the ring)
 };
 
 // One CTA's partial tile in the workspace: [16 x 4 rows][kWideTileN] fp32 (the widest x and tile).
@@ -140,9 +139,7 @@ SkinnyPlanOverride& skinny_plan_override() {
         wgmma == nullptr || *wgmma == '\0' ? SkinnyPlanOverride::kAuto
         : std::atoi(wgmma) != 0            ? SkinnyPlanOverride::kOn
                                            : SkinnyPlanOverride::kOff;
-    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS"), consumer,
-                              number("ASYNCT_SKINNY_CTAS_PER_SM"),
-                              std::getenv("ASYNCT_SKINNY_PREFETCH") ? number("ASYNCT_SKINNY_PREFETCH") : -1};
+    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS"), consumer};
   }();
   return forced;
 }
@@ -171,17 +168,15 @@ SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, int room_s
                           double(waves) * kCtaCostUnits + split_cost;
       if (p.tile_n == 0 || cost < best) {
         best = cost;
-        p = SkinnyPlan{tile_n, col_tiles, k_tiles, s, 0, false, false, kMaxStages};
+        p = SkinnyPlan{tile_n, col_tiles, k_tiles, s, 0, false, false};
       }
     }
   }
   p.tiles_per_split = (p.k_tiles + p.splits - 1) / p.splits;
   p.splits = (p.k_tiles + p.tiles_per_split - 1) / p.tiles_per_split;  // no empty split
-  p.large_ring = large_rings && (forced.ctas_per_sm > 0 ? forced.ctas_per_sm == 1
-                                                       : (long long)p.col_tiles * p.splits <= sm_count);
+  p.large_ring = large_rings && (long long)p.col_tiles * p.splits <= sm_count;
   // wgmma is Hopper's alone (a later GPU runs this build's tensor copies, not its wgmma).
   p.wgmma = large_rings && current_device_info().major == 9 && forced.wgmma != SkinnyPlanOverride::kOff;
-  if (forced.prefetch_stages >= 0) p.prefetch = forced.prefetch_stages;
   return p;
 }
 
@@ -225,7 +220,7 @@ __device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedB
   const int lane = threadIdx.x & 31;
   constexpr int kXOffset = kTileN * kTileK;  // elements: W rows, then x rows
   auto stage_of = [&](int t) { return reinterpret_cast<bf16*>(ring + (t % R::kStages) * R::kStageBytes); };
-  const int prefetched = min(k_tiles, min(R::kStages, a.plan.prefetch));
+  const int prefetched = min(k_tiles, R::kStages);
 #ifndef ASYNCT_BULK_COPY_EMULATED
   if (lane == 0) {
     for (int t = 0; t < prefetched; ++t) {

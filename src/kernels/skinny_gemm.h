@@ -68,8 +68,6 @@ struct SkinnyPlanOverride {
   int tile_n = 0;
   int splits = 0;
   Wgmma wgmma = kAuto;
-  int ctas_per_sm = 0;  // 1 (the deep ring) or 2; 0: by the CTA count
-  int prefetch_stages = -1;  // W stages requested before the dependent-launch wait; -1: the ring
 };
 SkinnyPlanOverride& skinny_plan_override();
 

@@ -51,7 +51,7 @@ def main():
     print(f"{len(steps)} steps in the timeline, {len(run)} decode steps of the first model; "
           f"averaging steps {window[0]}..{window[-1]}")
 
-    per_kernel = collections.defaultdict(lambda: [0, 0.0, 0.0])  # calls, duration, start gap
+    per_kernel = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])  # calls, duration, start gap, added
     wall = busy = 0.0
     for i in window:
         previous_end = steps[i - 1][-1][1]
@@ -64,16 +64,17 @@ def main():
             entry[0] += 1
             entry[1] += end - start
             entry[2] += start - prev_end
-            prev_end = max(prev_end, end) if start <= prev_end else end
+            entry[3] += max(0, end - max(start, prev_end))
+            prev_end = max(prev_end, end)
             busy += max(0, end - max(start, covered_to))
             covered_to = max(covered_to, end)
     n = len(window)
     print(f"step {wall / n / 1e6:.3f} ms on the GPU clock; some kernel running {busy / n / 1e6:.3f} ms, "
           f"idle {(wall - busy) / n / 1e6:.3f} ms")
-    print(f"{'kernel':<74} {'calls':>6} {'us/call':>8} {'us/step':>8} {'start gap us':>13}")
-    for name, (calls, duration, gap) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1]):
-        print(f"{name:<74} {calls / n:6.1f} {duration / calls / 1e3:8.2f} {duration / n / 1e3:8.1f} "
-              f"{gap / calls / 1e3:13.2f}")
+    print(f"{'kernel':<74} {'calls':>6} {'us/call':>8} {'start gap':>10} {'added us':>9} {'added us/step':>14}")
+    for name, (calls, duration, gap, added) in sorted(per_kernel.items(), key=lambda kv: -kv[1][3]):
+        print(f"{name:<74} {calls / n:6.1f} {duration / calls / 1e3:8.2f} {gap / calls / 1e3:10.2f} "
+              f"{added / calls / 1e3:9.2f} {added / n / 1e3:14.1f}")
 
 
 if __name__ == "__main__":

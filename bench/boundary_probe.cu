@@ -14,14 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK(x)                                                                       \
-  do {                                                                                 \
-    cudaError_t e = (x);                                                               \
-    if (e != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#include "probe_check.h"
 
 constexpr int kCtas = 128, kThreads = 128, kSteps = 512;
 

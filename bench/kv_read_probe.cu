@@ -19,14 +19,7 @@
 #include <random>
 #include <vector>
 
-#define CHECK(x)                                                                       \
-  do {                                                                                 \
-    cudaError_t e = (x);                                                               \
-    if (e != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+#include "probe_check.h"
 
 constexpr int kTokens = 131072, kHeads = 8, kDim = 128, kBlock = 16;
 constexpr int kBlocks = kTokens / kBlock;

@@ -5,7 +5,7 @@ kernel: calls per step, time from its start to its end inside the graph, how far
 after the kernel before it ended (negative: it overlapped), and the step's idle time (no kernel
 running). Unlike Nsight Compute (bench/profile_step.py), nothing is serialised.
 
-  python3 bench/timeline_step.py TIMELINE.csv [--steps 40]
+  python3 bench/timeline_step.py TIMELINE.csv [--steps 40] [--run 0|1]
 """
 import argparse
 import collections
@@ -24,6 +24,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("timeline")
     ap.add_argument("--steps", type=int, default=40, help="decode steps to average over")
+    ap.add_argument("--run", type=int, default=0,
+                    help="which run of consecutive decode steps (asynct bench: 0 the first model, 1 the second)")
     args = ap.parse_args()
 
     with open(args.timeline) as f:
@@ -40,15 +42,19 @@ def main():
               and not any("prefill" in k[2] for k in s)]
     if not decode:
         raise SystemExit("no decode steps in the timeline")
-    # The first model's decode steps form the first run of consecutive indices.
-    run = [decode[0]]
+    # Each model's decode steps form a run of consecutive indices.
+    runs = [[decode[0]]]
     for i in decode[1:]:
-        if i != run[-1] + 1:
-            break
-        run.append(i)
+        if i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    if args.run >= len(runs):
+        raise SystemExit(f"only {len(runs)} runs of decode steps in the timeline")
+    run = runs[args.run]
     middle = len(run) // 2
     window = run[max(1, middle - args.steps // 2): middle + args.steps // 2]
-    print(f"{len(steps)} steps in the timeline, {len(run)} decode steps of the first model; "
+    print(f"{len(steps)} steps in the timeline, {len(run)} decode steps in run {args.run}; "
           f"averaging steps {window[0]}..{window[-1]}")
 
     per_kernel = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])  # calls, duration, start gap, added

@@ -4,9 +4,11 @@
 # printing a short summary of each. Logs and JSON results go to $OUT (the device tool's output
 # folder) or build/gpu-out.
 #
-# STAGES picks what runs (default: all, in this order):
-#   build tests sanitizer torch bench scenarios
-# e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings.
+# STAGES picks what runs (default: all but timeline, in this order):
+#   build tests sanitizer torch bench scenarios timeline
+# e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings,
+# STAGES="build timeline" for where a decode step's time goes (the kernel timeline of both
+# models' decode_heavy_b32 steps, and the dependency probe).
 # GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
 # (e.g. "decode norms"), SCENARIO_SCALE and SCENARIO_REPEAT (runs per model, median reported)
 # narrow or widen further. Needs the Debian packages of scripts/device_deps.sh in .deps/ when the machine
@@ -69,5 +71,25 @@ if want scenarios; then
   echo "== the four scenarios, 1.7B, AsyncT against Qwen3 =="
   timeout 500 build/gpu/src/asynct bench --config 1.7b --scale "${SCENARIO_SCALE:-1}" --repeat "${SCENARIO_REPEAT:-1}" --device cuda \
     --json "$out/scenarios.json" 2>"$out/scenarios.log" || status=1
+fi
+if want timeline; then
+  echo "== the decode step's kernel timeline (CUPTI) and the dependency probe =="
+  cupti_lib="$(dirname "$(find /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")"
+  cupti_inc=/usr/local/cuda/include
+  [ -f "$cupti_inc/cupti.h" ] || cupti_inc=/usr/local/cuda/extras/CUPTI/include
+  if g++ -std=c++20 -O2 -shared -fPIC bench/kernel_timeline.cpp -I"$cupti_inc" -L"$cupti_lib" -lcupti \
+       -Wl,-rpath,"$cupti_lib" -o build/gpu/libkernel_timeline.so; then
+    ASYNCT_TIMELINE_OUT="$out/timeline.csv" CUDA_INJECTION64_PATH="$PWD/build/gpu/libkernel_timeline.so" \
+      timeout 200 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario decode_heavy_b32 --repeat 1 \
+      --no-warmup --json "$out/timeline_bench.json" >"$out/timeline_bench.log" 2>&1 || status=1
+    for run in 0 1; do  # AsyncT, then Qwen3
+      python3 bench/timeline_step.py "$out/timeline.csv" --run $run | tee "$out/timeline_run$run.txt" || status=1
+    done
+    rm -f "$out/timeline.csv"  # ~200k lines: the summaries above are what is kept
+  else
+    status=1
+  fi
+  nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a bench/boundary_probe.cu -o build/gpu/boundary_probe &&
+    timeout 60 build/gpu/boundary_probe | tee "$out/boundary_probe.txt" || status=1
 fi
 exit $status

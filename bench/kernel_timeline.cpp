@@ -13,6 +13,7 @@
 #include <cupti.h>
 #include <cxxabi.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

@@ -63,17 +63,16 @@ def main():
         previous_end = steps[i - 1][-1][1]
         step = steps[i]
         wall += step[-1][1] - previous_end
-        covered_to = previous_end
-        prev_end = previous_end
+        prev_end = previous_end  # the latest end of the kernels started so far
         for start, end, name in step:
+            added = max(0, end - max(start, prev_end))  # summed over the step: its busy time
             entry = per_kernel[name]
             entry[0] += 1
             entry[1] += end - start
             entry[2] += start - prev_end
-            entry[3] += max(0, end - max(start, prev_end))
+            entry[3] += added
+            busy += added
             prev_end = max(prev_end, end)
-            busy += max(0, end - max(start, covered_to))
-            covered_to = max(covered_to, end)
     n = len(window)
     print(f"step {wall / n / 1e6:.3f} ms on the GPU clock; some kernel running {busy / n / 1e6:.3f} ms, "
           f"idle {(wall - busy) / n / 1e6:.3f} ms")

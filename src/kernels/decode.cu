@@ -397,7 +397,7 @@ struct AsyncGate {
 #pragma unroll
       for (int h = 0; h < kGroup; ++h) sm.weights[slot][i][h] = sm.tile_p[lane][h];
       bulk_copy_to_shared(&sm.values[slot][i][0], value_cache + cache.offset(first_key + lane), kRowBytes,
-                          sm.values_ready[slot]);
+                          sm.values_ready[slot], l2_evict_first_policy());
     }
     __syncwarp();  // the copies are issued (or, emulated, done) before the arrival
     if (lane == 0) {
@@ -528,6 +528,7 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
   // is one copy per cache block it touches (tiles start on multiples of kTile, so a tile no
   // longer than a block lies in one block); otherwise one copy per token.
   const int rows_per_copy = a.heads_per_cta == kv.num_kv_heads ? min(kTile, kv.block_size) : 1;
+  const std::uint64_t read_once = l2_evict_first_policy();  // K and V: this step reads them once
   bool waited = false;
   for (int t = 0; begin + t * kTile < end; ++t) {
     const int s = t % kStages;
@@ -542,8 +543,9 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
       const long long offset = cache.offset(first + i);
       const unsigned bytes = unsigned(min(rows_per_copy, n - i) * row_bytes);
       unsigned char* dst = stages + s * stage_bytes + i * row_bytes;
-      bulk_copy_to_shared(dst, kv.key_cache + offset, bytes, full[s]);
-      if constexpr (kParts == 2) bulk_copy_to_shared(dst + kTile * row_bytes, kv.value_cache + offset, bytes, full[s]);
+      bulk_copy_to_shared(dst, kv.key_cache + offset, bytes, full[s], read_once);
+      if constexpr (kParts == 2)
+        bulk_copy_to_shared(dst + kTile * row_bytes, kv.value_cache + offset, bytes, full[s], read_once);
     }
     __syncwarp();  // the copies are issued (or, emulated, done) before the arrival
     if (lane == 0) full[s].arrive_expecting(unsigned(kParts * n * row_bytes));

@@ -222,10 +222,11 @@ __device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedB
   auto stage_of = [&](int t) { return reinterpret_cast<bf16*>(ring + (t % R::kStages) * R::kStageBytes); };
   const int prefetched = min(k_tiles, R::kStages);
 #ifndef ASYNCT_BULK_COPY_EMULATED
+  const std::uint64_t read_once = l2_evict_first_policy();  // W: each CTA reads its part once
   if (lane == 0) {
     for (int t = 0; t < prefetched; ++t) {
       full[t].arrive_expecting(unsigned(R::kStageBytes));  // W's and x's bytes; zero fill counts
-      tensor_copy_2d_to_shared(stage_of(t), &a.w_map, (k_tile_begin + t) * kTileK, n0, full[t]);
+      tensor_copy_2d_to_shared(stage_of(t), &a.w_map, (k_tile_begin + t) * kTileK, n0, full[t], read_once);
     }
   }
   wait_for_prior_grids();
@@ -239,7 +240,7 @@ __device__ void produce_stages(const SkinnyArgs& a, unsigned char* ring, SharedB
     if (lane == 0) {
       const int k0 = (k_tile_begin + t) * kTileK;
       full[s].arrive_expecting(unsigned(R::kStageBytes));
-      tensor_copy_2d_to_shared(stage_of(t), &a.w_map, k0, n0, full[s]);
+      tensor_copy_2d_to_shared(stage_of(t), &a.w_map, k0, n0, full[s], read_once);
       tensor_copy_2d_to_shared(stage_of(t) + kXOffset, &a.x_map, k0, 0, full[s]);
     }
   }

@@ -35,6 +35,14 @@ __device__ __forceinline__ void fence_generic_to_async_global() {
 #endif
 }
 
+// Orders this thread's earlier shared-memory writes before later bulk copies into the same
+// shared memory (the async proxy), for a buffer the threads write into between refills.
+__device__ __forceinline__ void fence_generic_to_async_shared() {
+#ifndef ASYNCT_BULK_COPY_EMULATED
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+
 // A barrier in shared memory that completes a phase when `count` threads have arrived and
 // every byte announced with arrive_expecting has been written.
 struct SharedBarrier {

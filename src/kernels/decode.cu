@@ -47,6 +47,7 @@
 #include "kernels/device_info.h"
 #include "kernels/gate.cuh"
 #include "kernels/head_norm_rope.cuh"
+#include "kernels/mma_sync.cuh"
 
 namespace asynct::kernels {
 namespace {
@@ -262,6 +263,8 @@ struct AsyncGate {
     SharedBarrier values_ready[kValueSlots];
     float scores[kGroup][kMaxHalo + L::kTile];  // the carried halo, then this tile
     float tile_p[L::kTile][kGroup];             // P of this tile, before compaction
+    // q in bf16, the B operand of the tensor-core scores (MmaScores; one row otherwise).
+    alignas(16) bf16 q_bf16[L::kTile == 16 ? kGroup : 1][kHeadDim];
   };
   template <typename Smem>
   __device__ static void init_scratch(Smem& sm) {
@@ -367,6 +370,33 @@ struct AsyncGate {
     scattered_scores<L::kLanesPerKey, kGroup, kUnroll>(q, k, d);
     store_scores<L, kUnroll>(sm, d, kMaxHalo);
     __syncwarp();
+    after_scores<kHeadDim, kGroup>(st, sm, o, cache, value_cache, first_key, end, counts);
+  }
+
+  // The tensor-core scores of a 16-key tile (MmaScores) into the warp's score rows: the m16n8
+  // accumulator holds key lane / 4 (c0, c1) and lane / 4 + 8 (c2, c3) for query heads
+  // 2 (lane % 4) and + 1.
+  template <int kGroup, typename Smem>
+  __device__ static void store_mma_scores(Smem& sm, const float (&c)[4]) {
+    const int lane = threadIdx.x & 31, key = lane / 4;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int h = 2 * (lane % 4) + j;
+      if (h < kGroup) {
+        sm.scores[h][kMaxHalo + key] = c[j];
+        sm.scores[h][kMaxHalo + key + 8] = c[2 + j];
+      }
+    }
+    __syncwarp();
+  }
+
+  // Steps 2-4 of a tile, once its scores are in the warp's score rows.
+  template <int kHeadDim, int kGroup, typename Smem>
+  __device__ void after_scores(State<kGroup>& st, Smem& sm, float (&o)[kGroup][8], const SeqCache& cache,
+                               const bf16* value_cache, int first_key, int end, unsigned long long (&counts)[2]) const {
+    using L = Layout<kHeadDim, kGroup>;
+    const int lane = threadIdx.x & 31;
+    const int slot = st.tiles % kValueSlots;
     // 2. P of each (key, head) pair of the tile, computed once: lane i takes pairs i, i+32, ...,
     //    all of the same head (lane % kGroup, as 32 is a multiple of kGroup).
     constexpr int kPairs = L::kTile * kGroup;
@@ -440,8 +470,13 @@ struct StageRing {
   static constexpr int kScratchBytes = std::is_empty_v<Scratch> ? 0 : (sizeof(Scratch) + 127) / 128 * 128;
   static constexpr int kStages =
       std::clamp((kStageBudgetPerHead - kScratchBytes) / kBytesPerHead, 2, Gate::kMaxStages);
+  // The async gate's 16-key tiles are scored on tensor cores, read from the stage with
+  // ldmatrix: a token's row is padded by 16 bytes so that 8 consecutive keys of a head fall in 8
+  // distinct bank groups (unpadded, rows 2 KB apart would conflict 8 ways).
+  static constexpr bool kMmaScores = !Gate::kLoadValuesWithKeys && L::kTile == 16;
+  static constexpr int kRowPad = kMmaScores ? 16 : 0;
   static constexpr std::size_t bytes(int heads) {
-    return std::size_t(heads) * (kStages * kBytesPerHead + kScratchBytes);
+    return std::size_t(heads) * (kStages * kBytesPerHead + kScratchBytes) + std::size_t(kStages) * kParts * L::kTile * kRowPad;
   }
 };
 
@@ -520,14 +555,15 @@ __device__ void combine_splits(const Stage1Args& a, int splits, long long first_
 // kernel: their loads overlap its tail and this kernel's start.
 template <int kTile, int kStages, int kParts>
 __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsigned char* stages, int stage_bytes,
-                              int row_bytes, SharedBarrier* full, SharedBarrier* empty, int begin, int end,
+                              int row_bytes, int row_stride, SharedBarrier* full, SharedBarrier* empty, int begin, int end,
                               int written_from) {
   const PagedKv& kv = a.p.kv;
   const int lane = threadIdx.x & 31;
   // With all of the cache's heads in the CTA, a token's rows for them are contiguous and a tile
   // is one copy per cache block it touches (tiles start on multiples of kTile, so a tile no
   // longer than a block lies in one block); otherwise one copy per token.
-  const int rows_per_copy = a.heads_per_cta == kv.num_kv_heads ? min(kTile, kv.block_size) : 1;
+  // (Padded stage rows take one copy per token.)
+  const int rows_per_copy = a.heads_per_cta == kv.num_kv_heads && row_stride == row_bytes ? min(kTile, kv.block_size) : 1;
   const std::uint64_t read_once = l2_evict_first_policy();  // K and V: this step reads them once
   bool waited = false;
   for (int t = 0; begin + t * kTile < end; ++t) {
@@ -542,10 +578,10 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
     for (int i = lane * rows_per_copy; i < n; i += 32 * rows_per_copy) {
       const long long offset = cache.offset(first + i);
       const unsigned bytes = unsigned(min(rows_per_copy, n - i) * row_bytes);
-      unsigned char* dst = stages + s * stage_bytes + i * row_bytes;
+      unsigned char* dst = stages + s * stage_bytes + i * row_stride;
       bulk_copy_to_shared(dst, kv.key_cache + offset, bytes, full[s], read_once);
       if constexpr (kParts == 2)
-        bulk_copy_to_shared(dst + kTile * row_bytes, kv.value_cache + offset, bytes, full[s], read_once);
+        bulk_copy_to_shared(dst + kTile * row_stride, kv.value_cache + offset, bytes, full[s], read_once);
     }
     __syncwarp();  // the copies are issued (or, emulated, done) before the arrival
     if (lane == 0) full[s].arrive_expecting(unsigned(kParts * n * row_bytes));
@@ -633,7 +669,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   const int slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
   const int seq = blockIdx.y, split = blockIdx.z;
   const int row_bytes = heads * kHeadDim * 2;  // one token's K (or V) for the CTA's heads
-  const int stage_bytes = Ring::kParts * L::kTile * row_bytes;
+  const int row_stride = row_bytes + Ring::kRowPad;
+  const int stage_bytes = Ring::kParts * L::kTile * row_stride;
   unsigned char* scratch_base = smem + Ring::kStages * stage_bytes;
   auto scratch = [&](int w) -> typename Ring::Scratch& {
     return *reinterpret_cast<typename Ring::Scratch*>(scratch_base + w * Ring::kScratchBytes);
@@ -664,7 +701,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   const SeqCache cache{p.kv.block_table + (long long)seq * p.kv.max_blocks_per_seq, a.block_shift,
                        p.kv.block_size - 1, p.kv.num_kv_heads * kHeadDim, kv_head * kHeadDim};
   if (warp == heads) {
-    produce_tiles<L::kTile, Ring::kStages, Ring::kParts>(a, cache, smem, stage_bytes, row_bytes, full, empty,
+    produce_tiles<L::kTile, Ring::kStages, Ring::kParts>(a, cache, smem, stage_bytes, row_bytes, row_stride, full, empty,
                                                          begin, end, kv_len - 1);
     return;
   }
@@ -694,9 +731,56 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   if (begin < end) {
     gate.template start_warp<kHeadDim, kGroup>(scratch(warp), cache, p.kv.key_cache, q, begin, end);
     Bf16x8 k[L::kUnroll], v[L::kUnroll] = {};
+    // The tensor-core scores' B operand: q^T (head_dim x query heads, padded to 8 with zeros),
+    // lane holding column lane / 4, rows 2 (lane % 4) + {0, 1} and + {8, 9} of each 16-row step.
+    constexpr int kSteps = kHeadDim / 16;
+    unsigned bq[Ring::kMmaScores ? kSteps : 1][2] = {};
+    if constexpr (Ring::kMmaScores) {
+      auto& sm = scratch(warp);
+      if (key_lane == 0)
+#pragma unroll
+        for (int h = 0; h < kGroup; ++h) store_bf16x8(&sm.q_bf16[h][slice * 8], from_float8(q[h]));
+      __syncwarp();
+      const int n = lane / 4, kq = 2 * (lane % 4);
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks)
+        if (n < kGroup) {
+          bq[ks][0] = *reinterpret_cast<const unsigned*>(&sm.q_bf16[n][ks * 16 + kq]);
+          bq[ks][1] = *reinterpret_cast<const unsigned*>(&sm.q_bf16[n][ks * 16 + kq + 8]);
+        }
+    }
     for (int t = 0; begin + t * L::kTile < end; ++t) {
       const int s = t % Ring::kStages, first_key = begin + t * L::kTile;
       full[s].wait((t / Ring::kStages) & 1);
+      if constexpr (Ring::kMmaScores) {
+        unsigned char* head_rows = smem + s * stage_bytes + warp * kHeadDim * 2;
+        if (writes_newest && first_key + L::kTile >= kv_len) {
+          // The stage's copy of the newest key may predate this warp's write of it: put the
+          // row as written in place (the async proxy refills the stage after this write).
+          if (key_lane == 0) store_bf16x8(reinterpret_cast<bf16*>(head_rows + (kv_len - 1 - first_key) * row_stride) + slice * 8, newest_k);
+          fence_generic_to_async_shared();
+          // The V gathers read the newest key's V row, which this warp wrote to the cache.
+          fence_generic_to_async_global();
+          __syncwarp();
+        }
+        // S^T = K q^T: keys as the mma's 16 rows (ldmatrix lanes: key lane & 15, 8-value half
+        // lane >> 4 of each 16-value step), query heads as its 8 columns. Keys past the end
+        // score garbage that the gate never reads (their P is 0; no later key pools them).
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const unsigned char* a_row = head_rows + (lane & 15) * row_stride + (lane >> 4) * 16;
+#pragma unroll
+        for (int ks = 0; ks < kSteps; ++ks) {
+          unsigned a[4];
+          ldmatrix_x4(a, a_row + ks * 32);
+          mma_bf16(c, a, bq[ks][0], bq[ks][1]);
+        }
+        __syncwarp();
+        if (lane == 0) empty[s].arrive();  // the rows are in registers: the stage can refill
+        auto& sm = scratch(warp);
+        Gate::template store_mma_scores<kGroup>(sm, c);
+        gate.template after_scores<kHeadDim, kGroup>(state, sm, o, cache, p.kv.value_cache, first_key, end, counts);
+        continue;
+      }
       // This head's rows of the tile, out of the stage; keys past the end read as zero.
       const unsigned char* rows = smem + s * stage_bytes + warp * kHeadDim * 2 + slice * 16;
 #pragma unroll

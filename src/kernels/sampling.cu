@@ -1,16 +1,21 @@
-// One block per row: its threads stride over the row with 16-byte loads (four in flight per
-// thread), each keeping the best (value, id) it saw and its lowest non-finite id, then the
-// block reduces those. A decode step has one row per sequence (32 in decode_heavy_b32), each
-// 151936 floats for Qwen3's vocabulary: one pass over 19 MB, a few microseconds, against the
-// copy of all of it to the host that it replaces.
+// Each row is split into `parts` contiguous ranges, one block each: its threads stride over
+// the range with 16-byte loads (four in flight per thread), each keeping the best (value, id)
+// it saw and its lowest non-finite id, then the block reduces those. With several parts, each
+// block leaves its result in a slot and counts itself on the row's counter; the last to arrive
+// combines the parts. A decode step has one row per sequence (32 in decode_heavy_b32), each
+// 151936 floats for Qwen3's vocabulary: one pass over 19 MB, against the copy of all of it to
+// the host that it replaces. One block per row (32 blocks) took 13.2 us of the step on H200,
+// eight parts per row (256 blocks) 9.3 us (bench/RESULTS.md, thirteenth run).
 #include "kernels/sampling.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda_check.h"
 #include "kernels/dependent_launch.cuh"
+#include "kernels/device_info.h"
 
 namespace asynct::kernels {
 namespace {
@@ -61,17 +66,26 @@ __device__ __forceinline__ void warp_reduce(Best& b) {
             __shfl_xor_sync(kFullMask, b.nonfinite, offset));
 }
 
+// The parts of a row: at most kMaxParts, for at most kMaxPartRows rows (more rows already fill
+// the GPU with one block each). Slots and counters per device; the counters are zero when the
+// module loads and the last part of a row leaves its counter zero (launches in stream order).
+constexpr int kMaxParts = 8, kMaxPartRows = 1024;
+__device__ Best g_part_best[kMaxPartRows * kMaxParts];
+__device__ unsigned g_part_counters[kMaxPartRows];
+
 template <bool kVec4>
-__global__ void __launch_bounds__(kThreads) summarize_logits_kernel(const float* logits, int vocab,
+__global__ void __launch_bounds__(kThreads) summarize_logits_kernel(const float* logits, int vocab, int part_len,
                                                                     LogitSummary* out) {
   wait_for_prior_grids();
   allow_next_grid();
+  const int parts = int(gridDim.y), part = int(blockIdx.y);
   const float* row = logits + (long long)blockIdx.x * vocab;
+  const int begin = part * part_len, end = min(vocab, begin + part_len);  // part_len % 4 == 0
   Best b{-INFINITY, INT_MAX, INT_MAX};
-  if constexpr (kVec4) {  // vocab % 4 == 0: every row starts 16-byte aligned
+  if constexpr (kVec4) {  // vocab % 4 == 0: every row and part starts 16-byte aligned
     const float4* row4 = reinterpret_cast<const float4*>(row);
-    const int n4 = vocab / 4;
-    int i = threadIdx.x;
+    const int n4 = end / 4;
+    int i = begin / 4 + threadIdx.x;
     for (; i + 3 * kThreads < n4; i += 4 * kThreads) {
       float4 v[4];
 #pragma unroll
@@ -81,7 +95,7 @@ __global__ void __launch_bounds__(kThreads) summarize_logits_kernel(const float*
     }
     for (; i < n4; i += kThreads) visit4(b, __ldcs(row4 + i), 4 * i);
   } else {
-    for (int i = threadIdx.x; i < vocab; i += kThreads) visit(b, __ldcs(row + i), i);
+    for (int i = begin + threadIdx.x; i < end; i += kThreads) visit(b, __ldcs(row + i), i);
   }
 
   static_assert(kThreads / kWarp == kWarp, "the second reduction gives each lane one warp's partial");
@@ -93,13 +107,25 @@ __global__ void __launch_bounds__(kThreads) summarize_logits_kernel(const float*
   if (warp != 0) return;
   b = partial[lane];
   warp_reduce(b);
-  if (lane == 0) {
-    LogitSummary s;
-    s.greedy = b.id == INT_MAX ? 0 : b.id;
-    s.nonfinite = b.nonfinite == INT_MAX ? -1 : b.nonfinite;
-    s.nonfinite_value = b.nonfinite == INT_MAX ? 0.0f : row[b.nonfinite];
-    out[blockIdx.x] = s;
+  if (lane != 0) return;
+  if (parts > 1) {  // leave this part's result; the last part of the row combines them
+    g_part_best[blockIdx.x * kMaxParts + part] = b;
+    __threadfence();  // the slot is visible before the count says so
+    unsigned* counter = &g_part_counters[blockIdx.x];
+    if (atomicAdd(counter, 1u) != unsigned(parts - 1)) return;
+    *counter = 0u;  // ready for the next launch
+    __threadfence();  // the other parts' slots are read after their counts
+    b = Best{-INFINITY, INT_MAX, INT_MAX};
+    for (int p = 0; p < parts; ++p) {
+      const Best& other = g_part_best[blockIdx.x * kMaxParts + p];  // through L2: other blocks wrote it
+      combine(b, __ldcg(&other.value), __ldcg(&other.id), __ldcg(&other.nonfinite));
+    }
   }
+  LogitSummary s;
+  s.greedy = b.id == INT_MAX ? 0 : b.id;
+  s.nonfinite = b.nonfinite == INT_MAX ? -1 : b.nonfinite;
+  s.nonfinite_value = b.nonfinite == INT_MAX ? 0.0f : row[b.nonfinite];
+  out[blockIdx.x] = s;
 }
 
 }  // namespace
@@ -110,10 +136,18 @@ void launch_summarize_logits(const float* logits, int rows, int vocab, LogitSumm
   check(logits && out, "summarize_logits: null pointer");
   if (rows == 0) return;
   const bool vec4 = vocab % 4 == 0 && reinterpret_cast<std::uintptr_t>(logits) % 16 == 0;
+  // Parts enough for ~4 blocks per multiprocessor of work at one per row, each at least 16K
+  // values (a block's four loads in flight per thread); one part beyond kMaxPartRows rows.
+  const int wanted = (4 * current_device_info().sm_count + rows - 1) / rows;
+  const int parts = rows > kMaxPartRows ? 1 : std::clamp(std::min(wanted, vocab / 16384), 1, kMaxParts);
+  const int part_len = ((vocab + parts - 1) / parts + 3) / 4 * 4;
+  const dim3 grid(rows, parts);
   if (vec4)
-    launch_dependent(summarize_logits_kernel<true>, rows, kThreads, 0, stream, "summarize_logits", logits, vocab, out);
+    launch_dependent(summarize_logits_kernel<true>, grid, kThreads, 0, stream, "summarize_logits", logits, vocab,
+                     part_len, out);
   else
-    launch_dependent(summarize_logits_kernel<false>, rows, kThreads, 0, stream, "summarize_logits", logits, vocab, out);
+    launch_dependent(summarize_logits_kernel<false>, grid, kThreads, 0, stream, "summarize_logits", logits, vocab,
+                     part_len, out);
 }
 
 }  // namespace asynct::kernels

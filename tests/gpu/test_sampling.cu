@@ -1,6 +1,7 @@
 // The device greedy-sampling kernel against summarize_logits on the host: the argmax with the
 // lowest id on ties (including -0.0 against +0.0), the lowest non-finite id and its value, at
-// Qwen3's vocabulary (151936, the 16-byte path) and at sizes that are not multiples of 4.
+// Qwen3's vocabulary (151936, the 16-byte path) and at sizes that are not multiples of 4; large
+// rows are split over several blocks, whose parts the last of them combines.
 #include <cmath>
 #include <limits>
 
@@ -47,7 +48,7 @@ void expect_matches_host(const Tensor& logits, const char* what) {
 TEST(DeviceSampling, DeviceGreedyMatchesHostOnRandomRows) {
   testing::require_gpu();
   testing::Random rng(5);
-  for (auto [rows, vocab] : {std::pair{32, 151936}, {3, 1000}, {5, 7}, {1, 1}, {4, 4099}, {2, 256}}) {
+  for (auto [rows, vocab] : {std::pair{32, 151936}, {3, 1000}, {5, 7}, {1, 1}, {4, 4099}, {2, 256}, {3, 100003}, {1, 151936}}) {
     Tensor logits = rng.normal({rows, vocab}, 3.0f);
     expect_matches_host(logits, ("random " + std::to_string(rows) + " x " + std::to_string(vocab)).c_str());
   }
@@ -56,7 +57,7 @@ TEST(DeviceSampling, DeviceGreedyMatchesHostOnRandomRows) {
 TEST(DeviceSampling, DeviceGreedyTakesTheLowestIdOnTiesAndFindsNonFiniteLogits) {
   testing::require_gpu();
   constexpr float kInf = std::numeric_limits<float>::infinity();
-  for (int vocab : {151936, 4099}) {
+  for (int vocab : {151936, 4099, 65537}) {  // 8 and 4 parts per row (rows split across blocks), and 1
     testing::Random rng(6);
     Tensor logits = rng.uniform({8, vocab}, -4.0f, 4.0f);
     auto row = [&](int r) { return logits.data_as<float>() + std::int64_t(r) * vocab; };

@@ -365,8 +365,6 @@ struct AsyncGate {
                        const Bf16x8 (&)[kUnroll], float (&o)[kGroup][8], const SeqCache& cache,
                        const bf16* value_cache, int first_key, int end, unsigned long long (&counts)[2]) const {
     using L = Layout<kHeadDim, kGroup>;
-    const int lane = threadIdx.x & 31;
-    const int slot = st.tiles % kValueSlots;
     // 1. This tile's scores, reduce-scattered over the lanes of each key, after the carried halo.
     float d[kUnroll * kGroup];
     scattered_scores<L::kLanesPerKey, kGroup, kUnroll>(q, k, d);

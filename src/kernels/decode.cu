@@ -72,6 +72,7 @@ struct Layout {
   // for every head_dim, and so is a stage's size.
   static constexpr int kUnroll = kGroup <= 2 ? 8 : (kGroup == 4 ? 4 : 2);
   static constexpr int kTile = kKeysPerLoad * kUnroll;       // keys per warp iteration
+  static constexpr bool kMmaTile = kTile == 16;               // one m16 tile of keys (see StageRing)
   static_assert(kTile <= 32, "the async list gives each key of a tile one lane");
 };
 
@@ -265,8 +266,8 @@ struct AsyncGate {
     SharedBarrier values_ready[kValueSlots];
     float scores[kGroup][kMaxHalo + L::kTile];  // the carried halo, then this tile
     float tile_p[L::kTile][kGroup];             // P of this tile, before compaction
-    // q in bf16, the B operand of the tensor-core scores (MmaScores; one row otherwise).
-    alignas(16) bf16 q_bf16[L::kTile == 16 ? kGroup : 1][kHeadDim];
+    // q in bf16, the B operand of the tensor-core scores (StageRing::kMmaScores; one row otherwise).
+    alignas(16) bf16 q_bf16[L::kMmaTile ? kGroup : 1][kHeadDim];
   };
   template <typename Smem>
   __device__ static void init_scratch(Smem& sm) {
@@ -373,7 +374,7 @@ struct AsyncGate {
     after_scores<kHeadDim, kGroup>(st, sm, o, cache, value_cache, first_key, end, counts);
   }
 
-  // The tensor-core scores of a 16-key tile (MmaScores) into the warp's score rows: the m16n8
+  // The tensor-core scores of a 16-key tile (StageRing::kMmaScores) into the warp's score rows: the m16n8
   // accumulator holds key lane / 4 (c0, c1) and lane / 4 + 8 (c2, c3) for query heads
   // 2 (lane % 4) and + 1.
   template <int kGroup, typename Smem>
@@ -473,7 +474,7 @@ struct StageRing {
   // The async gate's 16-key tiles are scored on tensor cores, read from the stage with
   // ldmatrix: a token's row is padded by 16 bytes so that 8 consecutive keys of a head fall in 8
   // distinct bank groups (unpadded, rows 2 KB apart would conflict 8 ways).
-  static constexpr bool kMmaScores = !Gate::kLoadValuesWithKeys && L::kTile == 16;
+  static constexpr bool kMmaScores = !Gate::kLoadValuesWithKeys && L::kMmaTile;
   static constexpr int kRowPad = kMmaScores ? 16 : 0;
   static constexpr std::size_t bytes(int heads) {
     return std::size_t(heads) * (kStages * kBytesPerHead + kScratchBytes) + std::size_t(kStages) * kParts * L::kTile * kRowPad;

@@ -49,6 +49,7 @@
 #include "kernels/device_info.h"
 #include "kernels/gate.cuh"
 #include "kernels/head_norm_rope.cuh"
+#include "kernels/last_arrival.cuh"
 #include "kernels/mma_sync.cuh"
 
 namespace asynct::kernels {
@@ -97,6 +98,60 @@ struct SeqCache {
   __device__ __forceinline__ long long offset(int pos) const {
     const long long block = table[pos >> block_shift];
     return ((block << block_shift) + (pos & block_mask)) * row_stride + kv_head_offset;
+  }
+};
+
+// A consumer warp's view of one filled stage: its KV head's rows of the tile's keys (and of the
+// values staged with them), and the newest key when this warp wrote it (see project_new_token).
+// The stage's copy of that key may predate the write (the producer does not wait for it), so
+// every reader takes the row as written.
+template <int kHeadDim, int kGroup>
+struct StagedTile {
+  using L = Layout<kHeadDim, kGroup>;
+  unsigned char* head_rows;  // the head's row of the tile's first key
+  int row_stride;            // bytes from one token's rows to the next
+  int first_key, end;        // the tile's first key; the end of the split's keys
+  bool wrote_newest;         // this warp wrote the sequence's newest key, newest_key:
+  int newest_key;
+  Bf16x8 newest_k, newest_v;
+  SharedBarrier* empty;      // the stage's barrier: each consumer warp arrives once it has read
+
+  __device__ bool holds_newest() const { return wrote_newest && first_key + L::kTile > newest_key; }
+
+  // This lane's 8 elements of key (and value) u * kKeysPerLoad + key lane, u < kUnroll, into
+  // registers; keys past the end read as zero.
+  template <bool kValues>
+  __device__ __forceinline__ void read(Bf16x8 (&k)[L::kUnroll], Bf16x8 (&v)[L::kUnroll]) const {
+    const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
+    const unsigned char* rows = head_rows + slice * 16;
+#pragma unroll
+    for (int u = 0; u < L::kUnroll; ++u) {
+      const int row = u * L::kKeysPerLoad + key_lane;
+      const bool valid = first_key + row < end;
+      k[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + row * row_stride) : Bf16x8{};
+      if constexpr (kValues) v[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + (L::kTile + row) * row_stride) : Bf16x8{};
+      if (wrote_newest && first_key + row == newest_key) {
+        k[u] = newest_k;
+        if constexpr (kValues) v[u] = newest_v;
+      }
+    }
+  }
+
+  // The newest key's row as written, in place of the stage's copy, for readers of the stage
+  // itself (ldmatrix). The async proxy refills the stage after this write.
+  __device__ void put_newest_key() const {
+    if (!holds_newest()) return;
+    const int lane = threadIdx.x & 31;
+    if (lane < L::kLanesPerKey)
+      store_bf16x8(reinterpret_cast<bf16*>(head_rows + (newest_key - first_key) * row_stride) + lane * 8, newest_k);
+    fence_generic_to_async_shared();
+    __syncwarp();
+  }
+
+  // The warp is done with the stage (what it needs is in registers): the producer may refill it.
+  __device__ void release() const {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) empty->arrive();
   }
 };
 
@@ -164,6 +219,8 @@ struct SoftmaxGate {
   // Its K+V stages would fit 3 deep in the budget; measured on H200, 3 were 2-3% slower than 2
   // on every bench_decode shape (a guess at why: the larger ring leaves less room to L1).
   static constexpr int kMaxStages = 2;
+  template <typename L>
+  static constexpr bool scores_on_tensor_cores() { return false; }
   float softcap;
 
   template <int kHeadDim, int kGroup>
@@ -171,33 +228,37 @@ struct SoftmaxGate {
   template <typename Smem>
   __device__ static void init_scratch(Smem&) {}
 
-  template <int kGroup>
+  template <int kHeadDim, int kGroup>
   struct State {
     float max[kGroup], sum[kGroup];
   };
   // The state before the first key, for the query heads first_head .. first_head+kGroup-1.
-  template <int kGroup>
-  __device__ void start(State<kGroup>& st, int /*first_head*/) const {
+  template <int kHeadDim, int kGroup>
+  __device__ void start(State<kHeadDim, kGroup>& st, int /*first_head*/) const {
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) st.max[h] = -FLT_MAX, st.sum[h] = 0.0f;
   }
   template <int kHeadDim, int kGroup, typename Smem>
-  __device__ void start_warp(Smem&, const SeqCache&, const bf16*, const float (&)[kGroup][8], int,
-                             int) const {}
+  __device__ void start_warp(State<kHeadDim, kGroup>&, Smem&, const SeqCache&, const bf16*, const float (&)[kGroup][8],
+                             int, int) const {}
 
-  template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
-  __device__ void finish(State<kGroup>&, Smem&, const Bf16x8 (&)[kUnroll], float (&)[kGroup][8]) const {}
+  template <int kHeadDim, int kGroup, typename Smem>
+  __device__ void finish(State<kHeadDim, kGroup>&, Smem&, float (&)[kGroup][8]) const {}
 
   // The tile's scores (reduce-scattered: each is softcapped and exponentiated once, not in
   // every lane of its key), online softmax over them, then o += P V with the values staged with
   // the keys, each P shuffled from the lane that holds it.
-  template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
-  __device__ void tile(State<kGroup>& st, Smem&, const float (&q)[kGroup][8], const Bf16x8 (&k)[kUnroll],
-                       const Bf16x8 (&v)[kUnroll], float (&o)[kGroup][8], const SeqCache&, const bf16*,
-                       int first_key, int end, unsigned long long (&counts)[2]) const {
+  template <int kHeadDim, int kGroup, typename Smem>
+  __device__ __forceinline__ void tile(State<kHeadDim, kGroup>& st, Smem&, const float (&q)[kGroup][8], StagedTile<kHeadDim, kGroup> staged,
+                       float (&o)[kGroup][8], const SeqCache&, const bf16*, unsigned long long (&counts)[2]) const {
     using L = Layout<kHeadDim, kGroup>;
+    constexpr int kUnroll = L::kUnroll;
     using S = Scatter<L::kLanesPerKey, kUnroll * kGroup>;
     const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
+    const int first_key = staged.first_key, end = staged.end;
+    Bf16x8 k[kUnroll] = {}, v[kUnroll] = {};
+    staged.template read<true>(k, v);
+    staged.release();
     float s[kUnroll * kGroup];
     scattered_scores<L::kLanesPerKey, kGroup, kUnroll>(q, k, s);
     float tile_max[kGroup];
@@ -254,6 +315,10 @@ struct AsyncGate {
   // built, and used kValueLead tiles later, so their latency hides behind that much work.
   static constexpr int kValueLead = 2;
   static constexpr int kValueSlots = kValueLead + 1;
+  // A 16-key tile (one m16 tile of keys) is scored on tensor cores: ldmatrix from the stage,
+  // mma.m16n8k16 against q in bf16 (the stage rows are padded for it, see StageRing).
+  template <typename L>
+  static constexpr bool scores_on_tensor_cores() { return L::kMmaTile; }
   int window;
   const float *alpha, *sigma, *gamma;  // per query head, device
 
@@ -266,7 +331,7 @@ struct AsyncGate {
     SharedBarrier values_ready[kValueSlots];
     float scores[kGroup][kMaxHalo + L::kTile];  // the carried halo, then this tile
     float tile_p[L::kTile][kGroup];             // P of this tile, before compaction
-    // q in bf16, the B operand of the tensor-core scores (StageRing::kMmaScores; one row otherwise).
+    // q in bf16, on its way to the tensor-core scores' B operand (one row when not used).
     alignas(16) bf16 q_bf16[L::kMmaTile ? kGroup : 1][kHeadDim];
   };
   template <typename Smem>
@@ -274,14 +339,17 @@ struct AsyncGate {
     for (int i = 0; i < kValueSlots; ++i) sm.values_ready[i].init(1);
   }
 
-  template <int kGroup>
+  template <int kHeadDim, int kGroup>
   struct State {
     float alpha, sigma, gamma;  // of the query head this lane gates (see tile)
     float inv_window;
     int tiles = 0;              // tiles listed so far
+    // The tensor-core scores' B operand, q^T (head_dim x query heads, padded to 8 with zeros):
+    // this lane holds column lane / 4, rows 2 (lane % 4) + {0, 1} and + {8, 9} of each k16 step.
+    unsigned q_operand[Layout<kHeadDim, kGroup>::kMmaTile ? kHeadDim / 16 : 1][2] = {};
   };
-  template <int kGroup>
-  __device__ void start(State<kGroup>& st, int first_head) const {
+  template <int kHeadDim, int kGroup>
+  __device__ void start(State<kHeadDim, kGroup>& st, int first_head) const {
     const int head = first_head + int(threadIdx.x & 31) % kGroup;
     st.alpha = alpha[head];
     st.sigma = sigma[head];
@@ -306,11 +374,25 @@ struct AsyncGate {
 
   // The halo: the scores of the W-1 keys before the warp's first key (zero left of key 0,
   // where the definition puts R = 0), recomputed rather than carried across splits.
+  // And, for tensor-core scores, q as their B operand.
   template <int kHeadDim, int kGroup, typename Smem>
-  __device__ void start_warp(Smem& sm, const SeqCache& cache, const bf16* key_cache,
+  __device__ void start_warp(State<kHeadDim, kGroup>& st, Smem& sm, const SeqCache& cache, const bf16* key_cache,
                              const float (&q)[kGroup][8], int begin, int) const {
     using L = Layout<kHeadDim, kGroup>;
     const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey;
+    if constexpr (L::kMmaTile) {
+      if (lane / L::kLanesPerKey == 0)
+#pragma unroll
+        for (int h = 0; h < kGroup; ++h) store_bf16x8(&sm.q_bf16[h][slice * 8], from_float8(q[h]));
+      __syncwarp();
+      const int n = lane / 4, kq = 2 * (lane % 4);
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks)
+        if (n < kGroup) {
+          st.q_operand[ks][0] = *reinterpret_cast<const unsigned*>(&sm.q_bf16[n][ks * 16 + kq]);
+          st.q_operand[ks][1] = *reinterpret_cast<const unsigned*>(&sm.q_bf16[n][ks * 16 + kq + 8]);
+        }
+    }
     for (int i = lane; i < kGroup * kMaxHalo; i += 32) sm.scores[i / kMaxHalo][i % kMaxHalo] = 0.0f;
     __syncwarp();
     const int halo = min(window - 1, begin);
@@ -352,29 +434,55 @@ struct AsyncGate {
   }
 
   // The tiles still waiting for their V rows.
-  template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
-  __device__ void finish(State<kGroup>& st, Smem& sm, const Bf16x8 (&)[kUnroll], float (&o)[kGroup][8]) const {
+  template <int kHeadDim, int kGroup, typename Smem>
+  __device__ void finish(State<kHeadDim, kGroup>& st, Smem& sm, float (&o)[kGroup][8]) const {
     for (int index = max(0, st.tiles - kValueLead); index < st.tiles; ++index)
       accumulate<kHeadDim, kGroup>(sm, index, o);
   }
 
-  // This tile's P from the pooled scores, the list of keys with a non-zero P for some head
-  // (sparse-P) and the copies of only their V rows; then the P V of the tile listed
-  // kValueLead tiles ago.
-  template <int kHeadDim, int kGroup, typename Smem, int kUnroll>
-  __device__ void tile(State<kGroup>& st, Smem& sm, const float (&q)[kGroup][8], const Bf16x8 (&k)[kUnroll],
-                       const Bf16x8 (&)[kUnroll], float (&o)[kGroup][8], const SeqCache& cache,
-                       const bf16* value_cache, int first_key, int end, unsigned long long (&counts)[2]) const {
+  // This tile's scores (on tensor cores for 16-key tiles, else reduce-scattered over the lanes
+  // of each key) after the carried halo, then its P from the pooled scores, the list of keys with
+  // a non-zero P for some head (sparse-P) and the copies of only their V rows; then the P V of
+  // the tile listed kValueLead tiles ago.
+  template <int kHeadDim, int kGroup, typename Smem>
+  __device__ __forceinline__ void tile(State<kHeadDim, kGroup>& st, Smem& sm, const float (&q)[kGroup][8], StagedTile<kHeadDim, kGroup> staged,
+                       float (&o)[kGroup][8], const SeqCache& cache, const bf16* value_cache,
+                       unsigned long long (&counts)[2]) const {
     using L = Layout<kHeadDim, kGroup>;
-    // 1. This tile's scores, reduce-scattered over the lanes of each key, after the carried halo.
-    float d[kUnroll * kGroup];
-    scattered_scores<L::kLanesPerKey, kGroup, kUnroll>(q, k, d);
-    store_scores<L, kUnroll>(sm, d, kMaxHalo);
-    __syncwarp();
-    after_scores<kHeadDim, kGroup>(st, sm, o, cache, value_cache, first_key, end, counts);
+    if constexpr (L::kMmaTile) {
+      // S^T = K q^T: keys as the mma's 16 rows (ldmatrix lanes: key lane & 15, 8-value half
+      // lane >> 4 of each 16-value step), query heads as its 8 columns. Keys past the end
+      // score garbage that the gate never reads (their P is 0; no later key pools them).
+      staged.put_newest_key();
+      const int lane = threadIdx.x & 31;
+      const unsigned char* a_row = staged.head_rows + (lane & 15) * staged.row_stride + (lane >> 4) * 16;
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        unsigned a[4];
+        ldmatrix_x4(a, a_row + ks * 32);
+        mma_bf16(c, a, st.q_operand[ks][0], st.q_operand[ks][1]);
+      }
+      staged.release();
+      store_mma_scores<kGroup>(sm, c);
+    } else {
+      Bf16x8 k[L::kUnroll], unused[L::kUnroll];
+      staged.template read<false>(k, unused);
+      staged.release();
+      float d[L::kUnroll * kGroup];
+      scattered_scores<L::kLanesPerKey, kGroup, L::kUnroll>(q, k, d);
+      store_scores<L, L::kUnroll>(sm, d, kMaxHalo);
+      __syncwarp();
+    }
+    // The V gathers (bulk copies) may read the newest key's V row, which this warp wrote.
+    if (staged.holds_newest()) {
+      fence_generic_to_async_global();
+      __syncwarp();
+    }
+    after_scores<kHeadDim, kGroup>(st, sm, o, cache, value_cache, staged.first_key, staged.end, counts);
   }
 
-  // The tensor-core scores of a 16-key tile (StageRing::kMmaScores) into the warp's score rows: the m16n8
+  // The tensor-core scores of a 16-key tile into the warp's score rows: the m16n8
   // accumulator holds key lane / 4 (c0, c1) and lane / 4 + 8 (c2, c3) for query heads
   // 2 (lane % 4) and + 1.
   template <int kGroup, typename Smem>
@@ -393,7 +501,7 @@ struct AsyncGate {
 
   // Steps 2-4 of a tile, once its scores are in the warp's score rows.
   template <int kHeadDim, int kGroup, typename Smem>
-  __device__ void after_scores(State<kGroup>& st, Smem& sm, float (&o)[kGroup][8], const SeqCache& cache,
+  __device__ void after_scores(State<kHeadDim, kGroup>& st, Smem& sm, float (&o)[kGroup][8], const SeqCache& cache,
                                const bf16* value_cache, int first_key, int end, unsigned long long (&counts)[2]) const {
     using L = Layout<kHeadDim, kGroup>;
     const int lane = threadIdx.x & 31;
@@ -474,8 +582,7 @@ struct StageRing {
   // The async gate's 16-key tiles are scored on tensor cores, read from the stage with
   // ldmatrix: a token's row is padded by 16 bytes so that 8 consecutive keys of a head fall in 8
   // distinct bank groups (unpadded, rows 2 KB apart would conflict 8 ways).
-  static constexpr bool kMmaScores = !Gate::kLoadValuesWithKeys && L::kMmaTile;
-  static constexpr int kRowPad = kMmaScores ? 16 : 0;
+  static constexpr int kRowPad = Gate::template scores_on_tensor_cores<L>() ? 16 : 0;
   static constexpr std::size_t bytes(int heads) {
     return std::size_t(heads) * (kStages * kBytesPerHead + kScratchBytes) + std::size_t(kStages) * kParts * L::kTile * kRowPad;
   }
@@ -724,92 +831,23 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   for (int h = 0; h < kGroup; ++h)
 #pragma unroll
     for (int e = 0; e < 8; ++e) q[h][e] *= a.scale;
-  typename Gate::template State<kGroup> state;
-  gate.template start<kGroup>(state, first_head);
+  typename Gate::template State<kHeadDim, kGroup> state;
+  gate.template start<kHeadDim, kGroup>(state, first_head);
   float o[kGroup][8] = {};
   unsigned long long counts[2] = {0, 0};  // non-zero P entries, V rows loaded
 
   if (begin < end) {
-    gate.template start_warp<kHeadDim, kGroup>(scratch(warp), cache, p.kv.key_cache, q, begin, end);
-    Bf16x8 k[L::kUnroll], v[L::kUnroll] = {};
-    // The tensor-core scores' B operand: q^T (head_dim x query heads, padded to 8 with zeros),
-    // lane holding column lane / 4, rows 2 (lane % 4) + {0, 1} and + {8, 9} of each 16-row step.
-    constexpr int kSteps = kHeadDim / 16;
-    unsigned bq[Ring::kMmaScores ? kSteps : 1][2] = {};
-    if constexpr (Ring::kMmaScores) {
-      auto& sm = scratch(warp);
-      if (key_lane == 0)
-#pragma unroll
-        for (int h = 0; h < kGroup; ++h) store_bf16x8(&sm.q_bf16[h][slice * 8], from_float8(q[h]));
-      __syncwarp();
-      const int n = lane / 4, kq = 2 * (lane % 4);
-#pragma unroll
-      for (int ks = 0; ks < kSteps; ++ks)
-        if (n < kGroup) {
-          bq[ks][0] = *reinterpret_cast<const unsigned*>(&sm.q_bf16[n][ks * 16 + kq]);
-          bq[ks][1] = *reinterpret_cast<const unsigned*>(&sm.q_bf16[n][ks * 16 + kq + 8]);
-        }
-    }
+    gate.template start_warp<kHeadDim, kGroup>(state, scratch(warp), cache, p.kv.key_cache, q, begin, end);
+    StagedTile<kHeadDim, kGroup> staged{nullptr, row_stride, begin, end, writes_newest, kv_len - 1, newest_k, newest_v, nullptr};
     for (int t = 0; begin + t * L::kTile < end; ++t) {
       const int s = t % Ring::kStages, first_key = begin + t * L::kTile;
       full[s].wait((t / Ring::kStages) & 1);
-      if constexpr (Ring::kMmaScores) {
-        unsigned char* head_rows = smem + s * stage_bytes + warp * kHeadDim * 2;
-        if (writes_newest && first_key + L::kTile >= kv_len) {
-          // The stage's copy of the newest key may predate this warp's write of it: put the
-          // row as written in place (the async proxy refills the stage after this write).
-          if (key_lane == 0) store_bf16x8(reinterpret_cast<bf16*>(head_rows + (kv_len - 1 - first_key) * row_stride) + slice * 8, newest_k);
-          fence_generic_to_async_shared();
-          // The V gathers read the newest key's V row, which this warp wrote to the cache.
-          fence_generic_to_async_global();
-          __syncwarp();
-        }
-        // S^T = K q^T: keys as the mma's 16 rows (ldmatrix lanes: key lane & 15, 8-value half
-        // lane >> 4 of each 16-value step), query heads as its 8 columns. Keys past the end
-        // score garbage that the gate never reads (their P is 0; no later key pools them).
-        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const unsigned char* a_row = head_rows + (lane & 15) * row_stride + (lane >> 4) * 16;
-#pragma unroll
-        for (int ks = 0; ks < kSteps; ++ks) {
-          unsigned a[4];
-          ldmatrix_x4(a, a_row + ks * 32);
-          mma_bf16(c, a, bq[ks][0], bq[ks][1]);
-        }
-        __syncwarp();
-        if (lane == 0) empty[s].arrive();  // the rows are in registers: the stage can refill
-        auto& sm = scratch(warp);
-        Gate::template store_mma_scores<kGroup>(sm, c);
-        gate.template after_scores<kHeadDim, kGroup>(state, sm, o, cache, p.kv.value_cache, first_key, end, counts);
-        continue;
-      }
-      // This head's rows of the tile, out of the stage; keys past the end read as zero.
-      const unsigned char* rows = smem + s * stage_bytes + warp * kHeadDim * 2 + slice * 16;
-#pragma unroll
-      for (int u = 0; u < L::kUnroll; ++u) {
-        const int row = u * L::kKeysPerLoad + key_lane;
-        const bool valid = first_key + row < end;
-        k[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + row * row_bytes) : Bf16x8{};
-        if constexpr (kSoftmax)
-          v[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + (L::kTile + row) * row_bytes) : Bf16x8{};
-        if (writes_newest && first_key + row == kv_len - 1) {  // this warp wrote it: use its own
-          k[u] = newest_k;
-          if constexpr (kSoftmax) v[u] = newest_v;
-        }
-      }
-      __syncwarp();
-      if (lane == 0) empty[s].arrive();  // the rows are in registers: the stage can refill
-      if constexpr (!kSoftmax) {
-        // The gate gathers V rows with bulk copies, the newest key's among them: this warp's
-        // write of it first (late in the loop, so the fence finds it long done).
-        if (writes_newest && first_key + L::kTile >= kv_len) {
-          fence_generic_to_async_global();
-          __syncwarp();
-        }
-      }
-      gate.template tile<kHeadDim, kGroup>(state, scratch(warp), q, k, v, o, cache, p.kv.value_cache, first_key,
-                                           end, counts);
+      staged.head_rows = smem + s * stage_bytes + warp * kHeadDim * 2;
+      staged.first_key = first_key;
+      staged.empty = &empty[s];
+      gate.template tile<kHeadDim, kGroup>(state, scratch(warp), q, staged, o, cache, p.kv.value_cache, counts);
     }
-    gate.template finish<kHeadDim, kGroup>(state, scratch(warp), v, o);
+    gate.template finish<kHeadDim, kGroup>(state, scratch(warp), o);
   }
   if (p.counters) {  // counts live in the lanes that own a key (non-zero P) and in lane 0
     if (counts[0]) atomicAdd(p.counters, counts[0]);
@@ -854,17 +892,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   if (a.partial_out == nullptr) return;
 
   // Several splits: the last CTA of the (head group, sequence) to arrive combines them.
-  __threadfence();  // this CTA's parts are visible before its count says so
-  consumer_barrier(heads);
-  __shared__ bool last;
-  if (threadIdx.x == 0) {
-    unsigned* counter = g_split_counters + (long long)seq * gridDim.x + blockIdx.x;
-    last = atomicAdd(counter, 1u) == unsigned(splits - 1);
-    if (last) *counter = 0u;  // ready for the next launch
-  }
-  consumer_barrier(heads);
-  if (!last) return;
-  __threadfence();  // the other CTAs' parts are read after their counts
+  unsigned* counter = g_split_counters + (long long)seq * gridDim.x + blockIdx.x;
+  if (!last_to_arrive(counter, unsigned(splits), [heads] { consumer_barrier(heads); })) return;
   combine_splits<kHeadDim, kGroup, kSoftmax>(a, splits, first_row);
 }
 

@@ -16,6 +16,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_info.h"
+#include "kernels/last_arrival.cuh"
 
 namespace asynct::kernels {
 namespace {
@@ -110,11 +111,7 @@ __global__ void __launch_bounds__(kThreads) summarize_logits_kernel(const float*
   if (lane != 0) return;
   if (parts > 1) {  // leave this part's result; the last part of the row combines them
     g_part_best[blockIdx.x * kMaxParts + part] = b;
-    __threadfence();  // the slot is visible before the count says so
-    unsigned* counter = &g_part_counters[blockIdx.x];
-    if (atomicAdd(counter, 1u) != unsigned(parts - 1)) return;
-    *counter = 0u;  // ready for the next launch
-    __threadfence();  // the other parts' slots are read after their counts
+    if (!last_to_arrive(&g_part_counters[blockIdx.x], unsigned(parts), [] {})) return;  // only this thread
     b = Best{-INFINITY, INT_MAX, INT_MAX};
     for (int p = 0; p < parts; ++p) {
       const Best& other = g_part_best[blockIdx.x * kMaxParts + p];  // through L2: other blocks wrote it

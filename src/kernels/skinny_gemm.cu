@@ -42,6 +42,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/dependent_launch.cuh"
 #include "kernels/device_info.h"
+#include "kernels/last_arrival.cuh"
 #include "kernels/mma_sync.cuh"
 #include "kernels/wgmma.cuh"
 
@@ -477,13 +478,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
   float4* tiles = reinterpret_cast<float4*>(a.partials) + (long long)col_tile * splits * (kPartialTileFloats / 4);
   for (int i = threadIdx.x; i < tile_quads; i += kThreads)
     __stcg(tiles + (long long)split * (kPartialTileFloats / 4) + i, reinterpret_cast<const float4*>(&partial[0][0])[i]);
-  __threadfence();  // the tile is visible before the count says so
-  __syncthreads();
-  __shared__ bool last;
-  if (threadIdx.x == 0) last = atomicAdd(&a.counters[col_tile], 1u) == unsigned(splits - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // the other CTAs' tiles are read after their counts
+  if (!last_to_arrive(&a.counters[col_tile], unsigned(splits), [] { __syncthreads(); })) return;
   for (int i = threadIdx.x; i < quads; i += kThreads) {
     float4 total = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s = 0; s < splits; ++s) {
@@ -495,7 +490,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
     }
     store_quad(i, total);
   }
-  if (threadIdx.x == 0) a.counters[col_tile] = 0u;  // ready for the next launch
 }
 
 // A 2-D tensor map of a row-major bf16 matrix [rows][cols] with boxes of box_rows x kTileK,

@@ -111,8 +111,8 @@ struct StagedTile {
   unsigned char* head_rows;  // the head's row of the tile's first key
   int row_stride;            // bytes from one token's rows to the next
   int first_key, end;        // the tile's first key; the end of the split's keys
-  bool wrote_newest;         // this warp wrote the sequence's newest key, newest_key:
-  int newest_key;
+  bool wrote_newest;         // whether this warp wrote the sequence's newest key,
+  int newest_key;            // at this position
   Bf16x8 newest_k, newest_v;
   SharedBarrier* empty;      // the stage's barrier: each consumer warp arrives once it has read
 
@@ -129,7 +129,8 @@ struct StagedTile {
       const int row = u * L::kKeysPerLoad + key_lane;
       const bool valid = first_key + row < end;
       k[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + row * row_stride) : Bf16x8{};
-      if constexpr (kValues) v[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + (L::kTile + row) * row_stride) : Bf16x8{};
+      if constexpr (kValues)
+        v[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + (L::kTile + row) * row_stride) : Bf16x8{};
       if (wrote_newest && first_key + row == newest_key) {
         k[u] = newest_k;
         if constexpr (kValues) v[u] = newest_v;
@@ -249,8 +250,9 @@ struct SoftmaxGate {
   // every lane of its key), online softmax over them, then o += P V with the values staged with
   // the keys, each P shuffled from the lane that holds it.
   template <int kHeadDim, int kGroup, typename Smem>
-  __device__ __forceinline__ void tile(State<kHeadDim, kGroup>& st, Smem&, const float (&q)[kGroup][8], StagedTile<kHeadDim, kGroup> staged,
-                       float (&o)[kGroup][8], const SeqCache&, const bf16*, unsigned long long (&counts)[2]) const {
+  __device__ __forceinline__ void tile(State<kHeadDim, kGroup>& st, Smem&, const float (&q)[kGroup][8],
+                                       StagedTile<kHeadDim, kGroup> staged, float (&o)[kGroup][8], const SeqCache&,
+                                       const bf16*, unsigned long long (&counts)[2]) const {
     using L = Layout<kHeadDim, kGroup>;
     constexpr int kUnroll = L::kUnroll;
     using S = Scatter<L::kLanesPerKey, kUnroll * kGroup>;
@@ -332,7 +334,7 @@ struct AsyncGate {
     float scores[kGroup][kMaxHalo + L::kTile];  // the carried halo, then this tile
     float tile_p[L::kTile][kGroup];             // P of this tile, before compaction
     // q in bf16, on its way to the tensor-core scores' B operand (one row when not used).
-    alignas(16) bf16 q_bf16[L::kMmaTile ? kGroup : 1][kHeadDim];
+    alignas(16) bf16 q_bf16[scores_on_tensor_cores<L>() ? kGroup : 1][kHeadDim];
   };
   template <typename Smem>
   __device__ static void init_scratch(Smem& sm) {
@@ -346,7 +348,7 @@ struct AsyncGate {
     int tiles = 0;              // tiles listed so far
     // The tensor-core scores' B operand, q^T (head_dim x query heads, padded to 8 with zeros):
     // this lane holds column lane / 4, rows 2 (lane % 4) + {0, 1} and + {8, 9} of each k16 step.
-    unsigned q_operand[Layout<kHeadDim, kGroup>::kMmaTile ? kHeadDim / 16 : 1][2] = {};
+    unsigned q_operand[scores_on_tensor_cores<Layout<kHeadDim, kGroup>>() ? kHeadDim / 16 : 1][2] = {};
   };
   template <int kHeadDim, int kGroup>
   __device__ void start(State<kHeadDim, kGroup>& st, int first_head) const {
@@ -380,7 +382,7 @@ struct AsyncGate {
                              const float (&q)[kGroup][8], int begin, int) const {
     using L = Layout<kHeadDim, kGroup>;
     const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey;
-    if constexpr (L::kMmaTile) {
+    if constexpr (scores_on_tensor_cores<L>()) {
       if (lane / L::kLanesPerKey == 0)
 #pragma unroll
         for (int h = 0; h < kGroup; ++h) store_bf16x8(&sm.q_bf16[h][slice * 8], from_float8(q[h]));
@@ -445,11 +447,12 @@ struct AsyncGate {
   // a non-zero P for some head (sparse-P) and the copies of only their V rows; then the P V of
   // the tile listed kValueLead tiles ago.
   template <int kHeadDim, int kGroup, typename Smem>
-  __device__ __forceinline__ void tile(State<kHeadDim, kGroup>& st, Smem& sm, const float (&q)[kGroup][8], StagedTile<kHeadDim, kGroup> staged,
-                       float (&o)[kGroup][8], const SeqCache& cache, const bf16* value_cache,
-                       unsigned long long (&counts)[2]) const {
+  __device__ __forceinline__ void tile(State<kHeadDim, kGroup>& st, Smem& sm, const float (&q)[kGroup][8],
+                                       StagedTile<kHeadDim, kGroup> staged, float (&o)[kGroup][8],
+                                       const SeqCache& cache, const bf16* value_cache,
+                                       unsigned long long (&counts)[2]) const {
     using L = Layout<kHeadDim, kGroup>;
-    if constexpr (L::kMmaTile) {
+    if constexpr (scores_on_tensor_cores<L>()) {
       // S^T = K q^T: keys as the mma's 16 rows (ldmatrix lanes: key lane & 15, 8-value half
       // lane >> 4 of each 16-value step), query heads as its 8 columns. Keys past the end
       // score garbage that the gate never reads (their P is 0; no later key pools them).
@@ -838,7 +841,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
 
   if (begin < end) {
     gate.template start_warp<kHeadDim, kGroup>(state, scratch(warp), cache, p.kv.key_cache, q, begin, end);
-    StagedTile<kHeadDim, kGroup> staged{nullptr, row_stride, begin, end, writes_newest, kv_len - 1, newest_k, newest_v, nullptr};
+    // The tile's stage, first key and barrier are set in the loop.
+    StagedTile<kHeadDim, kGroup> staged{nullptr, row_stride, begin, end, writes_newest, kv_len - 1,
+                                        newest_k, newest_v, nullptr};
     for (int t = 0; begin + t * L::kTile < end; ++t) {
       const int s = t % Ring::kStages, first_key = begin + t * L::kTile;
       full[s].wait((t / Ring::kStages) & 1);

@@ -258,7 +258,7 @@ struct SoftmaxGate {
     using S = Scatter<L::kLanesPerKey, kUnroll * kGroup>;
     const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
     const int first_key = staged.first_key, end = staged.end;
-    Bf16x8 k[kUnroll] = {}, v[kUnroll] = {};
+    Bf16x8 k[kUnroll], v[kUnroll];
     staged.template read<true>(k, v);
     staged.release();
     float s[kUnroll * kGroup];

@@ -5,10 +5,11 @@
 # folder) or build/gpu-out.
 #
 # STAGES picks what runs (default: all but timeline, in this order):
-#   build tests sanitizer torch bench scenarios timeline
+#   build tests sanitizer torch bench scenarios timeline probes
 # e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings,
 # STAGES="build timeline" for where a decode step's time goes (the kernel timeline of both
-# models' decode_heavy_b32 steps, and the dependency probe).
+# models' decode_heavy_b32 steps), STAGES=probes for the design probes in bench/*_probe.cu (what
+# a dependency costs; what the decode step's structure costs with no math in it).
 # GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
 # (e.g. "decode norms"), SCENARIO_SCALE and SCENARIO_REPEAT (runs per model, median reported)
 # narrow or widen further. Needs the Debian packages of scripts/device_deps.sh in .deps/ when the machine
@@ -73,7 +74,7 @@ if want scenarios; then
     --json "$out/scenarios.json" 2>"$out/scenarios.log" || status=1
 fi
 if want timeline; then
-  echo "== the decode step's kernel timeline (CUPTI) and the dependency probe =="
+  echo "== the decode step's kernel timeline (CUPTI) =="
   cupti_lib="$(dirname "$(find /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")"
   cupti_inc=/usr/local/cuda/include
   [ -f "$cupti_inc/cupti.h" ] || cupti_inc=/usr/local/cuda/extras/CUPTI/include
@@ -89,7 +90,13 @@ if want timeline; then
   else
     status=1
   fi
-  nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a bench/boundary_probe.cu -o build/gpu/boundary_probe &&
-    timeout 60 build/gpu/boundary_probe | tee "$out/boundary_probe.txt" || status=1
+fi
+if want probes; then
+  echo "== design probes =="
+  mkdir -p build/gpu
+  for probe in boundary_probe step_probe; do
+    nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Isrc "bench/$probe.cu" -o "build/gpu/$probe" &&
+      timeout 120 "build/gpu/$probe" | tee "$out/$probe.txt" || status=1
+  done
 fi
 exit $status

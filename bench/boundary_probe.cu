@@ -19,7 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "probe_check.h"
+#include "probe_util.h"
 
 constexpr int kCtas = 128, kThreads = 128, kSteps = 512;
 
@@ -119,59 +119,24 @@ __global__ void norm_kernel(const float* partials, float* residual, float* out) 
   }
 }
 
-template <typename Launch>
-float time_graph(cudaStream_t stream, Launch launch) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  launch();
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  float best = 1e30f;
-  for (int rep = 0; rep < 7; ++rep) {
-    CHECK(cudaEventRecord(start, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (rep > 0 && ms < best) best = ms;
-  }
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  return best * 1e3f / kSteps;  // us per step
-}
-
-// kernel<<<ctas, threads, 0, stream>>>(args...), as a dependent launch unless `dependent` is false.
-template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), int ctas, int threads, cudaStream_t stream, bool dependent, Args... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(ctas);
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  cudaLaunchAttribute early{};
-  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &early;
-  config.numAttrs = dependent ? 1 : 0;
-  CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+// The best of 6 graph replays, per step (us).
+template <typename Issue>
+float time_graph(cudaStream_t stream, Issue issue) {
+  return run_times_ms(stream, true, 6, issue).front() * 1e3f / kSteps;
 }
 
 // kSteps product + norm pairs; the time per pair.
 template <int kReductions>
 void launch_norm_pairs(cudaStream_t stream, float* partials, float* residual, float* out) {
   for (int step = 0; step < kSteps; ++step) {
-    launch(product_kernel, kCtas, kThreads, stream, true, partials, step);
-    launch(norm_kernel<kReductions>, kRows, kNormThreads, stream, true, (const float*)partials, residual, out);
+    launch(product_kernel, kCtas, kThreads, 0, stream, true, partials, step);
+    launch(norm_kernel<kReductions>, kRows, kNormThreads, 0, stream, true, (const float*)partials, residual, out);
   }
 }
 
 template <bool kEarly>
 void launch_chain(cudaStream_t stream, float* values, bool pdl) {
-  for (int step = 0; step < kSteps; ++step) launch(chain_kernel<kEarly>, kCtas, kThreads, stream, pdl, values, step);
+  for (int step = 0; step < kSteps; ++step) launch(chain_kernel<kEarly>, kCtas, kThreads, 0, stream, pdl, values, step);
 }
 
 int main() {

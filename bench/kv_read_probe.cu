@@ -19,7 +19,7 @@
 #include <random>
 #include <vector>
 
-#include "probe_check.h"
+#include "probe_util.h"
 
 constexpr int kTokens = 131072, kHeads = 8, kDim = 128, kBlock = 16;
 constexpr int kBlocks = kTokens / kBlock;
@@ -148,23 +148,11 @@ __global__ void __launch_bounds__(256) bulk(const char* k, const char* v, const 
   if (acc == 0x12345678u) *sink = acc;
 }
 
+// The median of 25 runs (us), each launched anew on the default stream.
 template <typename F>
 float time_us(F launch) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int r = 0; r < 25; ++r) {
-    CHECK(cudaEventRecord(a));
-    launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float t;
-    CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
+  const std::vector<float> ms = run_times_ms(nullptr, false, 25, launch);
   CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2] * 1e3f;
 }
 

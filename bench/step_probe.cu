@@ -23,12 +23,11 @@
 //   bench/step_probe.cu -o step_probe && ./step_probe
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <vector>
 
 #include "kernels/bulk_copy.cuh"
-#include "probe_check.h"
+#include "probe_util.h"
 
 using asynct::kernels::bulk_copy_to_shared;
 using asynct::kernels::SharedBarrier;
@@ -277,56 +276,11 @@ __global__ void __launch_bounds__(32 + kNormThreads) persistent_kernel(Persisten
 
 // ---- Timing ----------------------------------------------------------------------------------
 
-// The median of 20 runs of the step, replayed from a CUDA graph (or, for one cooperative
-// launch, which a graph may not hold, launched directly).
-template <typename Launch>
-float step_ms(cudaStream_t stream, bool in_graph, Launch launch) {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  if (in_graph) {
-    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    launch();
-    CHECK(cudaStreamEndCapture(stream, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  }
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int rep = 0; rep < 21; ++rep) {
-    CHECK(cudaEventRecord(start, stream));
-    if (in_graph)
-      CHECK(cudaGraphLaunch(exec, stream));
-    else
-      launch();
-    CHECK(cudaEventRecord(stop, stream));
-    CHECK(cudaEventSynchronize(stop));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (rep > 0) times.push_back(ms);
-  }
-  if (in_graph) {
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-  }
-  std::sort(times.begin(), times.end());
+// The median of 20 runs of the step.
+template <typename Issue>
+float step_ms(cudaStream_t stream, bool in_graph, Issue issue) {
+  const std::vector<float> times = run_times_ms(stream, in_graph, 20, issue);
   return times[times.size() / 2];
-}
-
-template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), int ctas, int threads, int smem, cudaStream_t stream, bool dependent,
-            Args... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(ctas);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute early{};
-  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &early;
-  config.numAttrs = dependent ? 1 : 0;
-  CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
 int main() {

@@ -331,75 +331,105 @@ struct QkParams {
   int first_token;
 };
 
-// Grid (token, group of heads): a head is held by HEAD_DIM/8 lanes, one vector each
+// Grid (group of tokens, group of heads): a head is held by HEAD_DIM/8 lanes, one vector each
 // (head_norm_rope.cuh); q heads come first, then k heads, whose lanes also copy v into the cache.
+// A block takes up to kQkTokens consecutive tokens and issues all their loads before it uses
+// any: a token's heads are only 4 KB per block, and one load per thread in flight left the
+// kernel waiting on memory at ~1.8 TB/s (prefill of 8192 tokens on H200, bench/RESULTS.md).
+// (The split form, which only decode-sized batches use, keeps one token per block: its sums
+// of partials would hold 8 floats per token in registers.)
+constexpr int kQkTokens = 4;
+
 template <int HEAD_DIM, bool SPLIT>
-__global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p) {
+__global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p, int tokens_per_block, int end_token) {
   constexpr int kLanes = HEAD_DIM / 8, kHalf = HEAD_DIM / 2, kPartner = kLanes / 2;
+  constexpr int kTokens = SPLIT ? 1 : kQkTokens;
   static_assert(kLanes >= 2 && kLanes <= kWarp && (kLanes & (kLanes - 1)) == 0);
-  // cos/sin per frequency, shared by the block's heads (all of one token): computed once per
-  // block, not once per element.
-  __shared__ float2 rotation[kHalf];
+  // cos/sin per frequency and token, shared by the block's heads: computed once per block and
+  // token, not once per element.
+  __shared__ float2 rotation[kTokens][kHalf];
   wait_for_prior_grids();
   allow_next_grid();
 
-  const int token = p.first_token + blockIdx.x;
+  const int first = p.first_token + blockIdx.x * tokens_per_block;
+  const int count = min(tokens_per_block, end_token - first);
   const int lane = threadIdx.x % kLanes;
   const int head = blockIdx.y * (blockDim.x / kLanes) + threadIdx.x / kLanes;
   const bool is_q = head < p.num_q_heads;
   const int kv_head = head - p.num_q_heads;
+  const bool head_exists = head < p.num_q_heads + p.num_kv_heads;
   // Without a cache (the prefill kernel writes it) every k is rewritten in place.
   const bool write_cache = p.key_cache != nullptr;
-  const std::int64_t slot = write_cache ? p.slot_mapping[token] : 0;
-  // Inactive lanes still take part in the shuffles; they only skip memory.
-  const bool active = head < p.num_q_heads + p.num_kv_heads && (is_q || slot >= 0);
 
-  float x[8] = {};
-  Bf16x8 value{};
-  if (active) {
+  // 1. Every token's loads, kept as loaded (bf16; the split form's sums in float) until used.
+  //    Inactive lanes still take part in the shuffles; they only skip memory.
+  float sums[SPLIT ? 8 : 1] = {};
+  Bf16x8 loaded[kTokens] = {}, value[kTokens] = {};
+  std::int64_t slot[kTokens] = {};
+  bool active[kTokens];
+#pragma unroll
+  for (int t = 0; t < kTokens; ++t) {
+    const int token = first + t;
+    slot[t] = write_cache && t < count ? p.slot_mapping[token] : 0;
+    active[t] = t < count && head_exists && (is_q || slot[t] >= 0);
+    if (!active[t]) continue;
     // The fused row holds the q heads, then the k heads, then the v heads: `head` indexes it.
     const std::int64_t fused_row = std::int64_t(token) * (p.num_q_heads + 2 * p.num_kv_heads) * HEAD_DIM;
     if constexpr (SPLIT) {
-      load_split8(p.qkv, fused_row + head * HEAD_DIM + 8 * lane, true, x);
+      load_split8(p.qkv, fused_row + head * HEAD_DIM + 8 * lane, true, sums);
       if (!is_q) {
         float v[8];
         load_split8(p.qkv, fused_row + (head + p.num_kv_heads) * HEAD_DIM + 8 * lane, true, v);
-        value = from_float8(v);  // rounded as a dense product would be
+        value[t] = from_float8(v);  // rounded as a dense product would be
       }
     } else if (is_q) {
-      load8(p.qkv.dense ? p.qkv.dense + fused_row + head * HEAD_DIM + 8 * lane
-                  : p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
+      loaded[t] = load_bf16x8(p.qkv.dense ? p.qkv.dense + fused_row + head * HEAD_DIM + 8 * lane
+                                          : p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane);
     } else if (p.qkv.dense) {
-      load8(p.qkv.dense + fused_row + head * HEAD_DIM + 8 * lane, x);
-      value = load_bf16x8(p.qkv.dense + fused_row + (head + p.num_kv_heads) * HEAD_DIM + 8 * lane);
+      loaded[t] = load_bf16x8(p.qkv.dense + fused_row + head * HEAD_DIM + 8 * lane);
+      value[t] = load_bf16x8(p.qkv.dense + fused_row + (head + p.num_kv_heads) * HEAD_DIM + 8 * lane);
     } else {
       const std::int64_t offset = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
-      load8(p.k + offset, x);
-      value = load_bf16x8(p.v + offset);
+      loaded[t] = load_bf16x8(p.k + offset);
+      value[t] = load_bf16x8(p.v + offset);
     }
   }
 
-  // While the loads are in flight.
-  const std::int64_t position = p.positions[token];
-  for (int i = threadIdx.x; i < kHalf; i += blockDim.x) rotation[i] = rope_rotation(p.turns, position, i);
+  // 2. While the loads are in flight: the rotations of the block's tokens.
+  for (int i = threadIdx.x; i < count * kHalf; i += blockDim.x)
+    rotation[i / kHalf][i % kHalf] = rope_rotation(p.turns, p.positions[first + i / kHalf], i % kHalf);
+  __syncthreads();
 
-  head_norm8<HEAD_DIM>(x, (is_q ? p.q_weight : p.k_weight) + 8 * lane, p.eps, p.clip);
-  __syncthreads();  // rotation[] is written
-  float2 lane_rotation[8];
+  // 3. Per token: norm, rotate, store.
+  const bf16* weight = (is_q ? p.q_weight : p.k_weight) + 8 * lane;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) lane_rotation[i] = rotation[8 * (lane % kPartner) + i];
-  head_rope8<HEAD_DIM>(x, lane, lane_rotation);
-  if (!active) return;
-  if (is_q) {
-    store8(p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
-  } else {
+  for (int t = 0; t < kTokens; ++t) {
+    if (t >= count) break;  // block-uniform
+    float x[8];
+    if constexpr (SPLIT) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = sums[e];
+    } else {
+      to_float8(loaded[t], x);
+    }
+    head_norm8<HEAD_DIM>(x, weight, p.eps, p.clip);
+    float2 lane_rotation[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) lane_rotation[i] = rotation[t][8 * (lane % kPartner) + i];
+    head_rope8<HEAD_DIM>(x, lane, lane_rotation);
+    if (!active[t]) continue;
+    const int token = first + t;
+    if (is_q) {
+      store8(p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
+      continue;
+    }
     const std::int64_t dense = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
     store8(p.k + dense, x);
-    if (SPLIT || p.qkv.dense) store_bf16x8(p.v_out + dense, value);
-    if (!write_cache) return;
-    const std::int64_t offset = (slot * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
+    if (SPLIT || p.qkv.dense) store_bf16x8(p.v_out + dense, value[t]);
+    if (!write_cache) continue;
+    const std::int64_t offset = (slot[t] * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
     store8(p.key_cache + offset, x);
-    store_bf16x8(p.value_cache + offset, value);
+    store_bf16x8(p.value_cache + offset, value[t]);
   }
 }
 
@@ -410,11 +440,17 @@ void launch_qk(const QkParams& p, bool split, int tokens, cudaStream_t stream) {
   // Up to kMaxThreads per block; fewer when the token has few heads (whole warps always).
   const int threads = round_up(std::min(heads * kLanes, kMaxThreads), kWarp);
   const int heads_per_block = threads / kLanes;
-  const dim3 grid(tokens - p.first_token, (heads + heads_per_block - 1) / heads_per_block);
+  // Several tokens per block once there are enough blocks without it to fill the GPU many times
+  // over (the split form: always one, see kQkTokens).
+  const int count = tokens - p.first_token;
+  const int tokens_per_block = !split && count >= 1024 ? kQkTokens : 1;
+  const dim3 grid((count + tokens_per_block - 1) / tokens_per_block, (heads + heads_per_block - 1) / heads_per_block);
   if (split)
-    launch_dependent(qk_norm_rope_kernel<HEAD_DIM, true>, grid, threads, 0, stream, "qk_norm_rope", p);
+    launch_dependent(qk_norm_rope_kernel<HEAD_DIM, true>, grid, threads, 0, stream, "qk_norm_rope", p, tokens_per_block,
+                     tokens);
   else
-    launch_dependent(qk_norm_rope_kernel<HEAD_DIM, false>, grid, threads, 0, stream, "qk_norm_rope", p);
+    launch_dependent(qk_norm_rope_kernel<HEAD_DIM, false>, grid, threads, 0, stream, "qk_norm_rope", p, tokens_per_block,
+                     tokens);
 }
 
 }  // namespace

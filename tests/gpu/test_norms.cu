@@ -490,13 +490,13 @@ TEST(QkNormRopeKernel, SmallWithoutCacheRewritesQAndKOnly) {
 
 // From first_token on (the decode kernel does the leading decode tokens itself): the later
 // tokens as the reference has them, the earlier ones' q, dense k and v and cache slots untouched.
-TEST(QkNormRopeKernel, SmallFromFirstTokenLeavesEarlierTokens) {
-  testing::require_gpu();
-  Random rng(17);
-  QkCase c = make_qk_case(rng, 6, 128, true);
-  c.slots = shuffled_slots(rng, c, 4);
-  c.first_token = 2;
-  QkResult r = run_qk(c, 18, /*with_cache=*/true, /*fused=*/true, /*splits=*/2);
+void check_from_first_token(int tokens, int first_token, int splits, std::uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " from " << first_token << ", splits " << splits);
+  Random rng(seed);
+  QkCase c = make_qk_case(rng, tokens, 128, true);
+  c.slots = shuffled_slots(rng, c, std::max(1, tokens * 2 / 3));
+  c.first_token = first_token;
+  QkResult r = run_qk(c, seed + 1, /*with_cache=*/true, /*fused=*/true, splits);
   const std::int64_t q_row = std::int64_t(c.num_q_heads) * c.head_dim, kv_row = std::int64_t(c.num_kv_heads) * c.head_dim;
   std::vector<float> q_got(r.q.begin() + c.first_token * q_row, r.q.end());
   std::vector<float> q_ref(r.ref_q.begin() + c.first_token * q_row, r.ref_q.end());
@@ -516,6 +516,23 @@ TEST(QkNormRopeKernel, SmallFromFirstTokenLeavesEarlierTokens) {
       else ASSERT_NEAR(got, r.ref_k[std::size_t(t * kv_row + i)], 0.05f + 0.02f * std::fabs(got)) << "token " << t;
     }
   }
+}
+
+TEST(QkNormRopeKernel, SmallFromFirstTokenLeavesEarlierTokens) {
+  testing::require_gpu();
+  check_from_first_token(6, 2, /*splits=*/2, 17);
+}
+
+// From 1024 tokens on, a block takes several (kQkTokens) and the last block fewer: token counts
+// that leave 1, 2 and 3 in the last block, dense inputs and a fused dense qkv, skipped slots, and
+// a first token that shifts every block's tokens.
+TEST(QkNormRopeKernel, SeveralTokensPerBlock) {
+  testing::require_gpu();
+  Random rng(41);
+  check_qk(make_qk_case(rng, 1025, 128, true), 41);
+  check_qk(make_qk_case(rng, 1030, 128, false), 42, /*fused=*/true);
+  check_qk(make_qk_case(rng, 1027, 64, true), 43, /*fused=*/true);
+  check_from_first_token(1031, 5, /*splits=*/0, 44);
 }
 
 TEST(QkNormRopeKernel, MatchesReference) {

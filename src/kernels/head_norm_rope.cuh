@@ -2,10 +2,11 @@
 // norm kernels (norms.cu) and the decode kernel that reads the qkv projection itself (decode.cu)
 // both do it.
 //
-// A head of HEAD_DIM values is held by HEAD_DIM / 8 consecutive lanes, 8 values each (lane j of
-// the head: values 8j .. 8j + 7), so its sum of squares is a reduction over those lanes, and a
-// value's RoPE partner (i +- HEAD_DIM / 2) sits HEAD_DIM / 16 lanes away: a lane XOR, as the lane
-// count is a power of two.
+// A head of HEAD_DIM values is held by HEAD_DIM / 8 consecutive lanes, 8 values each, so its sum
+// of squares is a reduction over those lanes. Two layouts: in the decode kernel lane j of the
+// head holds values 8j .. 8j + 7 (the layout of its keys), so a value's RoPE partner
+// (i +- HEAD_DIM / 2) sits HEAD_DIM / 16 lanes away, a lane XOR (head_rope8); the q/k norm kernel
+// holds RoPE pairs instead (load_pairs, rope_pairs) and rotates without exchanging values.
 #pragma once
 
 #include <cmath>
@@ -81,31 +82,37 @@ __device__ __forceinline__ void apply_norm8(float (&x)[8], const bf16* w, float 
   apply_norm8(x, load_bf16x8(w), inv_rms, clip);
 }
 
-// 8 values of a split product at element offset `at`: the splits' fp32 values added in split
-// order. All the splits' loads are issued before the first add (the loop is unrolled to the
-// most splits there can be): a chain of one L2 trip per split would cost more than the GEMM
+// 4 * kVectors values of a split product at element offset `at`: the splits' fp32 values added
+// in split order. All the splits' loads are issued before the first add (the loop is unrolled to
+// the most splits there can be): a chain of one L2 trip per split would cost more than the GEMM
 // epilogue it replaces. Past `valid` nothing is read and x is zero.
-__device__ __forceinline__ void load_split8(const LinearOutput& in, std::int64_t at, bool valid, float (&x)[8]) {
-  float4 loaded[kMaxLinearSplits][2];
+template <int kVectors>
+__device__ __forceinline__ void load_split(const LinearOutput& in, std::int64_t at, bool valid,
+                                           float (&x)[4 * kVectors]) {
+  float4 loaded[kMaxLinearSplits][kVectors];
 #pragma unroll
   for (int s = 0; s < kMaxLinearSplits; ++s) {
     if (s < in.splits && valid) {
       const float4* from = reinterpret_cast<const float4*>(in.partials + s * in.split_stride + at);
-      loaded[s][0] = __ldcg(from);
-      loaded[s][1] = __ldcg(from + 1);
+#pragma unroll
+      for (int v = 0; v < kVectors; ++v) loaded[s][v] = __ldcg(from + v);
     }
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i) x[i] = 0.0f;
+  for (int i = 0; i < 4 * kVectors; ++i) x[i] = 0.0f;
 #pragma unroll
   for (int s = 0; s < kMaxLinearSplits; ++s) {
     if (s < in.splits && valid) {
-      const float v[8] = {loaded[s][0].x, loaded[s][0].y, loaded[s][0].z, loaded[s][0].w,
-                          loaded[s][1].x, loaded[s][1].y, loaded[s][1].z, loaded[s][1].w};
 #pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] += v[i];
+      for (int v = 0; v < kVectors; ++v) {
+        const float4 a = loaded[s][v];
+        x[4 * v] += a.x, x[4 * v + 1] += a.y, x[4 * v + 2] += a.z, x[4 * v + 3] += a.w;
+      }
     }
   }
+}
+__device__ __forceinline__ void load_split8(const LinearOutput& in, std::int64_t at, bool valid, float (&x)[8]) {
+  load_split<2>(in, at, valid, x);
 }
 
 // 8 values at each of kSets offsets of a product's output, dense bf16 or split partial sums
@@ -171,6 +178,52 @@ __device__ __forceinline__ void head_rope8(float (&x)[8], int lane_in_head, cons
   const float sign = lane_in_head < kPartner ? -1.0f : 1.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) x[i] = fmaf(sign * partner[i], rotation[i].y, x[i] * rotation[i].x);
+}
+
+// ---- A head in RoPE pairs (the q/k norm kernel's layout) ----------------------------------
+// Lane j of a head (HEAD_DIM / 8 lanes) holds values 4j .. 4j + 3 of the head's first half and
+// their RoPE partners HEAD_DIM / 2 + 4j .. + 3, as x[0..3] and x[4..7]: neox RoPE then rotates
+// each pair inside the lane, with no exchange between lanes (head_rope8's layout needs 8
+// shuffles per head and lane).
+
+// The lane's 8 values of the head whose first value is at `head`, in pair order.
+template <int HEAD_DIM>
+__device__ __forceinline__ Bf16x8 load_pairs(const bf16* head, int j) {
+  Bf16x8 v;
+  *reinterpret_cast<uint2*>(&v.pair[0]) = *reinterpret_cast<const uint2*>(head + 4 * j);
+  *reinterpret_cast<uint2*>(&v.pair[2]) = *reinterpret_cast<const uint2*>(head + HEAD_DIM / 2 + 4 * j);
+  return v;
+}
+template <int HEAD_DIM>
+__device__ __forceinline__ void store_pairs(bf16* head, int j, const Bf16x8& v) {
+  *reinterpret_cast<uint2*>(head + 4 * j) = *reinterpret_cast<const uint2*>(&v.pair[0]);
+  *reinterpret_cast<uint2*>(head + HEAD_DIM / 2 + 4 * j) = *reinterpret_cast<const uint2*>(&v.pair[2]);
+}
+// The same from a split product, the head's first value at element offset `head`.
+template <int HEAD_DIM>
+__device__ __forceinline__ void load_split_pairs(const LinearOutput& in, std::int64_t head, int j, float (&x)[8]) {
+  float first[4], second[4];
+  load_split<1>(in, head + 4 * j, true, first);
+  load_split<1>(in, head + HEAD_DIM / 2 + 4 * j, true, second);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) x[e] = first[e], x[4 + e] = second[e];
+}
+
+// The head's norm in either layout (the weights in the same order as x).
+template <int HEAD_DIM>
+__device__ __forceinline__ void head_norm8(float (&x)[8], const Bf16x8& weight, float eps, float clip) {
+  const float inv = inv_rms(group_sum<HEAD_DIM / 8>(sum_squares8(x)), 1.0f / HEAD_DIM, eps);
+  apply_norm8(x, weight, inv, clip);
+}
+
+// neox RoPE on pairs: rotation[e] is (cos, sin) of frequency 4j + e.
+__device__ __forceinline__ void rope_pairs(float (&x)[8], const float2 (&rotation)[4]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float a = x[e], b = x[4 + e];
+    x[e] = fmaf(a, rotation[e].x, -b * rotation[e].y);
+    x[4 + e] = fmaf(b, rotation[e].x, a * rotation[e].y);
+  }
 }
 
 #endif  // __CUDACC__

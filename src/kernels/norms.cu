@@ -331,23 +331,25 @@ struct QkParams {
   int first_token;
 };
 
-// Grid (group of tokens, group of heads): a head is held by HEAD_DIM/8 lanes, one vector each
-// (head_norm_rope.cuh); q heads come first, then k heads, whose lanes also copy v into the cache.
+// Grid (group of tokens, group of heads): a head is held by HEAD_DIM/8 lanes, 8 values each as
+// RoPE pairs (load_pairs, head_norm_rope.cuh); q heads come first, then k heads, whose lanes also
+// copy v into the cache.
 // A block takes up to kQkTokens consecutive tokens and issues all their loads before it uses
-// any: a token's heads are only 4 KB per block, and one load per thread in flight left the
-// kernel waiting on memory at ~1.8 TB/s (prefill of 8192 tokens on H200, bench/RESULTS.md).
+// any: a token's heads are only 4 KB per block. (On H200 the kernel was bound by its L1 and
+// shared-memory traffic, not by DRAM: the pair layout removed the RoPE shuffles and cut the
+// rotation reads; bench/RESULTS.md, fifteenth run.)
 // (The split form, which only decode-sized batches use, keeps one token per block: its sums
 // of partials would hold 8 floats per token in registers.)
 constexpr int kQkTokens = 4;
 
 template <int HEAD_DIM, bool SPLIT>
 __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p, int tokens_per_block, int end_token) {
-  constexpr int kLanes = HEAD_DIM / 8, kHalf = HEAD_DIM / 2, kPartner = kLanes / 2;
+  constexpr int kLanes = HEAD_DIM / 8, kHalf = HEAD_DIM / 2;
   constexpr int kTokens = SPLIT ? 1 : kQkTokens;
   static_assert(kLanes >= 2 && kLanes <= kWarp && (kLanes & (kLanes - 1)) == 0);
   // cos/sin per frequency and token, shared by the block's heads: computed once per block and
   // token, not once per element.
-  __shared__ float2 rotation[kTokens][kHalf];
+  __shared__ __align__(16) float2 rotation[kTokens][kHalf];
   wait_for_prior_grids();
   allow_next_grid();
 
@@ -376,22 +378,23 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p, i
     // The fused row holds the q heads, then the k heads, then the v heads: `head` indexes it.
     const std::int64_t fused_row = std::int64_t(token) * (p.num_q_heads + 2 * p.num_kv_heads) * HEAD_DIM;
     if constexpr (SPLIT) {
-      load_split8(p.qkv, fused_row + head * HEAD_DIM + 8 * lane, true, sums);
+      load_split_pairs<HEAD_DIM>(p.qkv, fused_row + head * HEAD_DIM, lane, sums);
       if (!is_q) {
         float v[8];
-        load_split8(p.qkv, fused_row + (head + p.num_kv_heads) * HEAD_DIM + 8 * lane, true, v);
+        load_split_pairs<HEAD_DIM>(p.qkv, fused_row + (head + p.num_kv_heads) * HEAD_DIM, lane, v);
         value[t] = from_float8(v);  // rounded as a dense product would be
       }
     } else if (is_q) {
-      loaded[t] = load_bf16x8(p.qkv.dense ? p.qkv.dense + fused_row + head * HEAD_DIM + 8 * lane
-                                          : p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane);
+      loaded[t] = load_pairs<HEAD_DIM>(p.qkv.dense ? p.qkv.dense + fused_row + head * HEAD_DIM
+                                                   : p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM,
+                                       lane);
     } else if (p.qkv.dense) {
-      loaded[t] = load_bf16x8(p.qkv.dense + fused_row + head * HEAD_DIM + 8 * lane);
-      value[t] = load_bf16x8(p.qkv.dense + fused_row + (head + p.num_kv_heads) * HEAD_DIM + 8 * lane);
+      loaded[t] = load_pairs<HEAD_DIM>(p.qkv.dense + fused_row + head * HEAD_DIM, lane);
+      value[t] = load_pairs<HEAD_DIM>(p.qkv.dense + fused_row + (head + p.num_kv_heads) * HEAD_DIM, lane);
     } else {
-      const std::int64_t offset = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
-      loaded[t] = load_bf16x8(p.k + offset);
-      value[t] = load_bf16x8(p.v + offset);
+      const std::int64_t offset = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM;
+      loaded[t] = load_pairs<HEAD_DIM>(p.k + offset, lane);
+      value[t] = load_pairs<HEAD_DIM>(p.v + offset, lane);
     }
   }
 
@@ -401,7 +404,7 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p, i
   __syncthreads();
 
   // 3. Per token: norm, rotate, store.
-  const bf16* weight = (is_q ? p.q_weight : p.k_weight) + 8 * lane;
+  const Bf16x8 weight = load_pairs<HEAD_DIM>(is_q ? p.q_weight : p.k_weight, lane);
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) {
     if (t >= count) break;  // block-uniform
@@ -413,23 +416,24 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p, i
       to_float8(loaded[t], x);
     }
     head_norm8<HEAD_DIM>(x, weight, p.eps, p.clip);
-    float2 lane_rotation[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) lane_rotation[i] = rotation[t][8 * (lane % kPartner) + i];
-    head_rope8<HEAD_DIM>(x, lane, lane_rotation);
+    float2 lane_rotation[4];  // frequencies 4 lane .. + 3, two 16-byte reads
+    *reinterpret_cast<float4*>(&lane_rotation[0]) = *reinterpret_cast<const float4*>(&rotation[t][4 * lane]);
+    *reinterpret_cast<float4*>(&lane_rotation[2]) = *reinterpret_cast<const float4*>(&rotation[t][4 * lane + 2]);
+    rope_pairs(x, lane_rotation);
     if (!active[t]) continue;
     const int token = first + t;
+    const Bf16x8 rotated = from_float8(x);
     if (is_q) {
-      store8(p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM + 8 * lane, x);
+      store_pairs<HEAD_DIM>(p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM, lane, rotated);
       continue;
     }
-    const std::int64_t dense = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
-    store8(p.k + dense, x);
-    if (SPLIT || p.qkv.dense) store_bf16x8(p.v_out + dense, value[t]);
+    const std::int64_t dense = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM;
+    store_pairs<HEAD_DIM>(p.k + dense, lane, rotated);
+    if (SPLIT || p.qkv.dense) store_pairs<HEAD_DIM>(p.v_out + dense, lane, value[t]);
     if (!write_cache) continue;
-    const std::int64_t offset = (slot[t] * p.num_kv_heads + kv_head) * HEAD_DIM + 8 * lane;
-    store8(p.key_cache + offset, x);
-    store_bf16x8(p.value_cache + offset, value[t]);
+    const std::int64_t offset = (slot[t] * p.num_kv_heads + kv_head) * HEAD_DIM;
+    store_pairs<HEAD_DIM>(p.key_cache + offset, lane, rotated);
+    store_pairs<HEAD_DIM>(p.value_cache + offset, lane, value[t]);
   }
 }
 

@@ -56,8 +56,10 @@ def main():
         gates = {"async": asynct.Gate.async_(HQ), "softmax": asynct.Gate.softmax()}
         times, outs = {}, {}
         for name, gate in gates.items():
-            fn = lambda: asynct.decode(q, key_cache, value_cache, table, kv_lens, gate, max_kv_len=ctx)
-            outs[name] = fn()
+            # The batch is checked once; the timed calls skip the check (a host round trip).
+            fn = lambda check=False: asynct.decode(q, key_cache, value_cache, table, kv_lens, gate, max_kv_len=ctx,
+                                                   check=check)
+            outs[name] = fn(check=True)
             times[name] = median_ms(fn)
         asynct.decode(q, key_cache, value_cache, table, kv_lens, gates["async"], max_kv_len=ctx,
                       counters=counters)

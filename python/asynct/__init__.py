@@ -112,19 +112,35 @@ def decode_num_splits(num_seqs, num_kv_heads, max_kv_len):
     return library().asynct_decode_num_splits(num_seqs, num_kv_heads, max_kv_len, sms)
 
 
+def _expect_rows(block_table, kv_lens, seqs):
+    if kv_lens.shape[0] != seqs or block_table.shape[0] < seqs:
+        raise KernelError(f"{seqs} sequences, but kv_lens has {kv_lens.shape[0]} entries and the block "
+                          f"table {block_table.shape[0]} rows")
+
+
+def _check_batch(kv, kv_lens, max_kv_len, cu_seqlens_q=None, total_q=0, max_q_len=0):
+    """The batch's block table and lengths against the cache (the kernels trust them)."""
+    _call("asynct_check_paged_batch", kv, _ptr(kv_lens), kv_lens.shape[0], int(max_kv_len),
+          _ptr(cu_seqlens_q), int(total_q), int(max_q_len), _stream())
+
+
 def decode(query, key_cache, value_cache, block_table, kv_lens, gate, max_kv_len=None, scale=0.0,
-           num_splits=0, out=None, counters=None, workspace=None):
+           num_splits=0, out=None, counters=None, workspace=None, check=True):
     """Decode attention: query [seqs, Hq, D] against the paged cache; returns out [seqs, Hq, D].
 
     kv_lens: int32 [seqs]. counters: optional int64 [2] CUDA tensor, added to: non-zero P
-    entries, V rows loaded.
+    entries, V rows loaded. check: first copy kv_lens and the block table to the host and check
+    them against the cache (a synchronisation; benchmarks turn it off).
     """
     _expect(query, torch.bfloat16, 3, "query")
     _expect(kv_lens, torch.int32, 1, "kv_lens")
     seqs, hq, d = query.shape
     kv = _paged(key_cache, value_cache, block_table)
+    _expect_rows(block_table, kv_lens, seqs)
     if max_kv_len is None:
         max_kv_len = int(kv_lens.max())
+    if check:
+        _check_batch(kv, kv_lens, max_kv_len)
     splits = num_splits or decode_num_splits(seqs, kv.num_kv_heads, max_kv_len)
     if workspace is None:
         nbytes = library().asynct_decode_workspace_bytes(seqs, hq, d, splits)
@@ -136,15 +152,21 @@ def decode(query, key_cache, value_cache, block_table, kv_lens, gate, max_kv_len
 
 
 def prefill(query, key, value, key_cache, value_cache, block_table, cu_seqlens_q, kv_lens, gate,
-            max_q_len, max_kv_len, scale=0.0, out=None):
+            max_q_len, max_kv_len, scale=0.0, out=None, check=True):
     """Prefill attention over new tokens (query/key/value [total_q, H, D]) after cached prefixes;
-    writes the new K/V into the cache. Returns out [total_q, Hq, D]."""
+    writes the new K/V into the cache. Returns out [total_q, Hq, D]. check: as for decode, with
+    cu_seqlens_q too."""
     _expect(query, torch.bfloat16, 3, "query")
     _expect(key, torch.bfloat16, 3, "key")
     _expect(value, torch.bfloat16, 3, "value")
     _expect(cu_seqlens_q, torch.int32, 1, "cu_seqlens_q")
     _expect(kv_lens, torch.int32, 1, "kv_lens")
     kv = _paged(key_cache, value_cache, block_table)
+    _expect_rows(block_table, kv_lens, kv_lens.shape[0])
+    if cu_seqlens_q.shape[0] != kv_lens.shape[0] + 1:
+        raise KernelError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries for {kv_lens.shape[0]} sequences")
+    if check:
+        _check_batch(kv, kv_lens, max_kv_len, cu_seqlens_q, query.shape[0], max_q_len)
     out = torch.empty_like(query) if out is None else out
     _call("asynct_prefill", _ptr(query), _ptr(key), _ptr(value), _ptr(out), _ptr(cu_seqlens_q),
           _ptr(kv_lens), kv_lens.shape[0], query.shape[0], int(max_q_len), int(max_kv_len),

@@ -5,10 +5,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
 #include "core/error.h"
+#include "core/paged_batch.h"
 #include "kernels/cuda_check.h"
 #include "kernels/decode.h"
 #include "kernels/gemm.h"
@@ -125,6 +127,40 @@ int asynct_prefill(const void* query, const void* key, const void* value, void* 
     p.kv = to_kernel(kv);
     p.gate = to_kernel(gate);
     asynct::kernels::launch_prefill(p, stream_of(stream));
+  });
+}
+
+int asynct_check_paged_batch(asynct_paged_kv kv, const int32_t* kv_lens, int num_seqs, int max_kv_len,
+                             const int32_t* cu_seqlens_q, int total_q, int max_q_len, void* stream) {
+  return guarded([&] {
+    constexpr const char* who = "paged batch";
+    asynct::check(num_seqs >= 1 && kv.max_blocks_per_seq >= 1, who, ": ", num_seqs, " sequences, ",
+                  kv.max_blocks_per_seq, " blocks per block-table row");
+    asynct::check(kv_lens && kv.block_table, who, ": null kv_lens or block_table");
+    auto download = [&](const int32_t* from, std::size_t count) {
+      std::vector<int32_t> host(count);
+      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(host.data(), from, count * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                        stream_of(stream)));
+      return host;
+    };
+    const std::vector<int32_t> lens = download(kv_lens, std::size_t(num_seqs));
+    const std::vector<int32_t> table = download(kv.block_table, std::size_t(num_seqs) * std::size_t(kv.max_blocks_per_seq));
+    const std::vector<int32_t> offsets = cu_seqlens_q ? download(cu_seqlens_q, std::size_t(num_seqs) + 1) : std::vector<int32_t>{};
+    ASYNCT_CUDA_CHECK(cudaStreamSynchronize(stream_of(stream)));
+    asynct::PagedBatch b;
+    b.num_seqs = num_seqs;
+    b.kv_lens = lens.data();
+    b.max_kv_len = max_kv_len;
+    b.block_table = table.data();
+    b.max_blocks_per_seq = kv.max_blocks_per_seq;
+    b.num_blocks = kv.num_blocks;
+    b.block_size = kv.block_size;
+    if (cu_seqlens_q) {
+      b.cu_seqlens_q = offsets.data();
+      b.total_q = total_q;
+      b.max_q_len = max_q_len;
+    }
+    asynct::check_paged_batch(b, who);
   });
 }
 

@@ -41,6 +41,14 @@ int asynct_prefill(const void* query, const void* key, const void* value, void* 
                    int max_q_len, int max_kv_len, int num_q_heads, float scale,
                    asynct_paged_kv kv, asynct_gate gate, void* stream);
 
+/* Checks a batch's paged metadata before a decode or prefill call (core/paged_batch.h): kv_lens
+ * in 1..max_kv_len and within each sequence's block-table row, every block a sequence uses a
+ * block of the cache, and, with cu_seqlens_q (prefill; NULL for decode), query offsets from 0 to
+ * total_q whose lengths fit max_q_len and kv_len. The kernels read these on the device and trust
+ * them; this copies them to the host (waiting for `stream`) and names what is wrong. */
+int asynct_check_paged_batch(asynct_paged_kv kv, const int32_t* kv_lens, int num_seqs, int max_kv_len,
+                             const int32_t* cu_seqlens_q, int total_q, int max_q_len, void* stream);
+
 /* Norms: clip = +inf gives RMSNorm. */
 int asynct_norm(const void* x, const void* weight, void* out, int rows, int hidden, float eps,
                 float clip, void* stream);

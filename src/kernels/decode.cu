@@ -120,23 +120,8 @@ struct StagedTile {
 
   // This lane's 8 elements of key (and value) u * kKeysPerLoad + key lane, u < kUnroll, into
   // registers; keys past the end read as zero.
-  template <bool kValues>
-  __device__ __forceinline__ void read(Bf16x8 (&k)[L::kUnroll], Bf16x8 (&v)[L::kUnroll]) const {
-    const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
-    const unsigned char* rows = head_rows + slice * 16;
-#pragma unroll
-    for (int u = 0; u < L::kUnroll; ++u) {
-      const int row = u * L::kKeysPerLoad + key_lane;
-      const bool valid = first_key + row < end;
-      k[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + row * row_stride) : Bf16x8{};
-      if constexpr (kValues)
-        v[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + (L::kTile + row) * row_stride) : Bf16x8{};
-      if (wrote_newest && first_key + row == newest_key) {
-        k[u] = newest_k;
-        if constexpr (kValues) v[u] = newest_v;
-      }
-    }
-  }
+  __device__ __forceinline__ void read(Bf16x8 (&k)[L::kUnroll], Bf16x8 (&v)[L::kUnroll]) const { read_rows<true>(k, &v); }
+  __device__ __forceinline__ void read(Bf16x8 (&k)[L::kUnroll]) const { read_rows<false>(k, nullptr); }
 
   // The newest key's row as written, in place of the stage's copy, for readers of the stage
   // itself (ldmatrix). The async proxy refills the stage after this write.
@@ -153,6 +138,25 @@ struct StagedTile {
   __device__ void release() const {
     __syncwarp();
     if ((threadIdx.x & 31) == 0) empty->arrive();
+  }
+
+ private:
+  template <bool kValues>
+  __device__ __forceinline__ void read_rows(Bf16x8 (&k)[L::kUnroll], Bf16x8 (*v)[L::kUnroll]) const {
+    const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
+    const unsigned char* rows = head_rows + slice * 16;
+#pragma unroll
+    for (int u = 0; u < L::kUnroll; ++u) {
+      const int row = u * L::kKeysPerLoad + key_lane;
+      const bool valid = first_key + row < end;
+      k[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + row * row_stride) : Bf16x8{};
+      if constexpr (kValues)
+        (*v)[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + (L::kTile + row) * row_stride) : Bf16x8{};
+      if (wrote_newest && first_key + row == newest_key) {
+        k[u] = newest_k;
+        if constexpr (kValues) (*v)[u] = newest_v;
+      }
+    }
   }
 };
 
@@ -259,7 +263,7 @@ struct SoftmaxGate {
     const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
     const int first_key = staged.first_key, end = staged.end;
     Bf16x8 k[kUnroll], v[kUnroll];
-    staged.template read<true>(k, v);
+    staged.read(k, v);
     staged.release();
     float s[kUnroll * kGroup];
     scattered_scores<L::kLanesPerKey, kGroup, kUnroll>(q, k, s);
@@ -469,8 +473,8 @@ struct AsyncGate {
       staged.release();
       store_mma_scores<kGroup>(sm, c);
     } else {
-      Bf16x8 k[L::kUnroll], unused[L::kUnroll];
-      staged.template read<false>(k, unused);
+      Bf16x8 k[L::kUnroll];
+      staged.read(k);
       staged.release();
       float d[L::kUnroll * kGroup];
       scattered_scores<L::kLanesPerKey, kGroup, L::kUnroll>(q, k, d);

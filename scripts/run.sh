@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The run command: builds asynct if needed and runs it. With no arguments it runs the
-# default job (today: the reference attention demo on a built-in batch, on the CPU).
+# default job: `asynct generate` on the built-in tiny AsyncT model, on the GPU when the build
+# has CUDA and one is present, else on the CPU.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh"

@@ -44,6 +44,7 @@ struct Run {
   // steps' (and the median keeps apart from the few steps that capture a CUDA graph).
   std::int64_t decode_steps = 0;
   double decode_step_ms = 0;
+  std::int64_t pipelined_steps = 0;  // queued before the step they continue was read
   // Where the time went, in ms over the whole run: "host_*" phases are host wall-clock time
   // and split a step's wall time; the others are GPU time between events (CUDA backend), which
   // runs during host_launch and host_wait.
@@ -131,6 +132,7 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
   EngineOptions eo;
   eo.max_num_batched_tokens = o.max_batched_tokens;
   eo.max_model_len = longest;
+  eo.pipeline_steps = o.pipeline;
   std::string backend;
   RunnerOptions ro;
   ro.device = o.device;
@@ -172,6 +174,7 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
   show(st);
   std::fprintf(stderr, "\n");
   run.steps = st.steps;
+  run.pipelined_steps = st.pipelined_steps;
   run.decode_steps = std::int64_t(decode_step_ms.size());
   if (!decode_step_ms.empty()) {
     const auto middle = decode_step_ms.begin() + std::ptrdiff_t(decode_step_ms.size() / 2);
@@ -270,6 +273,7 @@ int run_bench(const BenchOptions& options) {
                        {"qwen3_step_ms", q.seconds * 1e3 / double(std::max<std::int64_t>(q.steps, 1))},
                        {"asynct_decode_steps", a.decode_steps}, {"qwen3_decode_steps", q.decode_steps},
                        {"asynct_decode_step_ms", a.decode_step_ms}, {"qwen3_decode_step_ms", q.decode_step_ms},
+                       {"asynct_pipelined_steps", a.pipelined_steps}, {"qwen3_pipelined_steps", q.pipelined_steps},
                        {"asynct_phase_ms", a.phase_ms}, {"qwen3_phase_ms", q.phase_ms},
                        {"asynct_seconds_each_run", seconds_of(asynct_runs)},
                        {"qwen3_seconds_each_run", seconds_of(qwen3_runs)}, {"ratio_each_run", ratios}});

@@ -18,6 +18,7 @@ struct BenchOptions {
   std::string device = "auto";  // auto, cpu or cuda
   bool profile = true;          // per-phase GPU times (events; no extra synchronisation)
   bool cuda_graphs = true;      // replay decode steps as CUDA graphs (timed as "decode_graph")
+  bool pipeline = true;         // queue greedy decode steps ahead (EngineOptions::pipeline_steps)
   bool warmup = true;           // an untimed short run on each engine before the timed one
   int repeat = 1;               // timed runs per scenario and model (median reported; the
                                 // order of the two models alternates between runs)

@@ -53,6 +53,7 @@ int run_generate(const GenerateOptions& o) {
   engine_options.max_num_batched_tokens = o.max_batched_tokens;
   engine_options.max_model_len = config.max_position_embeddings;
   engine_options.record_first_logits = !o.logits_path.empty();
+  engine_options.pipeline_steps = o.pipeline;
   std::string backend;
   RunnerOptions ro;
   ro.device = o.device;

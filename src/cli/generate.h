@@ -23,6 +23,7 @@ struct GenerateOptions {
   int eos_token = -1;
   std::string device = "auto";           // auto, cpu or cuda
   bool cuda_graphs = true;               // replay decode steps as CUDA graphs (CUDA backend)
+  bool pipeline = true;                  // queue greedy decode steps ahead (EngineOptions::pipeline_steps)
   std::string logits_path;               // write each request's first-token logits (JSON)
 };
 

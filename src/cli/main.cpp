@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--eos", gen.eos_token, "stop at this token id (with --no-ignore-eos)");
   gen_cmd->add_flag("!--no-ignore-eos", gen.ignore_eos, "stop at --eos");
   gen_cmd->add_flag("!--no-cuda-graphs", gen.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
+  gen_cmd->add_flag("!--no-pipeline", gen.pipeline, "read each step's tokens before queuing the next step");
   gen_cmd->add_option("--device", gen.device, "auto (a GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   gen_cmd->add_option("--logits", gen.logits_path, "write the tokens and each request's first-token logits as JSON");
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--seed", bench.seed, "weights and prompts seed");
   bench_cmd->add_flag("!--no-profile", bench.profile, "do not time the phases of each step");
   bench_cmd->add_flag("!--no-cuda-graphs", bench.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
+  bench_cmd->add_flag("!--no-pipeline", bench.pipeline, "read each step's tokens before queuing the next step");
   bench_cmd->add_flag("!--no-warmup", bench.warmup, "skip the untimed warm-up and first run of each scenario");
   bench_cmd->add_option("--repeat", bench.repeat, "timed runs per scenario and model; the median is reported")
       ->check(CLI::Range(1, 100));

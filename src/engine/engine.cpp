@@ -55,8 +55,8 @@ void Engine::reset_stats() {
   runner_->reset_phase_times();
 }
 
-void Engine::schedule() {
-  std::vector<Scheduled>& out = scheduled_;
+void Engine::schedule(StepState& s) {
+  std::vector<Scheduled>& out = s.scheduled;
   out.clear();
   int budget = options_.max_num_batched_tokens;
   // Running sequences first (decodes and unfinished prefill chunks), oldest first; the newest
@@ -108,8 +108,12 @@ bool Engine::finished(const Sequence& seq, std::string* reason) const {
 
 // The batch of the scheduled sequences' new tokens. Its vectors keep their capacity from step
 // to step, so a steady decode loop allocates nothing here.
-void Engine::build_batch() {
-  StepBatch& b = batch_;
+void Engine::build_batch(StepState& s) {
+  s.chained = false;
+  const std::vector<Scheduled>& scheduled = s.scheduled;
+  std::vector<int>& sample_row = s.sample_row;
+  StepBatch& b = s.batch;
+  b.tokens_from_rows.clear();
   b.tokens.clear();
   b.positions.clear();
   b.slot_mapping.clear();
@@ -117,12 +121,12 @@ void Engine::build_batch() {
   b.logit_rows.clear();
   b.full_logits.clear();
   b.cu_seqlens_q.assign(1, 0);
-  b.block_tables.resize(scheduled_.size());
-  sample_row_.assign(scheduled_.size(), -1);
+  b.block_tables.resize(scheduled.size());
+  sample_row.assign(scheduled.size(), -1);
   const int bs = blocks_.block_size();
-  for (std::size_t i = 0; i < scheduled_.size(); ++i) {
-    const Sequence& seq = *scheduled_[i].seq;
-    const int begin = seq.num_computed, end = begin + scheduled_[i].num_tokens;
+  for (std::size_t i = 0; i < scheduled.size(); ++i) {
+    const Sequence& seq = *scheduled[i].seq;
+    const int begin = seq.num_computed, end = begin + scheduled[i].num_tokens;
     for (int pos = begin; pos < end; ++pos) {
       b.tokens.push_back(seq.tokens[std::size_t(pos)]);
       b.positions.push_back(pos);
@@ -132,14 +136,64 @@ void Engine::build_batch() {
     b.kv_lens.push_back(end);
     b.block_tables[i].assign(seq.block_table.begin(), seq.block_table.end());
     if (end == int(seq.tokens.size())) {  // the whole sequence is in the cache: sample
-      sample_row_[i] = int(b.logit_rows.size());
+      sample_row[i] = int(b.logit_rows.size());
       b.logit_rows.push_back(b.num_tokens() - 1);
       // Greedy rows need only their argmax, which the runner gives for every row.
       const bool record = options_.record_first_logits && seq.num_generated == 0;
       b.full_logits.push_back(seq.request.sampling.temperature > 0.0f || record ? 1 : 0);
     }
-    (scheduled_[i].num_tokens == 1 && begin > 0 ? stats_.decode_tokens : stats_.prefill_tokens) +=
-        scheduled_[i].num_tokens;
+    (scheduled[i].num_tokens == 1 && begin > 0 ? stats_.decode_tokens : stats_.prefill_tokens) +=
+        scheduled[i].num_tokens;
+  }
+}
+
+bool Engine::can_chain(const StepState& s) const {
+  // Every running sequence is in the step, and nothing waits: scheduling again would pick them all.
+  if (!waiting_.empty() || s.scheduled.size() != running_.size()) return false;
+  int new_blocks = 0;
+  for (std::size_t i = 0; i < s.scheduled.size(); ++i) {
+    const Sequence* seq = s.scheduled[i].seq;
+    if (seq == nullptr || s.scheduled[i].num_tokens != 1 || s.sample_row[i] < 0) return false;
+    // Greedy, and not ended by length by this step's token (an end of sequence still may: the
+    // next step's row for it is then dropped).
+    if (s.batch.full_logits[std::size_t(s.sample_row[i])]) return false;
+    if (seq->num_generated + 1 >= seq->request.max_tokens) return false;
+    new_blocks += std::max(0, blocks_.blocks_for(seq->num_computed + 2) - int(seq->block_table.size()));
+  }
+  return new_blocks <= blocks_.num_free_blocks();  // no preemption
+}
+
+// The step after `s` (not yet collected): each sequence's next position, one past the one `s`
+// computes, its token the greedy token of the sequence's row in `s`.
+void Engine::build_chained_batch(const StepState& s, StepState& next) {
+  next.chained = true;
+  next.scheduled = s.scheduled;
+  StepBatch& b = next.batch;
+  const std::size_t n = s.scheduled.size();
+  b.tokens.clear();
+  b.tokens_from_rows.clear();
+  b.positions.clear();
+  b.slot_mapping.clear();
+  b.kv_lens.clear();
+  b.logit_rows.clear();
+  b.full_logits.assign(n, 0);
+  b.cu_seqlens_q.assign(1, 0);
+  b.block_tables.resize(n);
+  next.sample_row.resize(n);
+  const int bs = blocks_.block_size();
+  for (std::size_t i = 0; i < n; ++i) {
+    Sequence& seq = *s.scheduled[i].seq;
+    const int pos = seq.num_computed + 1;
+    blocks_.grow(seq.block_table, pos + 1);
+    b.tokens.push_back(seq.tokens.back());  // a placeholder: the runner takes the token from s
+    b.tokens_from_rows.push_back(s.sample_row[i]);
+    b.positions.push_back(pos);
+    b.slot_mapping.push_back(std::int64_t(seq.block_table[std::size_t(pos / bs)]) * bs + pos % bs);
+    b.cu_seqlens_q.push_back(int(i) + 1);
+    b.kv_lens.push_back(pos + 1);
+    b.block_tables[i].assign(seq.block_table.begin(), seq.block_table.end());
+    next.sample_row[i] = int(i);
+    b.logit_rows.push_back(int(i));
   }
 }
 
@@ -147,46 +201,77 @@ std::vector<RequestOutput> Engine::step() {
   using Clock = std::chrono::steady_clock;
   const auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   auto t = Clock::now();
-  schedule();
-  check(!scheduled_.empty() || !has_unfinished(), "engine: no request could be scheduled");
-  std::vector<RequestOutput> done;
-  if (scheduled_.empty()) return done;
-  build_batch();
+  if (next_queued_) {  // the step queued behind the last one is this one
+    std::swap(current_, next_);
+    next_queued_ = false;
+  } else {
+    schedule(current_);
+    check(!current_.scheduled.empty() || !has_unfinished(), "engine: no request could be scheduled");
+    if (current_.scheduled.empty()) return {};
+    build_batch(current_);
+    runner_->submit(current_.batch);
+  }
+  // The step after this one, queued now when it is already known: the GPU runs it while the
+  // host reads this one's tokens.
+  if (options_.pipeline_steps && runner_->pipelines_steps() && can_chain(current_)) {
+    build_chained_batch(current_, next_);
+    runner_->submit(next_.batch);
+    next_queued_ = true;
+    ++stats_.pipelined_steps;
+  }
   stats_.schedule_ms += ms_since(t);
 
   t = Clock::now();
-  const StepOutput& out = runner_->forward(batch_);
+  const StepOutput& out = runner_->collect();
   stats_.forward_ms += ms_since(t);
   ++stats_.steps;
-  check(out.summaries.size() == batch_.logit_rows.size() && out.logits.size() == batch_.logit_rows.size(),
-        "engine: the runner returned ", out.summaries.size(), " rows for ", batch_.logit_rows.size(), " logit rows");
+  try {
+    return apply(current_, out);
+  } catch (...) {
+    // The step's output is bad (e.g. a non-finite logit): the sequences are as they were, and
+    // the step queued behind it, built on its tokens, is dropped.
+    if (next_queued_) {
+      next_queued_ = false;
+      runner_->collect();
+    }
+    throw;
+  }
+}
 
-  t = Clock::now();
+std::vector<RequestOutput> Engine::apply(const StepState& s, const StepOutput& out) {
+  using Clock = std::chrono::steady_clock;
+  const auto t = Clock::now();
+  const std::vector<Scheduled>& scheduled = s.scheduled;
+  check(out.summaries.size() == s.batch.logit_rows.size() && out.logits.size() == s.batch.logit_rows.size(),
+        "engine: the runner returned ", out.summaries.size(), " rows for ", s.batch.logit_rows.size(), " logit rows");
   // Before any sequence changes: every sampled row must be finite (greedy or not, a NaN or an
   // infinity is an error) and present when its full logits were asked for.
-  std::vector<std::size_t> tempered;  // indices into scheduled_ of rows drawn with a temperature
-  for (std::size_t i = 0; i < scheduled_.size(); ++i) {
-    const int row = sample_row_[i];
-    if (row < 0) continue;
+  std::vector<std::size_t> tempered;  // indices into scheduled of rows drawn with a temperature
+  for (std::size_t i = 0; i < scheduled.size(); ++i) {
+    const int row = s.sample_row[i];
+    if (row < 0 || scheduled[i].seq == nullptr) continue;
     check_finite(out.summaries[std::size_t(row)]);
-    check(!batch_.full_logits[std::size_t(row)] || out.logits[std::size_t(row)], "engine: the runner did not return logit row ",
-          row);
-    if (scheduled_[i].seq->request.sampling.temperature > 0.0f) tempered.push_back(i);
+    check(!s.batch.full_logits[std::size_t(row)] || out.logits[std::size_t(row)],
+          "engine: the runner did not return logit row ", row);
+    if (scheduled[i].seq->request.sampling.temperature > 0.0f) tempered.push_back(i);
   }
   // A row drawn with a temperature takes 0.3-3 ms on the host at a 152K vocabulary (greedy rows
   // take their token from the summary): the rows are independent and each draw depends only
   // on its own (seed, step), so they run in parallel with the same result as in sequence.
-  std::vector<int> drawn(scheduled_.size(), -1);
+  std::vector<int> drawn(scheduled.size(), -1);
   parallel_for(tempered.size(), [&](std::size_t k) {
     const std::size_t i = tempered[k];
-    const Sequence& seq = *scheduled_[i].seq;
-    drawn[i] = sample_token(out.logits[std::size_t(sample_row_[i])], std::size_t(vocab_size_), seq.request.sampling,
+    const Sequence& seq = *scheduled[i].seq;
+    drawn[i] = sample_token(out.logits[std::size_t(s.sample_row[i])], std::size_t(vocab_size_), seq.request.sampling,
                             std::uint64_t(seq.num_generated));
   });
-  for (std::size_t i = 0; i < scheduled_.size(); ++i) {
-    Sequence& seq = *scheduled_[i].seq;
-    seq.num_computed += scheduled_[i].num_tokens;
-    const int row = sample_row_[i];
+  std::vector<RequestOutput> done;
+  for (std::size_t i = 0; i < scheduled.size(); ++i) {
+    if (scheduled[i].seq == nullptr) continue;  // finished in the step before
+    Sequence& seq = *scheduled[i].seq;
+    seq.num_computed += scheduled[i].num_tokens;
+    if (s.chained) stats_.decode_tokens += scheduled[i].num_tokens;
+    const int row = s.sample_row[i];
     if (row < 0) continue;
     const float* logits = out.logits[std::size_t(row)];
     if (options_.record_first_logits && seq.num_generated == 0) seq.first_logits.assign(logits, logits + vocab_size_);
@@ -201,12 +286,16 @@ std::vector<RequestOutput> Engine::step() {
       o.preemptions = seq.preemptions;
       o.first_logits = std::move(seq.first_logits);
       done.push_back(std::move(o));
+      // A step queued behind this one computed a token for it too: that row is dropped.
+      if (next_queued_)
+        for (Scheduled& e : next_.scheduled)
+          if (e.seq == &seq) e.seq = nullptr;
       blocks_.release(seq.block_table);
-      auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == &seq; });
+      auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == &seq; });
       running_.erase(it);
     }
   }
-  stats_.sample_ms += ms_since(t);
+  stats_.sample_ms += std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   return done;
 }
 

@@ -21,6 +21,10 @@ struct EngineOptions {
   int max_num_batched_tokens = 2048;  // new tokens in one step (the chunked-prefill budget)
   int max_model_len = 4096;          // prompt + output tokens of one request
   bool record_first_logits = false;  // keep the logits each request's first token came from
+  // When every running sequence decodes greedily and none can end by length in this step, queue
+  // the next step before reading this one's tokens (the runner takes them where it sampled
+  // them), so that the GPU never waits for the host between decode steps. Same tokens either way.
+  bool pipeline_steps = true;
 };
 
 struct Request {
@@ -41,6 +45,7 @@ struct RequestOutput {
 
 struct EngineStats {
   std::int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0;
+  std::int64_t pipelined_steps = 0;  // steps queued before the step they continue was read
   // Host wall-clock time of the parts of step(), in milliseconds: scheduling and building the
   // batch; the runner's forward(); sampling and bookkeeping after it.
   double schedule_ms = 0, forward_ms = 0, sample_ms = 0;
@@ -53,7 +58,7 @@ class Engine {
   // Queues a request; throws Error for an empty prompt, out-of-vocabulary ids, or a request
   // that could never fit (prompt + max_tokens over max_model_len or over the whole cache).
   std::int64_t add_request(const Request& request);
-  bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
+  bool has_unfinished() const { return !waiting_.empty() || !running_.empty() || next_queued_; }
   // Runs one step; returns the requests that finished in it.
   std::vector<RequestOutput> step();
   // Runs until every queued request finishes; outputs in the order the requests were added.
@@ -75,12 +80,26 @@ class Engine {
     std::vector<float> first_logits;
   };
   struct Scheduled {
-    Sequence* seq;
+    Sequence* seq;   // null once the sequence finished in the step before (pipelining)
     int num_tokens;  // new tokens this step
   };
+  // One step: what was scheduled, its batch, and where each sequence's sampling row is. Kept
+  // from step to step so that a step reuses its allocations.
+  struct StepState {
+    std::vector<Scheduled> scheduled;
+    StepBatch batch;
+    std::vector<int> sample_row;  // [scheduled] row of batch.logit_rows, or -1
+    bool chained = false;         // its tokens come from the step before (pipelining)
+  };
 
-  void schedule();  // fills scheduled_
-  void build_batch();  // fills batch_ and sample_row_ from scheduled_
+  void schedule(StepState& s);     // fills s.scheduled
+  void build_batch(StepState& s);  // fills s.batch and s.sample_row from s.scheduled
+  // Whether the step after `s` is known before s's tokens are (see EngineOptions::pipeline_steps),
+  // and that step, every sequence one token further, its tokens taken from s's rows.
+  bool can_chain(const StepState& s) const;
+  void build_chained_batch(const StepState& s, StepState& next);
+  // Reads a step's output into its sequences; returns the requests that finished.
+  std::vector<RequestOutput> apply(const StepState& s, const StepOutput& out);
   void preempt(Sequence* seq);
   bool finished(const Sequence& seq, std::string* reason) const;
 
@@ -92,10 +111,9 @@ class Engine {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::deque<std::unique_ptr<Sequence>> running_;
   EngineStats stats_;
-  // Per-step working state, kept so that a step reuses its allocations.
-  std::vector<Scheduled> scheduled_;
-  StepBatch batch_;
-  std::vector<int> sample_row_;  // [scheduled] row of batch_.logit_rows, or -1
+  StepState current_;         // the step step() submits (or finds queued) and collects
+  StepState next_;            // the step queued behind it, when next_queued_
+  bool next_queued_ = false;
 };
 
 }  // namespace asynct

@@ -25,13 +25,18 @@ struct StepBatch {
   // a temperature, or recording them); every other row only needs its greedy token, which a
   // backend can find without moving the vocabulary-wide row anywhere.
   std::vector<std::uint8_t> full_logits;
+  // Empty, or [T]: token i is the greedy token of row tokens_from_rows[i] of the step submitted
+  // just before this one, found by the runner where that step ran (`tokens` then holds
+  // placeholders). This is how a step is queued before the host has read the tokens it
+  // continues from (ModelRunner::pipelines_steps).
+  std::vector<int> tokens_from_rows;
 
   int num_seqs() const { return int(kv_lens.size()); }
   int num_tokens() const { return int(tokens.size()); }
 };
 
 // What a step gives back for each row of StepBatch::logit_rows. It belongs to the runner and
-// stays valid (logits included) until the next forward().
+// stays valid (logits included) until the next collect() (or forward()).
 struct StepOutput {
   std::vector<LogitSummary> summaries;  // [rows] greedy token and first non-finite logit
   std::vector<const float*> logits;     // [rows] float32 [vocab] where full_logits asked, else null
@@ -41,12 +46,23 @@ class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
   // Runs the model on the batch, writing the new tokens' K/V into the cache.
-  virtual const StepOutput& forward(const StepBatch& batch) = 0;
+  const StepOutput& forward(const StepBatch& batch) {
+    submit(batch);
+    return collect();
+  }
+  // forward() in two halves: submit() queues a step, collect() waits for the oldest step queued
+  // and returns its output. At most two steps are queued, and a second only when
+  // pipelines_steps(): the GPU then runs the next step while the host reads this one's tokens.
+  virtual void submit(const StepBatch& batch) = 0;
+  virtual const StepOutput& collect() = 0;
+  // Whether a second step may be submitted before the first is collected, and batches may take
+  // their tokens from the step before (StepBatch::tokens_from_rows).
+  virtual bool pipelines_steps() const { return false; }
   virtual int num_blocks() const = 0;
   virtual int block_size() const = 0;
   // Time spent so far per phase of a step, in milliseconds, when the backend measures it; empty
   // otherwise. GPU phases (e.g. "gemm", "attention") are device time between events; phases
-  // named "host_*" are host wall-clock time inside forward().
+  // named "host_*" are host wall-clock time inside submit() and collect().
   virtual std::map<std::string, double> phase_times_ms() const { return {}; }
   virtual void reset_phase_times() {}
 };

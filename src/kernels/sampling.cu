@@ -125,7 +125,29 @@ __global__ void __launch_bounds__(kThreads) summarize_logits_kernel(const float*
   out[blockIdx.x] = s;
 }
 
+__global__ void greedy_tokens_kernel(const LogitSummary* summaries, int summary_rows, const std::int32_t* rows,
+                                     int count, int vocab, std::int32_t* tokens) {
+  wait_for_prior_grids();
+  allow_next_grid();
+  const int i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
+  if (i >= count) return;
+  const int row = rows[i];
+  const int id = row >= 0 && row < summary_rows ? summaries[row].greedy : 0;
+  tokens[i] = id >= 0 && id < vocab ? id : 0;
+}
+
 }  // namespace
+
+void launch_greedy_tokens(const LogitSummary* summaries, int summary_rows, const std::int32_t* rows, int count,
+                          int vocab, std::int32_t* tokens, cudaStream_t stream) {
+  check(count >= 0 && summary_rows >= 0 && vocab >= 1, "greedy_tokens: bad sizes (count ", count, ", summary rows ",
+        summary_rows, ", vocab ", vocab, ")");
+  if (count == 0) return;
+  check(summaries && rows && tokens, "greedy_tokens: null pointer");
+  constexpr int kBlock = 256;
+  launch_dependent(greedy_tokens_kernel, dim3((count + kBlock - 1) / kBlock), kBlock, 0, stream, "greedy_tokens",
+                   summaries, summary_rows, rows, count, vocab, tokens);
+}
 
 void launch_summarize_logits(const float* logits, int rows, int vocab, LogitSummary* out, cudaStream_t stream) {
   check(vocab >= 1, "summarize_logits: vocab must be >= 1, got ", vocab);

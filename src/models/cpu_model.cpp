@@ -60,7 +60,30 @@ Tensor CpuModelRunner::mlp_block(int layer, const Tensor& x) {
   return linear(swiglu(gate_up), w.down_proj);
 }
 
-const StepOutput& CpuModelRunner::forward(const StepBatch& batch) {
+void CpuModelRunner::submit(const StepBatch& batch) {
+  check(queued_.size() < 2, "submit: two steps are queued already; collect one first");
+  std::vector<std::int32_t> tokens = batch.tokens;
+  if (!batch.tokens_from_rows.empty()) {
+    check(batch.tokens_from_rows.size() == batch.tokens.size(), "submit: tokens_from_rows needs one row per token");
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      const int row = batch.tokens_from_rows[i];
+      check(row >= 0 && std::size_t(row) < last_summaries_.size(), "submit: token ", i, " takes row ", row,
+            " of a step that sampled ", last_summaries_.size(), " rows");
+      tokens[i] = last_summaries_[std::size_t(row)].greedy;
+    }
+  }
+  queued_.push_back(run(batch, tokens));
+  last_summaries_ = queued_.back().output.summaries;
+}
+
+const StepOutput& CpuModelRunner::collect() {
+  check(!queued_.empty(), "collect: no step was submitted");
+  collected_ = std::move(queued_.front());
+  queued_.pop_front();
+  return collected_.output;
+}
+
+CpuModelRunner::Result CpuModelRunner::run(const StepBatch& batch, const std::vector<std::int32_t>& tokens) {
   const ModelConfig& c = weights_.config;
   check(batch.num_tokens() >= 1, "forward: empty batch");
   check(int(batch.positions.size()) == batch.num_tokens() && int(batch.slot_mapping.size()) == batch.num_tokens(),
@@ -80,7 +103,7 @@ const StepOutput& CpuModelRunner::forward(const StepBatch& batch) {
       table.data_as<std::int32_t>()[std::int64_t(s) * std::int64_t(max_blocks) + std::int64_t(b)] = block;
     }
 
-  Tensor x = embedding(weights_.embed_tokens, batch.tokens);
+  Tensor x = embedding(weights_.embed_tokens, tokens);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = weights_.layers[std::size_t(l)];
     Tensor attn = attention_block(l, norm(x, w.input_layernorm, norm_), batch, table);
@@ -98,19 +121,20 @@ const StepOutput& CpuModelRunner::forward(const StepBatch& batch) {
     std::copy_n(x.data_as<float>() + std::int64_t(row) * c.hidden_size, c.hidden_size,
                 last.data_as<float>() + std::int64_t(i) * c.hidden_size);
   }
-  logits_ = linear(norm(last, weights_.norm, norm_), weights_.lm_head);
+  Result r;
+  r.logits = linear(norm(last, weights_.norm, norm_), weights_.lm_head);
 
   // Every row is on the host already: summarise each, and hand out the ones asked for.
   const std::size_t rows = batch.logit_rows.size(), vocab = std::size_t(c.vocab_size);
   check(batch.full_logits.size() == rows, "forward: full_logits needs one flag per logit row");
-  output_.summaries.resize(rows);
-  output_.logits.assign(rows, nullptr);
+  r.output.summaries.resize(rows);
+  r.output.logits.assign(rows, nullptr);
   for (std::size_t i = 0; i < rows; ++i) {
-    const float* row = logits_.data_as<float>() + i * vocab;
-    output_.summaries[i] = summarize_logits(row, vocab);
-    if (batch.full_logits[i]) output_.logits[i] = row;
+    const float* row = r.logits.data_as<float>() + i * vocab;
+    r.output.summaries[i] = summarize_logits(row, vocab);
+    if (batch.full_logits[i]) r.output.logits[i] = row;
   }
-  return output_;
+  return r;
 }
 
 }  // namespace asynct

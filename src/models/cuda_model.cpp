@@ -143,52 +143,65 @@ DeviceArray<float> to_device_f32(const Tensor& t) {
 }
 
 // Times the phases of a step with events on the step's stream: mark("gemm") closes the phase
-// that began at the previous mark and names it. Read after the stream is synchronised.
+// that began at the previous mark and names it. With pipelined steps two steps are timed at once:
+// begin() opens the newest step's record, mark() adds to it, and collect() reads the oldest, after
+// its events have completed.
 class PhaseTimer {
  public:
   ~PhaseTimer() {
-    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+    for (Record& r : records_)
+      for (cudaEvent_t e : r.events) cudaEventDestroy(e);
   }
   bool enabled = false;
   void begin(cudaStream_t stream) {
-    if (!enabled) return;
+    check(pending_ < 2, "PhaseTimer: two steps are timed already");
     stream_ = stream;
-    used_ = 0;
-    names_.clear();
-    record();
+    Record& r = records_[(first_ + pending_++) % 2];
+    r.used = 0;
+    r.names.clear();
+    record(r);
   }
   void mark(const char* phase) {
-    if (!enabled) return;
-    names_.push_back(phase);
-    record();
+    if (!enabled || pending_ == 0) return;
+    Record& r = records_[(first_ + pending_ - 1) % 2];
+    r.names.push_back(phase);
+    record(r);
   }
-  void collect() {  // after the stream is synchronised
-    if (!enabled) return;
-    for (std::size_t i = 0; i < names_.size(); ++i) {
+  void collect() {  // the oldest step's events have completed
+    if (pending_ == 0) return;
+    Record& r = records_[first_];
+    first_ = (first_ + 1) % 2;
+    --pending_;
+    for (std::size_t i = 0; i + 1 < r.used; ++i) {
       float ms = 0.0f;
-      ASYNCT_CUDA_CHECK(cudaEventElapsedTime(&ms, events_[i], events_[i + 1]));
-      totals[names_[i]] += ms;
+      ASYNCT_CUDA_CHECK(cudaEventElapsedTime(&ms, r.events[i], r.events[i + 1]));
+      totals[r.names[i]] += ms;
     }
   }
   std::map<std::string, double> totals;
 
  private:
-  void record() {
-    if (used_ == events_.size()) {
+  struct Record {
+    std::vector<cudaEvent_t> events;
+    std::vector<const char*> names;  // names[i]: the phase from events[i] to events[i + 1]
+    std::size_t used = 0;
+  };
+  void record(Record& r) {
+    if (!enabled) return;
+    if (r.used == r.events.size()) {
       cudaEvent_t e;
       ASYNCT_CUDA_CHECK(cudaEventCreate(&e));
-      events_.push_back(e);
+      r.events.push_back(e);
     }
-    ASYNCT_CUDA_CHECK(cudaEventRecord(events_[used_++], stream_));
+    ASYNCT_CUDA_CHECK(cudaEventRecord(r.events[r.used++], stream_));
   }
   cudaStream_t stream_ = nullptr;
-  std::vector<cudaEvent_t> events_;
-  std::vector<const char*> names_;
-  std::size_t used_ = 0;
+  Record records_[2];
+  int first_ = 0, pending_ = 0;  // the oldest record being timed, and how many are
 };
 
-// Host wall-clock time of forward()'s parts, in milliseconds (what the GPU phases cannot see:
-// a step whose GPU work is short may still be slow to prepare or to launch).
+// Host wall-clock time of submit()'s and collect()'s parts, in milliseconds (what the GPU phases
+// cannot see: a step whose GPU work is short may still be slow to prepare or to launch).
 struct HostTimes {
   double prepare = 0;  // validation, writing the step metadata, buffers grown
   double launch = 0;   // enqueueing the upload, the step (eager launches or one graph
@@ -201,10 +214,16 @@ struct HostTimes {
 // table, sampling rows) laid out in one pinned host buffer and uploaded with one copy into one
 // device buffer, instead of one pageable copy per array. Sections are carved in order at
 // offsets that depend only on their sizes, so a decode graph replayed for the same shape finds
-// its metadata at the device addresses it was captured with.
+// its metadata at the device addresses it was captured with. Two host buffers take turns: the
+// next step's metadata is written while the copy out of this step's may not have run yet (the
+// device buffer is one: the copies and the steps reading it run in stream order).
 class StepMetadata {
  public:
-  void clear() { bytes_ = 0; }
+  // Starts a step's metadata, in the other host buffer.
+  void clear() {
+    bytes_ = 0;
+    turn_ ^= 1;
+  }
   // Adds a section of `count` T; returns its offset.
   template <typename T>
   std::size_t add(std::size_t count) {
@@ -214,20 +233,21 @@ class StepMetadata {
   }
   // After the sections are added: room for them (buffers move only when they grow).
   void reserve() {
-    host_.reserve(bytes_);
+    host_[turn_].reserve(bytes_);
     device_.reserve(bytes_);
   }
   template <typename T>
-  T* host(std::size_t offset) const { return reinterpret_cast<T*>(host_.get() + offset); }
+  T* host(std::size_t offset) const { return reinterpret_cast<T*>(host_[turn_].get() + offset); }
   template <typename T>
   const T* device(std::size_t offset) const { return reinterpret_cast<const T*>(device_.get() + offset); }
   void upload(cudaStream_t stream) {
-    if (bytes_) ASYNCT_CUDA_CHECK(cudaMemcpyAsync(device_.get(), host_.get(), bytes_, cudaMemcpyHostToDevice, stream));
+    if (bytes_) ASYNCT_CUDA_CHECK(cudaMemcpyAsync(device_.get(), host_[turn_].get(), bytes_, cudaMemcpyHostToDevice, stream));
   }
 
  private:
   std::size_t bytes_ = 0;
-  PinnedArray<std::uint8_t> host_;
+  int turn_ = 0;
+  PinnedArray<std::uint8_t> host_[2];
   DeviceArray<std::uint8_t> device_;
 };
 
@@ -240,6 +260,7 @@ struct StepPointers {
   const std::int32_t* kv_lens = nullptr;
   const std::int32_t* block_table = nullptr;          // [seqs, max_blocks]
   const std::int32_t* logit_rows = nullptr;
+  const std::int32_t* tokens_from_rows = nullptr;  // a chained step's (StepBatch::tokens_from_rows)
 };
 
 // How a step's attention is split between the kernels, and the bounds each one needs.
@@ -288,10 +309,20 @@ struct CudaModelRunner::Impl {
   StepMetadata metadata;
   StepPointers step;
 
-  // What goes back to the host, in pinned buffers reused from step to step.
-  PinnedArray<LogitSummary> summaries_host;
-  PinnedArray<float> logits_host;  // [rows whose full logits the engine asked for, vocab]
-  StepOutput output;
+  // A submitted step until it is collected: where its results land on the host (pinned buffers
+  // reused from step to step), which rows it samples, and an event after its last copy back.
+  // Two at most (pipelined steps), collected oldest first.
+  struct QueuedStep {
+    PinnedArray<LogitSummary> summaries_host;
+    PinnedArray<float> logits_host;  // [rows whose full logits the engine asked for, vocab]
+    std::vector<std::uint8_t> full_logits;
+    int rows = 0;
+    cudaEvent_t done = nullptr;
+  };
+  QueuedStep queued[2];
+  int first_queued = 0, num_queued = 0;
+  int last_submitted_rows = -1;  // sampling rows of the last step submitted (tokens_from_rows)
+  StepOutput output;             // of the last step collected
   HostTimes host;
 
   // CUDA graphs of decode steps, by (sequences, block-table width, sampling rows). A graph
@@ -308,6 +339,8 @@ struct CudaModelRunner::Impl {
   ~Impl() {
     for (auto& [key, g] : graphs)
       if (g.exec) cudaGraphExecDestroy(g.exec);
+    for (QueuedStep& q : queued)
+      if (q.done) cudaEventDestroy(q.done);
   }
 
   std::uint64_t buffer_addresses() const {
@@ -374,16 +407,18 @@ struct CudaModelRunner::Impl {
 
   // Queues the copies of the results to the host: every row's summary, and the full logits of
   // the rows the engine asked for (consecutive rows in one copy).
-  void download_results(const StepBatch& b, int rows) {
+  void download_results(const StepBatch& b, int rows, QueuedStep& q) {
     const std::size_t vocab = std::size_t(c.vocab_size);
-    summaries_host.reserve(std::size_t(std::max(rows, 1)));
+    q.rows = rows;
+    q.full_logits = b.full_logits;
+    q.summaries_host.reserve(std::size_t(std::max(rows, 1)));
     if (rows > 0)
-      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(summaries_host.get(), summaries.get(), std::size_t(rows) * sizeof(LogitSummary),
+      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(q.summaries_host.get(), summaries.get(), std::size_t(rows) * sizeof(LogitSummary),
                                         cudaMemcpyDeviceToHost, stream));
     std::size_t wanted = 0;
     for (std::uint8_t f : b.full_logits) wanted += f ? 1 : 0;
     if (wanted == 0) return;
-    logits_host.reserve(wanted * vocab);
+    q.logits_host.reserve(wanted * vocab);
     std::size_t to = 0;
     for (int i = 0; i < rows;) {
       if (!b.full_logits[std::size_t(i)]) {
@@ -393,21 +428,21 @@ struct CudaModelRunner::Impl {
       int end = i;
       while (end < rows && b.full_logits[std::size_t(end)]) ++end;
       const std::size_t n = std::size_t(end - i) * vocab;
-      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(logits_host.get() + to, logits.get() + std::size_t(i) * vocab, n * sizeof(float),
-                                        cudaMemcpyDeviceToHost, stream));
+      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(q.logits_host.get() + to, logits.get() + std::size_t(i) * vocab,
+                                        n * sizeof(float), cudaMemcpyDeviceToHost, stream));
       to += n;
       i = end;
     }
   }
 
-  // After the stream is synchronised: the StepOutput over the pinned results.
-  void unpack_results(const StepBatch& b, int rows) {
+  // After the step's copies have landed: the StepOutput over its pinned results.
+  void unpack_results(const QueuedStep& q) {
     const std::size_t vocab = std::size_t(c.vocab_size);
-    output.summaries.assign(summaries_host.get(), summaries_host.get() + rows);
-    output.logits.assign(std::size_t(rows), nullptr);
+    output.summaries.assign(q.summaries_host.get(), q.summaries_host.get() + q.rows);
+    output.logits.assign(std::size_t(q.rows), nullptr);
     std::size_t next = 0;
-    for (int i = 0; i < rows; ++i)
-      if (b.full_logits[std::size_t(i)]) output.logits[std::size_t(i)] = logits_host.get() + vocab * next++;
+    for (int i = 0; i < q.rows; ++i)
+      if (q.full_logits[std::size_t(i)]) output.logits[std::size_t(i)] = q.logits_host.get() + vocab * next++;
   }
 
   void reserve(std::size_t t) {
@@ -686,7 +721,7 @@ void CudaModelRunner::Impl::write_metadata(const StepBatch& b, const StepShape& 
   const std::size_t o_tokens = md.add<std::int32_t>(t), o_positions = md.add<std::int64_t>(t),
                     o_slots = md.add<std::int64_t>(t), o_cu = md.add<std::int32_t>(s - decodes + 1),
                     o_kv_lens = md.add<std::int32_t>(s), o_table = md.add<std::int32_t>(s * width),
-                    o_rows = md.add<std::int32_t>(rows);
+                    o_rows = md.add<std::int32_t>(rows), o_from = md.add<std::int32_t>(b.tokens_from_rows.size());
   md.reserve();
 
   std::int32_t* tokens = md.host<std::int32_t>(o_tokens);
@@ -720,24 +755,45 @@ void CudaModelRunner::Impl::write_metadata(const StepBatch& b, const StepShape& 
     check(b.logit_rows[i] >= 0 && b.logit_rows[i] < std::int32_t(t), "forward: logit row ", b.logit_rows[i], " out of range");
     logit_rows[i] = b.logit_rows[i];
   }
+  std::copy(b.tokens_from_rows.begin(), b.tokens_from_rows.end(), md.host<std::int32_t>(o_from));
   step = {md.device<std::int32_t>(o_tokens), md.device<std::int64_t>(o_positions), md.device<std::int64_t>(o_slots),
           md.device<std::int32_t>(o_cu),     md.device<std::int32_t>(o_kv_lens),     md.device<std::int32_t>(o_table),
-          md.device<std::int32_t>(o_rows)};
+          md.device<std::int32_t>(o_rows),   md.device<std::int32_t>(o_from)};
 }
 
-const StepOutput& CudaModelRunner::forward(const StepBatch& b) {
+namespace {
+// Adds the time since the last call (or the lap's creation) to `total`.
+struct Lap {
   using Clock = std::chrono::steady_clock;
-  auto lap = [last = Clock::now()](double& total) mutable {
+  Clock::time_point last = Clock::now();
+  void operator()(double& total) {
     const auto now = Clock::now();
     total += std::chrono::duration<double, std::milli>(now - last).count();
     last = now;
-  };
+  }
+};
+}  // namespace
+
+void CudaModelRunner::submit(const StepBatch& b) {
+  Lap lap;
   Impl& m = *impl_;
   const int t = b.num_tokens(), s = b.num_seqs(), rows = int(b.logit_rows.size());
+  check(m.num_queued < 2, "submit: two steps are queued already; collect one first");
   check(t >= 1 && s >= 1, "forward: empty batch");
   check(int(b.positions.size()) == t && int(b.slot_mapping.size()) == t && int(b.cu_seqlens_q.size()) == s + 1 &&
             int(b.kv_lens.size()) == s && int(b.block_tables.size()) == s && int(b.full_logits.size()) == rows,
         "forward: inconsistent batch");
+  const bool chained = !b.tokens_from_rows.empty();
+  if (chained) {
+    check(int(b.tokens_from_rows.size()) == t, "submit: tokens_from_rows needs one row per token");
+    for (std::size_t i = 0; i < b.tokens_from_rows.size(); ++i)
+      check(b.tokens_from_rows[i] >= 0 && b.tokens_from_rows[i] < m.last_submitted_rows, "submit: token ", i,
+            " takes row ", b.tokens_from_rows[i], " of a step that sampled ", std::max(0, m.last_submitted_rows),
+            " rows");
+    // Its tokens are read from the summaries the step before leaves on the device: they must not move.
+    check(std::size_t(std::max(rows, 1)) <= m.summaries.size(), "submit: a chained step samples ", rows,
+          " rows, more than the ", m.summaries.size(), " the step before had room for");
+  }
 
   // Split the step: leading one-token sequences to the decode kernel, the rest to prefill.
   StepShape shape;
@@ -770,6 +826,8 @@ const StepOutput& CudaModelRunner::forward(const StepBatch& b) {
     shape.decode_kv_len = width * m.block_size;
   }
 
+  // (A buffer that grows while another step is queued is freed with cudaFree, which waits for
+  // the device: that step finishes with the old buffer first.)
   m.reserve(std::size_t(t));
   m.logits.reserve(std::size_t(std::max(rows, 1)) * std::size_t(m.c.vocab_size));  // rows that sample only
   m.summaries.reserve(std::size_t(std::max(rows, 1)));
@@ -778,25 +836,42 @@ const StepOutput& CudaModelRunner::forward(const StepBatch& b) {
     const kernels::DecodeParams probe = m.decode_params(m.layers[0], s, shape.max_blocks, shape.decode_kv_len);
     m.decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(probe, probe.num_splits)));
   }
+  Impl::QueuedStep& q = m.queued[(m.first_queued + m.num_queued) % 2];
+  if (!q.done) ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&q.done, cudaEventDisableTiming));
   lap(m.host.prepare);
 
   // The GPU phases cover the step from the metadata upload to the last copy back.
   m.timer.begin(m.stream);
   m.metadata.upload(m.stream);
   m.timer.mark("h2d");
+  if (chained) {  // the token ids, from the summaries the step before left
+    kernels::launch_greedy_tokens(m.summaries.get(), m.last_submitted_rows, m.step.tokens_from_rows, t,
+                                  m.c.vocab_size, const_cast<std::int32_t*>(m.step.tokens), m.stream);
+    m.timer.mark("chain");
+  }
   if (graph)
     m.run_graph(shape, rows);
   else
     m.run_model(shape, rows);
-  m.download_results(b, rows);
+  m.download_results(b, rows, q);
   m.timer.mark("d2h");
+  ASYNCT_CUDA_CHECK(cudaEventRecord(q.done, m.stream));
+  ++m.num_queued;
+  m.last_submitted_rows = rows;
   lap(m.host.launch);
+}
 
-  ASYNCT_CUDA_CHECK(cudaStreamSynchronize(m.stream));
+const StepOutput& CudaModelRunner::collect() {
+  Lap lap;
+  Impl& m = *impl_;
+  check(m.num_queued > 0, "collect: no step was submitted");
+  Impl::QueuedStep& q = m.queued[m.first_queued];
+  ASYNCT_CUDA_CHECK(cudaEventSynchronize(q.done));
   lap(m.host.wait);
-
+  m.first_queued = (m.first_queued + 1) % 2;
+  --m.num_queued;
   m.timer.collect();
-  m.unpack_results(b, rows);
+  m.unpack_results(q);
   lap(m.host.finish);
   return m.output;
 }

@@ -23,12 +23,18 @@ class CudaModelRunner : public ModelRunner {
   CudaModelRunner(const ModelWeights& weights, int num_blocks, int block_size, int max_tokens_per_step);
   ~CudaModelRunner() override;
 
-  const StepOutput& forward(const StepBatch& batch) override;
+  // Steps are queued on one stream; a chained step's tokens are taken on the device from the
+  // summaries of the step before (StepBatch::tokens_from_rows), so the engine can queue it
+  // before reading them.
+  void submit(const StepBatch& batch) override;
+  const StepOutput& collect() override;
+  bool pipelines_steps() const override { return true; }
   int num_blocks() const override;
   int block_size() const override;
   // With profiling on, each phase of every eager step is timed with CUDA events (no extra
   // syncs); a step replayed from a CUDA graph is timed as one phase, "decode_graph". The host
   // phases (host_prepare, host_launch, host_wait, host_finish) are timed either way.
+  // With pipelined steps the GPU phases of consecutive steps follow each other back to back.
   void set_profiling(bool on);
   // Decode steps (every sequence one token) captured once per shape and replayed as CUDA
   // graphs: one launch instead of hundreds. On by default.

@@ -17,16 +17,22 @@ using testing::expect_error;
 struct EngineSetup {
   Architecture arch;
   int num_blocks = 64, block_size = 16, budget = 2048, max_seqs = 64;
+  bool pipeline = true;
 };
 
-Engine make_engine(const EngineSetup& s) {
-  ModelWeights w = random_weights(tiny_config(s.arch), 7);
+EngineOptions engine_options(const EngineSetup& s) {
   EngineOptions o;
   o.max_num_batched_tokens = s.budget;
   o.max_num_seqs = s.max_seqs;
   o.max_model_len = 1024;
+  o.pipeline_steps = s.pipeline;
+  return o;
+}
+
+Engine make_engine(const EngineSetup& s) {
+  ModelWeights w = random_weights(tiny_config(s.arch), 7);
   const int vocab = w.config.vocab_size;
-  return Engine(std::make_unique<CpuModelRunner>(std::move(w), s.num_blocks, s.block_size), vocab, o);
+  return Engine(std::make_unique<CpuModelRunner>(std::move(w), s.num_blocks, s.block_size), vocab, engine_options(s));
 }
 
 std::vector<Request> requests(float temperature) {
@@ -94,6 +100,90 @@ TEST_P(EngineTest, BlockSizeDoesNotMatter) {
 INSTANTIATE_TEST_SUITE_P(Models, EngineTest,
                          ::testing::Combine(::testing::Values(Architecture::AsyncT, Architecture::Qwen3),
                                             ::testing::Values(0.0f, 0.8f)));
+
+std::vector<RequestOutput> run(const EngineSetup& setup, const std::vector<Request>& rs, EngineStats* stats = nullptr) {
+  Engine e = make_engine(setup);
+  for (const Request& r : rs) e.add_request(r);
+  std::vector<RequestOutput> out = e.run_to_completion();
+  if (stats) *stats = e.stats();
+  return out;
+}
+
+void expect_same_outputs(const std::vector<RequestOutput>& a, const std::vector<RequestOutput>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << "request " << i;
+    EXPECT_EQ(a[i].finish_reason, b[i].finish_reason) << "request " << i;
+  }
+}
+
+// Decode steps queued before the host has read the tokens they continue from give the same
+// tokens, also when sequences stop at an end-of-sequence token while the next step is queued
+// (one request: every sequence of the queued step has ended).
+TEST(Engine, PipelinedStepsEqualUnpipelined) {
+  for (Architecture arch : {Architecture::AsyncT, Architecture::Qwen3}) {
+    std::vector<Request> rs = requests(0.0f);
+    const auto full = generate({arch}, rs);
+    for (std::size_t i = 0; i < rs.size(); i += 2) rs[i].eos_token = full[i][3 + i];  // requests 0 and 2 stop early
+    for (const std::vector<Request>& batch : {rs, std::vector<Request>{rs[0]}}) {
+      EngineStats pipelined, plain;
+      const auto a = run({arch}, batch, &pipelined);
+      const auto b = run({arch, 64, 16, 2048, 64, /*pipeline=*/false}, batch, &plain);
+      expect_same_outputs(a, b);
+      EXPECT_EQ(a[0].finish_reason, "eos");
+      EXPECT_GT(pipelined.pipelined_steps, 0);
+      EXPECT_EQ(plain.pipelined_steps, 0);
+      EXPECT_EQ(pipelined.decode_tokens, plain.decode_tokens);  // a dropped row is not counted
+    }
+  }
+}
+
+// Rows drawn with a temperature need the host: those steps are never queued ahead.
+TEST(Engine, SampledStepsAreNotPipelined) {
+  EngineStats stats;
+  run({Architecture::AsyncT}, requests(0.8f), &stats);
+  EXPECT_EQ(stats.pipelined_steps, 0);
+}
+
+// A runner whose `fail_at`-th collected step has a non-finite logit in its first row.
+class FailingOnceRunner : public ModelRunner {
+ public:
+  FailingOnceRunner(std::unique_ptr<ModelRunner> inner, int fail_at) : inner_(std::move(inner)), fail_at_(fail_at) {}
+  void submit(const StepBatch& b) override { inner_->submit(b); }
+  const StepOutput& collect() override {
+    out_ = inner_->collect();
+    if (++collected_ == fail_at_ && !out_.summaries.empty()) {
+      out_.summaries[0].nonfinite = 3;
+      out_.summaries[0].nonfinite_value = NAN;
+    }
+    return out_;
+  }
+  bool pipelines_steps() const override { return inner_->pipelines_steps(); }
+  int num_blocks() const override { return inner_->num_blocks(); }
+  int block_size() const override { return inner_->block_size(); }
+
+ private:
+  std::unique_ptr<ModelRunner> inner_;
+  int fail_at_, collected_ = 0;
+  StepOutput out_;
+};
+
+// A step that fails while the next one is queued leaves the sequences as they were before it
+// and drops the queued step: running on gives the tokens of a run that never failed.
+TEST(Engine, AFailedStepDropsTheStepQueuedBehindIt) {
+  const EngineSetup setup{Architecture::Qwen3};
+  const std::vector<Request> rs = requests(0.0f);
+  ModelWeights w = random_weights(tiny_config(setup.arch), 7);
+  const int vocab = w.config.vocab_size;
+  auto runner = std::make_unique<FailingOnceRunner>(
+      std::make_unique<CpuModelRunner>(std::move(w), setup.num_blocks, setup.block_size), /*fail_at=*/6);
+  Engine e(std::move(runner), vocab, engine_options(setup));
+  for (const Request& r : rs) e.add_request(r);
+  expect_error([&] { e.run_to_completion(); }, "sampling: logit 3 is not finite (nan)");
+  EXPECT_GT(e.stats().pipelined_steps, 0);  // the failed step had one queued behind it
+  EXPECT_TRUE(e.has_unfinished());
+  expect_same_outputs(e.run_to_completion(), run(setup, rs));
+}
 
 TEST(Engine, SeededSamplingIsDeterministicAndSeedsDiffer) {
   std::vector<Request> rs = requests(1.0f);

@@ -157,6 +157,45 @@ TEST_P(CudaModel, CudaGraphsOnEqualsOff) {
   }
 }
 
+// Decode steps queued before the host reads the tokens they continue from (the runner takes
+// them from the step before on the device) give the tokens of steps run one at a time, with
+// CUDA graphs, across block-table widths, and when a sequence ends at an end-of-sequence token
+// while the step after it is queued.
+TEST_P(CudaModel, PipelinedStepsEqualUnpipelined) {
+  testing::require_gpu();
+  ModelWeights w = random_weights(tiny_config(GetParam()), 24);
+  const int vocab = w.config.vocab_size;
+  std::vector<Request> requests;
+  for (int r = 0; r < 3; ++r) {
+    Request req;
+    for (int t = 0; t < 7 + 30 * r; ++t) req.prompt.push_back((t * 11 + r) % vocab);
+    req.max_tokens = 36 + r;
+    requests.push_back(req);
+  }
+  auto generate = [&](bool pipeline, EngineStats* stats) {
+    EngineOptions o;
+    o.pipeline_steps = pipeline;
+    Engine e(std::make_unique<CudaModelRunner>(w, 40, 16, 64), vocab, o);
+    for (const Request& r : requests) e.add_request(r);
+    auto out = e.run_to_completion();
+    *stats = e.stats();
+    return out;
+  };
+  EngineStats plain_stats, pipelined_stats;
+  const auto full = generate(false, &plain_stats);
+  requests[1].eos_token = full[1].tokens[9];  // request 1 ends early
+  const auto plain = generate(false, &plain_stats), pipelined = generate(true, &pipelined_stats);
+  ASSERT_EQ(plain.size(), pipelined.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(pipelined[i].tokens, plain[i].tokens) << "request " << i;
+    EXPECT_EQ(pipelined[i].finish_reason, plain[i].finish_reason) << "request " << i;
+  }
+  EXPECT_EQ(plain[1].finish_reason, "eos");
+  EXPECT_EQ(plain_stats.pipelined_steps, 0);
+  EXPECT_GT(pipelined_stats.pipelined_steps, 20);
+  EXPECT_EQ(pipelined_stats.decode_tokens, plain_stats.decode_tokens);
+}
+
 // Greedy rows stay on the device: a runner asked for no full logits gives the same greedy
 // tokens as one asked for all of them (which match the host argmax of what came back), and
 // hands out no logits. Prefill, eager decode, captured decode and replayed decode steps.

@@ -209,19 +209,23 @@ std::vector<RequestOutput> Engine::step() {
     check(!current_.scheduled.empty() || !has_unfinished(), "engine: no request could be scheduled");
     if (current_.scheduled.empty()) return {};
     build_batch(current_);
+    stats_.schedule_ms += ms_since(t);
+    t = Clock::now();
     runner_->submit(current_.batch);
+    stats_.forward_ms += ms_since(t);
   }
   // The step after this one, queued now when it is already known: the GPU runs it while the
   // host reads this one's tokens.
+  t = Clock::now();
   if (options_.pipeline_steps && runner_->pipelines_steps() && can_chain(current_)) {
     build_chained_batch(current_, next_);
+    stats_.schedule_ms += ms_since(t);
+    t = Clock::now();
     runner_->submit(next_.batch);
     next_queued_ = true;
     ++stats_.pipelined_steps;
   }
-  stats_.schedule_ms += ms_since(t);
 
-  t = Clock::now();
   const StepOutput& out = runner_->collect();
   stats_.forward_ms += ms_since(t);
   ++stats_.steps;

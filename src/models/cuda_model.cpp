@@ -214,16 +214,17 @@ struct HostTimes {
 // table, sampling rows) laid out in one pinned host buffer and uploaded with one copy into one
 // device buffer, instead of one pageable copy per array. Sections are carved in order at
 // offsets that depend only on their sizes, so a decode graph replayed for the same shape finds
-// its metadata at the device addresses it was captured with. Two host buffers take turns: the
-// next step's metadata is written while the copy out of this step's may not have run yet (the
-// device buffer is one: the copies and the steps reading it run in stream order).
+// its metadata at the device addresses it was captured with. Consecutive steps take turns
+// between two host and two device buffers: a step's metadata is written and uploaded while the
+// step before it, which reads the other turn's, may still run (pipelined steps).
 class StepMetadata {
  public:
-  // Starts a step's metadata, in the other host buffer.
+  // Starts a step's metadata, in the other turn's buffers.
   void clear() {
     bytes_ = 0;
     turn_ ^= 1;
   }
+  int turn() const { return turn_; }
   // Adds a section of `count` T; returns its offset.
   template <typename T>
   std::size_t add(std::size_t count) {
@@ -234,21 +235,22 @@ class StepMetadata {
   // After the sections are added: room for them (buffers move only when they grow).
   void reserve() {
     host_[turn_].reserve(bytes_);
-    device_.reserve(bytes_);
+    device_[turn_].reserve(bytes_);
   }
   template <typename T>
   T* host(std::size_t offset) const { return reinterpret_cast<T*>(host_[turn_].get() + offset); }
   template <typename T>
-  const T* device(std::size_t offset) const { return reinterpret_cast<const T*>(device_.get() + offset); }
+  const T* device(std::size_t offset) const { return reinterpret_cast<const T*>(device_[turn_].get() + offset); }
   void upload(cudaStream_t stream) {
-    if (bytes_) ASYNCT_CUDA_CHECK(cudaMemcpyAsync(device_.get(), host_[turn_].get(), bytes_, cudaMemcpyHostToDevice, stream));
+    if (bytes_)
+      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(device_[turn_].get(), host_[turn_].get(), bytes_, cudaMemcpyHostToDevice, stream));
   }
 
  private:
   std::size_t bytes_ = 0;
   int turn_ = 0;
   PinnedArray<std::uint8_t> host_[2];
-  DeviceArray<std::uint8_t> device_;
+  DeviceArray<std::uint8_t> device_[2];
 };
 
 // Where this step's metadata is on the device.
@@ -260,7 +262,10 @@ struct StepPointers {
   const std::int32_t* kv_lens = nullptr;
   const std::int32_t* block_table = nullptr;          // [seqs, max_blocks]
   const std::int32_t* logit_rows = nullptr;
-  const std::int32_t* tokens_from_rows = nullptr;  // a chained step's (StepBatch::tokens_from_rows)
+  // A chained step's (StepBatch::tokens_from_rows), and the summaries of the step before.
+  const std::int32_t* tokens_from_rows = nullptr;
+  const LogitSummary* previous_summaries = nullptr;
+  int previous_rows = 0;
 };
 
 // How a step's attention is split between the kernels, and the bounds each one needs.
@@ -290,6 +295,10 @@ struct CudaModelRunner::Impl {
   kernels::NormArgs norm;
   int num_blocks, block_size, sm_count = 0;
   cudaStream_t stream = nullptr;
+  // The copies between host and device: a step's metadata goes up, and the step before's
+  // summaries come down, while the GPU computes (pipelined steps).
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t uploaded[2] = {}, computed[2] = {};  // per metadata turn
   kernels::Gemm gemm;
   PhaseTimer timer;
   std::vector<DeviceLayer> layers;
@@ -304,7 +313,10 @@ struct CudaModelRunner::Impl {
   // rows of the widest (each is read before the next is written).
   DeviceArray<float> linear_partials;
   DeviceArray<float> logits;  // [rows that sample, vocab]
-  DeviceArray<LogitSummary> summaries;  // [rows that sample]: greedy token, finiteness
+  // [rows that sample]: greedy token, finiteness. One per metadata turn: a chained step reads
+  // the summaries of the step before while that step's copy to the host may still run.
+  DeviceArray<LogitSummary> summaries_by_turn[2];
+  DeviceArray<LogitSummary>& summaries() { return summaries_by_turn[metadata.turn()]; }
   DeviceArray<std::uint8_t> decode_workspace;
   StepMetadata metadata;
   StepPointers step;
@@ -334,13 +346,19 @@ struct CudaModelRunner::Impl {
     std::uint64_t addresses = 0;
     bool seen = false;  // the first step of a shape runs eagerly (plans, kernel attributes)
   };
-  std::map<std::tuple<int, int, int>, CapturedStep> graphs;
+  // Keyed by (sequences, block-table width, sampling rows, metadata turn, chained): each turn has
+  // its own buffers, and a chained step takes its tokens from the step before.
+  std::map<std::tuple<int, int, int, int, bool>, CapturedStep> graphs;
 
   ~Impl() {
     for (auto& [key, g] : graphs)
       if (g.exec) cudaGraphExecDestroy(g.exec);
     for (QueuedStep& q : queued)
       if (q.done) cudaEventDestroy(q.done);
+    for (int i = 0; i < 2; ++i) {
+      if (uploaded[i]) cudaEventDestroy(uploaded[i]);
+      if (computed[i]) cudaEventDestroy(computed[i]);
+    }
   }
 
   std::uint64_t buffer_addresses() const {
@@ -350,7 +368,9 @@ struct CudaModelRunner::Impl {
                             (const void*)attn_out.get(), (const void*)gate_up.get(), (const void*)act.get(),
                             (const void*)mlp_out.get(), (const void*)last.get(), (const void*)logits.get(),
                             (const void*)linear_partials.get(),
-                            (const void*)summaries.get(), (const void*)decode_workspace.get(),
+                            (const void*)summaries_by_turn[metadata.turn()].get(), (const void*)decode_workspace.get(),
+                            (const void*)step.tokens_from_rows, (const void*)step.previous_summaries,
+                            (const void*)std::uintptr_t(step.previous_rows),
                             (const void*)step.tokens, (const void*)step.positions, (const void*)step.slots,
                             (const void*)step.prefill_cu_seqlens, (const void*)step.kv_lens,
                             (const void*)step.block_table, (const void*)step.logit_rows})
@@ -367,7 +387,7 @@ struct CudaModelRunner::Impl {
   // then on a step is one launch. Timed as one phase, "decode_graph"; a capture shows as
   // "capture" (the GPU waits for it).
   void run_graph(const StepShape& shape, int rows) {
-    CapturedStep& g = graphs[{shape.seqs, shape.max_blocks, rows}];
+    CapturedStep& g = graphs[{shape.seqs, shape.max_blocks, rows, metadata.turn(), step.tokens_from_rows != nullptr}];
     if (!g.seen) {
       g.seen = true;
       run_model(shape, rows);
@@ -405,20 +425,18 @@ struct CudaModelRunner::Impl {
     g.addresses = addresses;
   }
 
-  // Queues the copies of the results to the host: every row's summary, and the full logits of
-  // the rows the engine asked for (consecutive rows in one copy).
+  // Queues the copies of the results to the host: the full logits of the rows the engine asked
+  // for (consecutive rows in one copy) on the step's stream, where the next step cannot
+  // overwrite them first; then, once the step is computed, every row's summary on the copy
+  // stream, beside the step queued after this one.
   void download_results(const StepBatch& b, int rows, QueuedStep& q) {
     const std::size_t vocab = std::size_t(c.vocab_size);
     q.rows = rows;
     q.full_logits = b.full_logits;
     q.summaries_host.reserve(std::size_t(std::max(rows, 1)));
-    if (rows > 0)
-      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(q.summaries_host.get(), summaries.get(), std::size_t(rows) * sizeof(LogitSummary),
-                                        cudaMemcpyDeviceToHost, stream));
     std::size_t wanted = 0;
     for (std::uint8_t f : b.full_logits) wanted += f ? 1 : 0;
-    if (wanted == 0) return;
-    q.logits_host.reserve(wanted * vocab);
+    if (wanted > 0) q.logits_host.reserve(wanted * vocab);
     std::size_t to = 0;
     for (int i = 0; i < rows;) {
       if (!b.full_logits[std::size_t(i)]) {
@@ -433,6 +451,14 @@ struct CudaModelRunner::Impl {
       to += n;
       i = end;
     }
+    timer.mark("d2h");
+    const int turn = metadata.turn();
+    ASYNCT_CUDA_CHECK(cudaEventRecord(computed[turn], stream));
+    ASYNCT_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, computed[turn], 0));
+    if (rows > 0)
+      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(q.summaries_host.get(), summaries().get(), std::size_t(rows) * sizeof(LogitSummary),
+                                        cudaMemcpyDeviceToHost, copy_stream));
+    ASYNCT_CUDA_CHECK(cudaEventRecord(q.done, copy_stream));
   }
 
   // After the step's copies have landed: the StepOutput over its pinned results.
@@ -568,6 +594,11 @@ CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int bloc
   m.norm.clip = m.c.is_async() ? m.c.uclip_value : INFINITY;
   m.sm_count = kernels::current_device_info().sm_count;
   ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
+  ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking));
+  for (int i = 0; i < 2; ++i) {
+    ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&m.uploaded[i], cudaEventDisableTiming));
+    ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&m.computed[i], cudaEventDisableTiming));
+  }
 
   Bf16Uploader upload(m.stream);
   m.embed_tokens = upload(w.embed_tokens);
@@ -607,6 +638,7 @@ CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int bloc
 
 CudaModelRunner::~CudaModelRunner() {
   if (impl_ && impl_->stream) cudaStreamDestroy(impl_->stream);
+  if (impl_ && impl_->copy_stream) cudaStreamDestroy(impl_->copy_stream);
 }
 
 int CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
@@ -636,6 +668,9 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
   const int h = c.hidden_size, qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
   const int inter = c.intermediate_size;
   const std::size_t partial_floats = linear_partials.size();
+  if (step.tokens_from_rows)  // a chained step: its token ids are the step before's greedy tokens
+    kernels::launch_greedy_tokens(step.previous_summaries, step.previous_rows, step.tokens_from_rows, t, c.vocab_size,
+                                  const_cast<std::int32_t*>(step.tokens), stream);
   kernels::launch_gather_rows(embed_tokens.get(), step.tokens, residual.get(), t, c.vocab_size, h, stream);
   kernels::launch_norm(residual.get(), layers[0].input_layernorm.get(), hidden.get(), t, h, norm, stream);
   timer.mark("other");
@@ -705,7 +740,7 @@ void CudaModelRunner::Impl::run_model(const StepShape& shape, int rows) {
     kernels::launch_gather_rows(hidden.get(), step.logit_rows, last.get(), rows, t, h, stream);
     gemm.linear(last.get(), lm_head, logits.get(), rows, h, c.vocab_size, true, stream);
     timer.mark("lm_head");
-    kernels::launch_summarize_logits(logits.get(), rows, c.vocab_size, summaries.get(), stream);
+    kernels::launch_summarize_logits(logits.get(), rows, c.vocab_size, summaries().get(), stream);
     timer.mark("sample");
   }
 }
@@ -758,7 +793,7 @@ void CudaModelRunner::Impl::write_metadata(const StepBatch& b, const StepShape& 
   std::copy(b.tokens_from_rows.begin(), b.tokens_from_rows.end(), md.host<std::int32_t>(o_from));
   step = {md.device<std::int32_t>(o_tokens), md.device<std::int64_t>(o_positions), md.device<std::int64_t>(o_slots),
           md.device<std::int32_t>(o_cu),     md.device<std::int32_t>(o_kv_lens),     md.device<std::int32_t>(o_table),
-          md.device<std::int32_t>(o_rows),   md.device<std::int32_t>(o_from)};
+          md.device<std::int32_t>(o_rows),   b.tokens_from_rows.empty() ? nullptr : md.device<std::int32_t>(o_from)};
 }
 
 namespace {
@@ -790,9 +825,6 @@ void CudaModelRunner::submit(const StepBatch& b) {
       check(b.tokens_from_rows[i] >= 0 && b.tokens_from_rows[i] < m.last_submitted_rows, "submit: token ", i,
             " takes row ", b.tokens_from_rows[i], " of a step that sampled ", std::max(0, m.last_submitted_rows),
             " rows");
-    // Its tokens are read from the summaries the step before leaves on the device: they must not move.
-    check(std::size_t(std::max(rows, 1)) <= m.summaries.size(), "submit: a chained step samples ", rows,
-          " rows, more than the ", m.summaries.size(), " the step before had room for");
   }
 
   // Split the step: leading one-token sequences to the decode kernel, the rest to prefill.
@@ -830,8 +862,13 @@ void CudaModelRunner::submit(const StepBatch& b) {
   // the device: that step finishes with the old buffer first.)
   m.reserve(std::size_t(t));
   m.logits.reserve(std::size_t(std::max(rows, 1)) * std::size_t(m.c.vocab_size));  // rows that sample only
-  m.summaries.reserve(std::size_t(std::max(rows, 1)));
-  m.write_metadata(b, shape);
+  const LogitSummary* previous_summaries = m.summaries().get();  // the turn before this step's
+  m.write_metadata(b, shape);  // (this step's turn)
+  m.summaries().reserve(std::size_t(std::max(rows, 1)));
+  if (chained) {
+    m.step.previous_summaries = previous_summaries;
+    m.step.previous_rows = m.last_submitted_rows;
+  }
   if (graph) {
     const kernels::DecodeParams probe = m.decode_params(m.layers[0], s, shape.max_blocks, shape.decode_kv_len);
     m.decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(probe, probe.num_splits)));
@@ -840,22 +877,20 @@ void CudaModelRunner::submit(const StepBatch& b) {
   if (!q.done) ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&q.done, cudaEventDisableTiming));
   lap(m.host.prepare);
 
-  // The GPU phases cover the step from the metadata upload to the last copy back.
+  // The metadata goes up on the copy stream, beside the step before; the step's stream waits
+  // for it. Its GPU phases run from that wait ("h2d": nothing when the upload was early) to the
+  // full logits' copies ("d2h"); the summaries follow on the copy stream.
+  const int turn = m.metadata.turn();
+  m.metadata.upload(m.copy_stream);
+  ASYNCT_CUDA_CHECK(cudaEventRecord(m.uploaded[turn], m.copy_stream));
   m.timer.begin(m.stream);
-  m.metadata.upload(m.stream);
+  ASYNCT_CUDA_CHECK(cudaStreamWaitEvent(m.stream, m.uploaded[turn], 0));
   m.timer.mark("h2d");
-  if (chained) {  // the token ids, from the summaries the step before left
-    kernels::launch_greedy_tokens(m.summaries.get(), m.last_submitted_rows, m.step.tokens_from_rows, t,
-                                  m.c.vocab_size, const_cast<std::int32_t*>(m.step.tokens), m.stream);
-    m.timer.mark("chain");
-  }
   if (graph)
     m.run_graph(shape, rows);
   else
     m.run_model(shape, rows);
   m.download_results(b, rows, q);
-  m.timer.mark("d2h");
-  ASYNCT_CUDA_CHECK(cudaEventRecord(q.done, m.stream));
   ++m.num_queued;
   m.last_submitted_rows = rows;
   lap(m.host.launch);

@@ -185,6 +185,49 @@ TEST(Engine, AFailedStepDropsTheStepQueuedBehindIt) {
   expect_same_outputs(e.run_to_completion(), run(setup, rs));
 }
 
+// The runner's half of pipelining: a chained batch's token ids are the greedy tokens of the
+// step submitted before it; misuse is a clear error.
+TEST(CpuModelRunner, ChainedStepsTakeTheGreedyTokensOfTheStepBefore) {
+  ModelWeights w = random_weights(tiny_config(Architecture::AsyncT), 7);
+  CpuModelRunner runner(w, 8, 16), plain(w, 8, 16);
+  auto batch = [](std::vector<std::int32_t> tokens, int position) {
+    StepBatch b;
+    b.cu_seqlens_q = {0};
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      b.tokens.push_back(tokens[i]);
+      b.positions.push_back(position);
+      b.slot_mapping.push_back(std::int64_t(i) * 16 + position);  // sequence i in block i
+      b.cu_seqlens_q.push_back(int(i) + 1);
+      b.kv_lens.push_back(position + 1);
+      b.block_tables.push_back({int(i)});
+      b.logit_rows.push_back(int(i));
+      b.full_logits.push_back(0);
+    }
+    return b;
+  };
+  const StepBatch first = batch({3, 9}, 0);
+  StepBatch chained = batch({0, 0}, 1);
+  chained.tokens_from_rows = {1, 0};  // the sequences' rows swapped: sequence 0 continues from row 1
+  runner.submit(first);
+  runner.submit(chained);
+  const std::vector<LogitSummary> a = runner.collect().summaries;
+  const std::vector<LogitSummary> b = runner.collect().summaries;
+  plain.forward(first);
+  const StepOutput& expected = plain.forward(batch({a[1].greedy, a[0].greedy}, 1));
+  ASSERT_EQ(b.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_EQ(b[i].greedy, expected.summaries[i].greedy) << "row " << i;
+
+  expect_error([&] { runner.collect(); }, "collect: no step was submitted");
+  StepBatch bad = chained;
+  bad.tokens_from_rows = {0, 2};
+  expect_error([&] { runner.submit(bad); }, "submit: token 1 takes row 2 of a step that sampled 2 rows");
+  bad.tokens_from_rows = {0};
+  expect_error([&] { runner.submit(bad); }, "tokens_from_rows needs one row per token");
+  runner.submit(first);
+  runner.submit(first);
+  expect_error([&] { runner.submit(first); }, "two steps are queued already");
+}
+
 TEST(Engine, SeededSamplingIsDeterministicAndSeedsDiffer) {
   std::vector<Request> rs = requests(1.0f);
   EXPECT_EQ(generate({Architecture::AsyncT}, rs), generate({Architecture::AsyncT}, rs));

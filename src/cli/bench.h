@@ -16,7 +16,10 @@ struct BenchOptions {
   int block_size = 16;
   int max_batched_tokens = 8192;
   std::string device = "auto";  // auto, cpu or cuda
-  bool profile = true;          // per-phase GPU times (events; no extra synchronisation)
+  // Per-phase GPU times (CUDA events). Off by default: the events cost a decode step ~0.015-0.02
+  // ms at 32 sequences on H200 (each waits for the work before it, so consecutive steps no
+  // longer overlap; bench/RESULTS.md, sixteenth run).
+  bool profile = false;
   bool cuda_graphs = true;      // replay decode steps as CUDA graphs (timed as "decode_graph")
   bool pipeline = true;         // queue greedy decode steps ahead (EngineOptions::pipeline_steps)
   bool warmup = true;           // an untimed short run on each engine before the timed one

@@ -295,9 +295,11 @@ struct CudaModelRunner::Impl {
   kernels::NormArgs norm;
   int num_blocks, block_size, sm_count = 0;
   cudaStream_t stream = nullptr;
-  // The copies between host and device: a step's metadata goes up, and the step before's
-  // summaries come down, while the GPU computes (pipelined steps).
-  cudaStream_t copy_stream = nullptr;
+  // The copies between host and device, beside the GPU's work (pipelined steps): a step's
+  // metadata goes up while the step before runs, and its summaries come down once it is
+  // computed. Two streams: on one, an upload would wait behind the download that waits for
+  // the step before to finish.
+  cudaStream_t upload_stream = nullptr, download_stream = nullptr;
   cudaEvent_t uploaded[2] = {}, computed[2] = {};  // per metadata turn
   kernels::Gemm gemm;
   PhaseTimer timer;
@@ -427,7 +429,7 @@ struct CudaModelRunner::Impl {
 
   // Queues the copies of the results to the host: the full logits of the rows the engine asked
   // for (consecutive rows in one copy) on the step's stream, where the next step cannot
-  // overwrite them first; then, once the step is computed, every row's summary on the copy
+  // overwrite them first; then, once the step is computed, every row's summary on the download
   // stream, beside the step queued after this one.
   void download_results(const StepBatch& b, int rows, QueuedStep& q) {
     const std::size_t vocab = std::size_t(c.vocab_size);
@@ -454,11 +456,11 @@ struct CudaModelRunner::Impl {
     timer.mark("d2h");
     const int turn = metadata.turn();
     ASYNCT_CUDA_CHECK(cudaEventRecord(computed[turn], stream));
-    ASYNCT_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, computed[turn], 0));
+    ASYNCT_CUDA_CHECK(cudaStreamWaitEvent(download_stream, computed[turn], 0));
     if (rows > 0)
       ASYNCT_CUDA_CHECK(cudaMemcpyAsync(q.summaries_host.get(), summaries().get(), std::size_t(rows) * sizeof(LogitSummary),
-                                        cudaMemcpyDeviceToHost, copy_stream));
-    ASYNCT_CUDA_CHECK(cudaEventRecord(q.done, copy_stream));
+                                        cudaMemcpyDeviceToHost, download_stream));
+    ASYNCT_CUDA_CHECK(cudaEventRecord(q.done, download_stream));
   }
 
   // After the step's copies have landed: the StepOutput over its pinned results.
@@ -594,7 +596,8 @@ CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int bloc
   m.norm.clip = m.c.is_async() ? m.c.uclip_value : INFINITY;
   m.sm_count = kernels::current_device_info().sm_count;
   ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
-  ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking));
+  ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.upload_stream, cudaStreamNonBlocking));
+  ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&m.download_stream, cudaStreamNonBlocking));
   for (int i = 0; i < 2; ++i) {
     ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&m.uploaded[i], cudaEventDisableTiming));
     ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&m.computed[i], cudaEventDisableTiming));
@@ -638,7 +641,8 @@ CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int bloc
 
 CudaModelRunner::~CudaModelRunner() {
   if (impl_ && impl_->stream) cudaStreamDestroy(impl_->stream);
-  if (impl_ && impl_->copy_stream) cudaStreamDestroy(impl_->copy_stream);
+  if (impl_ && impl_->upload_stream) cudaStreamDestroy(impl_->upload_stream);
+  if (impl_ && impl_->download_stream) cudaStreamDestroy(impl_->download_stream);
 }
 
 int CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
@@ -877,12 +881,12 @@ void CudaModelRunner::submit(const StepBatch& b) {
   if (!q.done) ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&q.done, cudaEventDisableTiming));
   lap(m.host.prepare);
 
-  // The metadata goes up on the copy stream, beside the step before; the step's stream waits
+  // The metadata goes up on the upload stream, beside the step before; the step's stream waits
   // for it. Its GPU phases run from that wait ("h2d": nothing when the upload was early) to the
-  // full logits' copies ("d2h"); the summaries follow on the copy stream.
+  // full logits' copies ("d2h"); the summaries follow on the download stream.
   const int turn = m.metadata.turn();
-  m.metadata.upload(m.copy_stream);
-  ASYNCT_CUDA_CHECK(cudaEventRecord(m.uploaded[turn], m.copy_stream));
+  m.metadata.upload(m.upload_stream);
+  ASYNCT_CUDA_CHECK(cudaEventRecord(m.uploaded[turn], m.upload_stream));
   m.timer.begin(m.stream);
   ASYNCT_CUDA_CHECK(cudaStreamWaitEvent(m.stream, m.uploaded[turn], 0));
   m.timer.mark("h2d");

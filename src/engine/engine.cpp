@@ -113,15 +113,7 @@ void Engine::build_batch(StepState& s) {
   const std::vector<Scheduled>& scheduled = s.scheduled;
   std::vector<int>& sample_row = s.sample_row;
   StepBatch& b = s.batch;
-  b.tokens_from_rows.clear();
-  b.tokens.clear();
-  b.positions.clear();
-  b.slot_mapping.clear();
-  b.kv_lens.clear();
-  b.logit_rows.clear();
-  b.full_logits.clear();
-  b.cu_seqlens_q.assign(1, 0);
-  b.block_tables.resize(scheduled.size());
+  b.reset(scheduled.size());
   sample_row.assign(scheduled.size(), -1);
   const int bs = blocks_.block_size();
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
@@ -170,15 +162,8 @@ void Engine::build_chained_batch(const StepState& s, StepState& next) {
   next.scheduled = s.scheduled;
   StepBatch& b = next.batch;
   const std::size_t n = s.scheduled.size();
-  b.tokens.clear();
-  b.tokens_from_rows.clear();
-  b.positions.clear();
-  b.slot_mapping.clear();
-  b.kv_lens.clear();
-  b.logit_rows.clear();
+  b.reset(n);
   b.full_logits.assign(n, 0);
-  b.cu_seqlens_q.assign(1, 0);
-  b.block_tables.resize(n);
   next.sample_row.resize(n);
   const int bs = blocks_.block_size();
   for (std::size_t i = 0; i < n; ++i) {

@@ -33,6 +33,18 @@ struct StepBatch {
 
   int num_seqs() const { return int(kv_lens.size()); }
   int num_tokens() const { return int(tokens.size()); }
+  // Empties it for `seqs` sequences (one block table each), keeping every vector's capacity.
+  void reset(std::size_t seqs) {
+    tokens.clear();
+    positions.clear();
+    slot_mapping.clear();
+    kv_lens.clear();
+    logit_rows.clear();
+    full_logits.clear();
+    tokens_from_rows.clear();
+    cu_seqlens_q.assign(1, 0);
+    block_tables.resize(seqs);
+  }
 };
 
 // What a step gives back for each row of StepBatch::logit_rows. It belongs to the runner and

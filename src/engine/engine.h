@@ -47,7 +47,8 @@ struct EngineStats {
   std::int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0;
   std::int64_t pipelined_steps = 0;  // steps queued before the step they continue was read
   // Host wall-clock time of the parts of step(), in milliseconds: scheduling and building the
-  // batch; the runner's forward(); sampling and bookkeeping after it.
+  // batches; the runner's submit() and collect() (the wait for the GPU); sampling and
+  // bookkeeping after it.
   double schedule_ms = 0, forward_ms = 0, sample_ms = 0;
 };
 

@@ -38,38 +38,23 @@ __device__ __forceinline__ void allow_next_grid() {
 // Whether launches on the current device may start early: sm_90 or later, and not turned off.
 bool dependent_launch_enabled();
 
-// kernel<<<grid, block, smem, stream>>>(args...) in clusters of `cluster_ctas` consecutive CTAs
-// along x (1: no clusters; more needs sm_90), allowed to start before its predecessor ends (see
-// the contract above).
+// kernel<<<grid, block, smem, stream>>>(args...), allowed to start before its predecessor ends
+// (see the contract above).
 template <typename... Params, typename... Args>
-void launch_dependent_in_clusters(int cluster_ctas, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
-                                  cudaStream_t stream, const char* name, Args&&... args) {
+void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                      const char* name, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attributes[2]{};
-  unsigned count = 0;
-  if (dependent_launch_enabled()) {
-    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster_ctas > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count++].val.clusterDim = {unsigned(cluster_ctas), 1u, 1u};
-  }
-  config.attrs = attributes;
-  config.numAttrs = count;
+  cudaLaunchAttribute early{};
+  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &early;
+  config.numAttrs = dependent_launch_enabled() ? 1 : 0;
   ASYNCT_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
   check_launch(name);
-}
-
-// kernel<<<grid, block, smem, stream>>>(args...), allowed to start before its predecessor ends.
-template <typename... Params, typename... Args>
-void launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
-                      const char* name, Args&&... args) {
-  launch_dependent_in_clusters(1, kernel, grid, block, smem, stream, name, std::forward<Args>(args)...);
 }
 
 }  // namespace asynct::kernels

@@ -13,17 +13,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <utility>
-
-#include <cooperative_groups.h>
 
 #include "kernels/bf16.cuh"
 #include "kernels/cuda_check.h"
 #include "kernels/dependent_launch.cuh"
-#include "kernels/device_info.h"
 #include "kernels/head_norm_rope.cuh"
 
 namespace asynct::kernels {
@@ -88,42 +83,6 @@ struct RowThread {
   __device__ float sum(float v, float* partial) const {
     if constexpr (WARP_PER_ROW) return group_sum<kWarp>(v);
     else return block_sum(v, partial);
-  }
-  __device__ void finish() const {}
-};
-
-// A row spread over the kCtas CTAs of a cluster (sm_90): CTA r of the cluster holds vectors
-// r * blockDim + lane, + kCtas * blockDim, ...; a sum over the row adds the CTAs' block sums
-// through distributed shared memory. At decode row counts this puts a row's loads on four
-// multiprocessors instead of one (bench/RESULTS.md, sixteenth run).
-struct ClusterRowThread {
-  static constexpr int kCtas = 4;
-  int row, lane, stride;
-  __device__ ClusterRowThread()
-      : row(int(blockIdx.x) / kCtas), lane(int(blockIdx.x) % kCtas * int(blockDim.x) + int(threadIdx.x)),
-        stride(int(blockDim.x) * kCtas) {}
-  // `partial` has kMaxWarps + 1 floats: the block sum's, then the CTA's total for the others.
-  __device__ float sum(float v, float* partial) const {
-#if __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    v = block_sum(v, partial);
-    if (threadIdx.x == 0) partial[kMaxWarps] = v;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every CTA's total is in its shared memory
-    float total = 0.0f;
-    for (unsigned r = 0; r < kCtas; ++r) total += *cluster.map_shared_rank(partial + kMaxWarps, r);
-    return total;  // the same sum, in the same order, in every CTA of the row
-#else
-    (void)v, (void)partial;
-    __trap();  // launched only on sm_90 (launch_cluster_per_row)
-    return 0.0f;
-#endif
-  }
-  // No CTA leaves while another may still read its shared memory.
-  __device__ void finish() const {
-#if __CUDA_ARCH__ >= 900
-    cooperative_groups::this_cluster().sync();
-#endif
   }
 };
 
@@ -196,10 +155,10 @@ __device__ __forceinline__ void norm_row(float (&x)[VECS][8], const Bf16x8 (&w)[
   }
 }
 
-template <RowOp OP, int VECS, class Thread, bool SPLIT_X>
+template <RowOp OP, int VECS, bool WARP_PER_ROW, bool SPLIT_X>
 __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
-  __shared__ float partial[2][kMaxWarps + 1];
-  const Thread t;
+  __shared__ float partial[2][kMaxWarps];
+  const RowThread<WARP_PER_ROW> t;
   // Only whole warps of a warp-per-row grid's last block get here; they use no barrier.
   if (t.row >= p.rows) return;
   const std::int64_t base = std::int64_t(t.row) * p.vectors * 8;
@@ -230,7 +189,6 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
   }
   norm_row(x, w, p.vectors, t, row_inv_rms(x, t, partial[1], p), p.clip);
   store_row(p.out + base, p.vectors, t, x);
-  t.finish();
 }
 
 // Rows too wide to hold in registers: one block per row, re-reading the row from memory (L2
@@ -284,36 +242,13 @@ template <RowOp OP, int VECS, bool SPLIT_X>
 void launch_warp_per_row(const RowParams& p, cudaStream_t stream, const char* who) {
   constexpr int kRowsPerBlock = 4;
   const int blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  launch_dependent(row_norm_kernel<OP, VECS, RowThread<true>, SPLIT_X>, blocks, kRowsPerBlock * kWarp, 0, stream, who, p);
+  launch_dependent(row_norm_kernel<OP, VECS, true, SPLIT_X>, blocks, kRowsPerBlock * kWarp, 0, stream, who, p);
 }
 
 template <RowOp OP, int VECS, bool SPLIT_X>
 void launch_block_per_row(const RowParams& p, cudaStream_t stream, const char* who) {
   const int threads = round_up((p.vectors + VECS - 1) / VECS, kWarp);
-  launch_dependent(row_norm_kernel<OP, VECS, RowThread<false>, SPLIT_X>, p.rows, threads, 0, stream, who, p);
-}
-
-// One vector per thread, a row per cluster of ClusterRowThread::kCtas CTAs.
-template <RowOp OP, bool SPLIT_X>
-void launch_cluster_per_row(const RowParams& p, cudaStream_t stream, const char* who) {
-  constexpr int kCtas = ClusterRowThread::kCtas;
-  const int threads = round_up((p.vectors + kCtas - 1) / kCtas, kWarp);
-  launch_dependent_in_clusters(kCtas, row_norm_kernel<OP, 1, ClusterRowThread, SPLIT_X>, p.rows * kCtas, threads, 0,
-                               stream, who, p);
-}
-
-// Whether rows from split partial sums go to clusters: on sm_90, for decode row counts (the grid
-// within two CTAs per multiprocessor) and rows of 32..kMaxThreads vectors per CTA.
-// ASYNCT_NORM_CLUSTER=0 turns it off (for measuring).
-bool cluster_rows(const RowParams& p) {
-  static const bool allowed = [] {
-    const char* value = std::getenv("ASYNCT_NORM_CLUSTER");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
-  const DeviceInfo& d = current_device_info();
-  const int per_cta = p.vectors / ClusterRowThread::kCtas;
-  return allowed && d.major >= 9 && p.rows * ClusterRowThread::kCtas <= 2 * d.sm_count &&
-         p.vectors % ClusterRowThread::kCtas == 0 && per_cta >= kWarp && per_cta <= kMaxThreads;
+  launch_dependent(row_norm_kernel<OP, VECS, false, SPLIT_X>, p.rows, threads, 0, stream, who, p);
 }
 
 // The widest row each configuration holds in registers: 8 vectors of 8 per thread at most,
@@ -340,8 +275,7 @@ void launch_row(const RowParams& p, cudaStream_t stream, const char* who) {
 template <RowOp OP>
 void launch_row_from_splits(const RowParams& p, cudaStream_t stream, const char* who) {
   const int v = p.vectors;
-  if (cluster_rows(p)) launch_cluster_per_row<OP, true>(p, stream, who);
-  else if (v <= kWarp) launch_warp_per_row<OP, 1, true>(p, stream, who);
+  if (v <= kWarp) launch_warp_per_row<OP, 1, true>(p, stream, who);
   else if (v <= 2 * kWarp) launch_warp_per_row<OP, 2, true>(p, stream, who);
   else if (v <= kMaxThreads) launch_block_per_row<OP, 1, true>(p, stream, who);
   else if (v <= 2 * kMaxThreads) launch_block_per_row<OP, 2, true>(p, stream, who);

@@ -26,7 +26,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "kernels/bulk_copy.cuh"
+#include "kernels/common/bulk_copy.cuh"
 #include "probe_util.h"
 
 using asynct::kernels::bulk_copy_to_shared;

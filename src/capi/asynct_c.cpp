@@ -11,11 +11,11 @@
 
 #include "core/error.h"
 #include "core/paged_batch.h"
-#include "kernels/cuda_check.h"
-#include "kernels/decode.h"
-#include "kernels/gemm.h"
-#include "kernels/norms.h"
-#include "kernels/prefill.h"
+#include "kernels/common/cuda_check.h"
+#include "kernels/attention/decode/decode.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/norms/norms.h"
+#include "kernels/attention/prefill/prefill.h"
 
 namespace {
 

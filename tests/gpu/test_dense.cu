@@ -8,9 +8,9 @@
 #include <tuple>
 
 #include "gpu/device_buffer.h"
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
-#include "kernels/skinny_gemm.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm/skinny_gemm.h"
 #include "reference/layers.h"
 #include "support/compare.h"
 #include "support/random.h"

@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/device_buffer.h"
-#include "kernels/norms.h"
+#include "kernels/norms/norms.h"
 #include "reference/norms.h"
 #include "reference/rope.h"
 #include "support/compare.h"

@@ -18,7 +18,7 @@
 
 #include "core/dtype.h"
 #include "gpu/device_buffer.h"
-#include "kernels/prefill.h"
+#include "kernels/attention/prefill/prefill.h"
 #include "reference/attention.h"
 #include "support/attention_case.h"
 #include "support/compare.h"

@@ -10,10 +10,10 @@
 #include <gtest/gtest.h>
 
 #include "gpu/device_buffer.h"
-#include "kernels/bulk_copy.cuh"
-#include "kernels/mma_sync.cuh"
-#include "kernels/prefill.h"
-#include "kernels/wgmma.cuh"
+#include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/mma_sync.cuh"
+#include "kernels/attention/prefill/prefill.h"
+#include "kernels/common/wgmma.cuh"
 #include "reference/layers.h"
 #include "support/compare.h"
 #include "support/random.h"

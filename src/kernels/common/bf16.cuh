@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cstdint>
 
+#include "kernels/common/bf16.h"
+
 namespace asynct::kernels {
 
 // 8 bf16 values, loaded and stored as one 16-byte access.

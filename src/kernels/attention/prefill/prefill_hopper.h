@@ -3,7 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/prefill.h"
+#include "kernels/attention/prefill/prefill.h"
 
 namespace asynct::kernels {
 

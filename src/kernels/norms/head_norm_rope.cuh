@@ -12,8 +12,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/bf16.cuh"
-#include "kernels/linear_output.h"
+#include "kernels/common/bf16.cuh"
+#include "kernels/gemm/linear_output.h"
 
 namespace asynct::kernels {
 

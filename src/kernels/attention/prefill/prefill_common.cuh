@@ -15,10 +15,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/bf16.cuh"
-#include "kernels/cuda_check.h"
-#include "kernels/gate.cuh"
-#include "kernels/prefill.h"
+#include "kernels/common/bf16.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/attention/gate.cuh"
+#include "kernels/attention/prefill/prefill.h"
 
 namespace asynct::kernels::prefill {
 

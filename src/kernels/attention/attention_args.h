@@ -4,13 +4,10 @@
 
 #include <cstdint>
 
-#include <cuda_bf16.h>
-
+#include "kernels/common/bf16.h"
 #include "reference/gate.h"  // GateKind
 
 namespace asynct::kernels {
-
-using bf16 = __nv_bfloat16;
 
 // The paged cache of SPEC §2: key_cache/value_cache [num_blocks, block_size, num_kv_heads,
 // head_dim]; token t of sequence s is in block block_table[s * max_blocks_per_seq + t /

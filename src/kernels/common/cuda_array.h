@@ -11,7 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/cuda_check.h"
+#include "kernels/common/cuda_check.h"
 
 namespace asynct::kernels {
 

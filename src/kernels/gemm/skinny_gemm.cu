@@ -26,7 +26,7 @@
 //     the cluster reduction of an earlier version, costs ~4 us at 32 rows: one CTA's loads of
 //     every split's tile form a chain of L2 round trips.
 // Before sm_90 the producer warp copies the tiles itself (same layout, same zero fill).
-#include "kernels/skinny_gemm.h"
+#include "kernels/gemm/skinny_gemm.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -37,14 +37,14 @@
 #include <cudaTypedefs.h>
 
 #include "core/error.h"
-#include "kernels/bf16.cuh"
-#include "kernels/bulk_copy.cuh"
-#include "kernels/cuda_check.h"
-#include "kernels/dependent_launch.cuh"
-#include "kernels/device_info.h"
-#include "kernels/last_arrival.cuh"
-#include "kernels/mma_sync.cuh"
-#include "kernels/wgmma.cuh"
+#include "kernels/common/bf16.cuh"
+#include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/dependent_launch.cuh"
+#include "kernels/common/device_info.h"
+#include "kernels/common/last_arrival.cuh"
+#include "kernels/common/mma_sync.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace asynct::kernels {
 namespace {

@@ -1,11 +1,11 @@
-#include "kernels/device_info.h"
+#include "kernels/common/device_info.h"
 
 #include <mutex>
 
 #include <cuda_runtime_api.h>
 
 #include "core/error.h"
-#include "kernels/cuda_check.h"
+#include "kernels/common/cuda_check.h"
 
 namespace asynct::kernels {
 

@@ -1,4 +1,4 @@
-#include "kernels/gemm.h"
+#include "kernels/gemm/gemm.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda_check.h"
-#include "kernels/elementwise.h"
-#include "kernels/skinny_gemm.h"
+#include "kernels/common/cuda_check.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/gemm/skinny_gemm.h"
 
 namespace asynct::kernels {
 namespace {

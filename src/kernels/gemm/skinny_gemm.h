@@ -15,8 +15,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/attention_args.h"  // bf16
-#include "kernels/linear_output.h"
+#include "kernels/common/bf16.h"
+#include "kernels/gemm/linear_output.h"
 
 namespace asynct::kernels {
 

@@ -34,7 +34,7 @@
 //     scores of its W-1 halo keys), the log-sum-exp merge for softmax. No second kernel: at
 //     decode sizes its launch and its wait on this one cost more than the combine (2.5 us per
 //     layer, 32 sequences, bench/RESULTS.md).
-#include "kernels/decode.h"
+#include "kernels/attention/decode/decode.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -42,15 +42,15 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/bf16.cuh"
-#include "kernels/bulk_copy.cuh"
-#include "kernels/cuda_check.h"
-#include "kernels/dependent_launch.cuh"
-#include "kernels/device_info.h"
-#include "kernels/gate.cuh"
-#include "kernels/head_norm_rope.cuh"
-#include "kernels/last_arrival.cuh"
-#include "kernels/mma_sync.cuh"
+#include "kernels/common/bf16.cuh"
+#include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/dependent_launch.cuh"
+#include "kernels/common/device_info.h"
+#include "kernels/attention/gate.cuh"
+#include "kernels/norms/head_norm_rope.cuh"
+#include "kernels/common/last_arrival.cuh"
+#include "kernels/common/mma_sync.cuh"
 
 namespace asynct::kernels {
 namespace {

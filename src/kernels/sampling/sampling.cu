@@ -6,17 +6,17 @@
 // 151936 floats for Qwen3's vocabulary: one pass over 19 MB, against the copy of all of it to
 // the host that it replaces. One block per row (32 blocks) took 13.2 us of the step on H200,
 // eight parts per row (256 blocks) 9.3 us (bench/RESULTS.md, thirteenth run).
-#include "kernels/sampling.h"
+#include "kernels/sampling/sampling.h"
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cuda_check.h"
-#include "kernels/dependent_launch.cuh"
-#include "kernels/device_info.h"
-#include "kernels/last_arrival.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/dependent_launch.cuh"
+#include "kernels/common/device_info.h"
+#include "kernels/common/last_arrival.cuh"
 
 namespace asynct::kernels {
 namespace {

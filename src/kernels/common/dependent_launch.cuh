@@ -19,7 +19,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda_check.h"
+#include "kernels/common/cuda_check.h"
 
 namespace asynct::kernels {
 

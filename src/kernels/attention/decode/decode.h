@@ -7,9 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/attention_args.h"
-#include "kernels/linear_output.h"
-#include "kernels/norms.h"  // NormArgs
+#include "kernels/attention/attention_args.h"
+#include "kernels/gemm/linear_output.h"
+#include "kernels/norms/norms.h"  // NormArgs
 
 namespace asynct::kernels {
 

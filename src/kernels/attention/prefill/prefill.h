@@ -6,7 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/attention_args.h"
+#include "kernels/attention/attention_args.h"
 
 namespace asynct::kernels {
 

@@ -23,7 +23,7 @@
 // each KV-head group also copy their tile's new K/V rows from shared memory into the paged cache
 // (exactly one CTA writes each new row; no CTA reads the cache at new positions, so there is no
 // race).
-#include "kernels/prefill.h"
+#include "kernels/attention/prefill/prefill.h"
 
 #include <cmath>
 #include <cstdint>
@@ -31,11 +31,11 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "kernels/bf16.cuh"
-#include "kernels/cuda_check.h"
-#include "kernels/mma_sync.cuh"
-#include "kernels/prefill_common.cuh"
-#include "kernels/prefill_hopper.h"
+#include "kernels/common/bf16.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/mma_sync.cuh"
+#include "kernels/attention/prefill/prefill_common.cuh"
+#include "kernels/attention/prefill/prefill_hopper.h"
 
 namespace asynct::kernels {
 namespace {

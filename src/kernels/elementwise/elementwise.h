@@ -6,8 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/attention_args.h"  // bf16
-#include "kernels/linear_output.h"     // the gate/up block order
+#include "kernels/common/bf16.h"
+#include "kernels/gemm/linear_output.h"     // the gate/up block order
 
 namespace asynct::kernels {
 

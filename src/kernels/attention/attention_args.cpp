@@ -1,4 +1,4 @@
-#include "kernels/attention_args.h"
+#include "kernels/attention/attention_args.h"
 
 #include "core/error.h"
 

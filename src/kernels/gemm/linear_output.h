@@ -10,7 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
-#include "kernels/attention_args.h"  // bf16
+#include "kernels/common/bf16.h"
 
 namespace asynct::kernels {
 

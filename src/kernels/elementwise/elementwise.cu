@@ -1,8 +1,8 @@
-#include "kernels/elementwise.h"
+#include "kernels/elementwise/elementwise.h"
 
-#include "kernels/bf16.cuh"
-#include "kernels/cuda_check.h"
-#include "kernels/dependent_launch.cuh"
+#include "kernels/common/bf16.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/dependent_launch.cuh"
 
 namespace asynct::kernels {
 namespace {

@@ -8,7 +8,7 @@
 // two loads in flight per thread before the reduction stalls it (3.8 TB/s on H200 at 32k rows,
 // against 3.5 with one vector per thread). Rows wider than the register-resident limit go
 // through a multi-pass fallback that re-reads the row.
-#include "kernels/norms.h"
+#include "kernels/norms/norms.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,10 +16,10 @@
 #include <initializer_list>
 #include <utility>
 
-#include "kernels/bf16.cuh"
-#include "kernels/cuda_check.h"
-#include "kernels/dependent_launch.cuh"
-#include "kernels/head_norm_rope.cuh"
+#include "kernels/common/bf16.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/dependent_launch.cuh"
+#include "kernels/norms/head_norm_rope.cuh"
 
 namespace asynct::kernels {
 namespace {

@@ -1,9 +1,9 @@
-#include "kernels/dependent_launch.cuh"
+#include "kernels/common/dependent_launch.cuh"
 
 #include <cstdlib>
 #include <cstring>
 
-#include "kernels/device_info.h"
+#include "kernels/common/device_info.h"
 
 namespace asynct::kernels {
 

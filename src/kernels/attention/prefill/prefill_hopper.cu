@@ -28,18 +28,18 @@
 //
 // Not done (FlashAttention-3 does it): tensor copies for pages of at least 128 tokens, and
 // softmax's rescale split from its exponentials.
-#include "kernels/prefill_hopper.h"
+#include "kernels/attention/prefill/prefill_hopper.h"
 
 #include <cstdint>
 
 #include "core/error.h"
-#include "kernels/bf16.cuh"
-#include "kernels/bulk_copy.cuh"
-#include "kernels/cuda_check.h"
-#include "kernels/device_info.h"
-#include "kernels/mma_sync.cuh"
-#include "kernels/prefill_common.cuh"
-#include "kernels/wgmma.cuh"
+#include "kernels/common/bf16.cuh"
+#include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/device_info.h"
+#include "kernels/common/mma_sync.cuh"
+#include "kernels/attention/prefill/prefill_common.cuh"
+#include "kernels/common/wgmma.cuh"
 
 namespace asynct::kernels {
 namespace {

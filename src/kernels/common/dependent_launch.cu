@@ -1,18 +1,12 @@
 #include "kernels/common/dependent_launch.cuh"
 
-#include <cstdlib>
-#include <cstring>
-
 #include "kernels/common/device_info.h"
+#include "kernels/common/tuning.h"
 
 namespace asynct::kernels {
 
 bool dependent_launch_enabled() {
-  static const bool wanted = [] {
-    const char* value = std::getenv("ASYNCT_PDL");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
-  return wanted && current_device_info().major >= 9;
+  return kernel_tuning().dependent_launch && current_device_info().major >= 9;
 }
 
 }  // namespace asynct::kernels

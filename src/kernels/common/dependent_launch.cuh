@@ -10,8 +10,8 @@
 // predecessor has completed and its writes are visible). Every kernel here calls
 // allow_next_grid() only after its own wait, so at most one grid waits ahead of a running one.
 // On a kernel launched normally both calls return at once; before sm_90 they compile to
-// nothing and launch_dependent() launches normally. ASYNCT_PDL=0 in the environment turns the
-// early launch off (for measuring it).
+// nothing and launch_dependent() launches normally. KernelTuning::dependent_launch = false
+// (common/tuning.h) turns the early launch off (for measuring it).
 #pragma once
 
 #include <cstddef>
@@ -35,7 +35,8 @@ __device__ __forceinline__ void allow_next_grid() {
 #endif
 }
 
-// Whether launches on the current device may start early: sm_90 or later, and not turned off.
+// Whether launches on the current device may start early: sm_90 or later, and not turned off
+// (KernelTuning::dependent_launch, read at each launch).
 bool dependent_launch_enabled();
 
 // kernel<<<grid, block, smem, stream>>>(args...), allowed to start before its predecessor ends

@@ -1,9 +1,6 @@
 #include "kernels/gemm/gemm.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 #include <vector>
 
 #include "kernels/common/cuda_check.h"
@@ -16,14 +13,6 @@ void lt_check(cublasStatus_t status, const char* what) {
   check(status == CUBLAS_STATUS_SUCCESS, "cuBLASLt ", what, " failed with status ", int(status));
 }
 }  // namespace
-
-GemmPath gemm_path_from_name(const char* name) {
-  const std::string n = name;
-  if (n == "cublaslt") return GemmPath::CublasLt;
-  if (n == "tuned") return GemmPath::CublasLtTuned;
-  if (n == "skinny") return GemmPath::Skinny;
-  throw Error(detail::concat("unknown GEMM path '", n, "': expected cublaslt, tuned or skinny"));
-}
 
 struct Gemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -46,10 +35,6 @@ Gemm::Gemm() {
   ASYNCT_CUDA_CHECK(cudaMalloc(&skinny_scratch_, kSkinnyPartialBytes + kSkinnyCounters * sizeof(unsigned)));
   ASYNCT_CUDA_CHECK(cudaMemset(static_cast<char*>(skinny_scratch_) + kSkinnyPartialBytes, 0,
                                kSkinnyCounters * sizeof(unsigned)));
-  if (const char* path = std::getenv("ASYNCT_GEMM"); path && *path) {
-    default_path_ = gemm_path_from_name(path);
-    skinny_forms_allowed_ = default_path_ == GemmPath::Skinny;
-  }
 }
 
 Gemm::~Gemm() {
@@ -139,7 +124,7 @@ void Gemm::tune(Plan& p, const bf16* x, const bf16* weight, void* y, cudaStream_
 void Gemm::linear(const bf16* x, const bf16* weight, void* y, int rows, int in, int out, bool out_fp32,
                   cudaStream_t stream, GemmPath path) {
   check(rows >= 1 && in >= 1 && out >= 1, "linear: empty product [", rows, " x ", in, "] -> ", out);
-  if (path == GemmPath::Default) path = default_path_;
+  if (path == GemmPath::Default) path = kernel_tuning().gemm;  // read at each call (common/tuning.h)
   if (path == GemmPath::Default)
     path = rows <= kSkinnyDefaultMaxRows && skinny_gemm_fast_here() ? GemmPath::Skinny : GemmPath::CublasLt;
   if (path == GemmPath::Skinny && skinny_gemm_supports(x, weight, rows, in)) {
@@ -176,7 +161,8 @@ void Gemm::gated_linear(const bf16* x, const bf16* weight, bf16* gate_up, bf16* 
 }
 
 bool Gemm::skinny_forms_here(const bf16* x, const bf16* weight, int rows, int in) const {
-  return skinny_forms_allowed_ && rows <= kSkinnyFormsMaxRows && skinny_gemm_supports(x, weight, rows, in) &&
+  const GemmPath forced = kernel_tuning().gemm;
+  return (forced == GemmPath::Default || forced == GemmPath::Skinny) && rows <= kSkinnyFormsMaxRows && skinny_gemm_supports(x, weight, rows, in) &&
          skinny_gemm_fast_here();
 }
 

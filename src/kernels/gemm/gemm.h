@@ -7,7 +7,7 @@
 //     on the first eager call (a call inside a graph capture takes the heuristic's choice);
 //   * Skinny: the split-K kernel of skinny_gemm.h, for up to 64 rows.
 // Default is what the engine uses: the skinny kernel for up to kSkinnyDefaultMaxRows rows on
-// sm_90, cuBLASLt otherwise; ASYNCT_GEMM=cublaslt|tuned|skinny in the environment overrides it.
+// sm_90, cuBLASLt otherwise; KernelTuning::gemm (common/tuning.h, ASYNCT_GEMM) overrides it.
 #pragma once
 
 #include <cstddef>
@@ -19,14 +19,10 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/common/bf16.h"
+#include "kernels/common/tuning.h"  // GemmPath, gemm_path_from_name
 #include "kernels/gemm/linear_output.h"
 
 namespace asynct::kernels {
-
-enum class GemmPath { Default, CublasLt, CublasLtTuned, Skinny };
-
-// The path named by `name` (cublaslt, tuned, skinny); an unknown name is an error.
-GemmPath gemm_path_from_name(const char* name);
 
 class Gemm {
  public:
@@ -42,7 +38,7 @@ class Gemm {
 
   // The product y = x W^T for a kernel that can add split partial sums as it reads (see
   // linear_output.h): with at most kSkinnyFormsMaxRows rows on a device where the skinny kernel
-  // runs at speed, and no path other than skinny named by ASYNCT_GEMM, it is left as fp32
+  // runs at speed, and no path other than skinny forced by KernelTuning::gemm, it is left as fp32
   // partials in `partials` (partial_floats floats); otherwise it is a dense bf16 product in y.
   LinearOutput linear_for_reader(const bf16* x, const bf16* weight, bf16* y, float* partials,
                                  std::size_t partial_floats, int rows, int in, int out, cudaStream_t stream);
@@ -79,8 +75,6 @@ class Gemm {
               cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;
-  GemmPath default_path_ = GemmPath::Default;  // ASYNCT_GEMM's path, or the choice by rows
-  bool skinny_forms_allowed_ = true;  // linear_for_reader, gated_linear (ASYNCT_GEMM unset or skinny)
   void* workspace_ = nullptr;
   std::size_t workspace_bytes_ = 32u << 20;
   void* skinny_scratch_ = nullptr;  // the skinny kernel's SkinnyWorkspace (partials, then counters)

@@ -44,6 +44,7 @@
 #include "kernels/common/device_info.h"
 #include "kernels/common/last_arrival.cuh"
 #include "kernels/common/mma_sync.cuh"
+#include "kernels/common/tuning.h"
 #include "kernels/common/wgmma.cuh"
 
 namespace asynct::kernels {
@@ -127,30 +128,10 @@ constexpr double kPartialCostUnits = 1.0;
 // to 2 / 4 / 8 splits: AsyncT step 2.385 / 2.184 / 2.218 ms).
 constexpr int kMaxPartialSplits = 4;
 
-}  // namespace
-
-SkinnyPlanOverride& skinny_plan_override() {
-  static SkinnyPlanOverride forced = [] {
-    const auto number = [](const char* name) {
-      const char* value = std::getenv(name);
-      return value ? std::atoi(value) : 0;
-    };
-    const char* wgmma = std::getenv("ASYNCT_SKINNY_WGMMA");
-    const SkinnyPlanOverride::Wgmma consumer =
-        wgmma == nullptr || *wgmma == '\0' ? SkinnyPlanOverride::kAuto
-        : std::atoi(wgmma) != 0            ? SkinnyPlanOverride::kOn
-                                           : SkinnyPlanOverride::kOff;
-    return SkinnyPlanOverride{number("ASYNCT_SKINNY_TILE"), number("ASYNCT_SKINNY_SPLITS"), consumer};
-  }();
-  return forced;
-}
-
-namespace {
-
 // room_splits: how many splits the scratch can hold; partial_out: the splits are left to the
 // reading kernel (no epilogue). The plan depends on the product's shape, never on its rows.
 SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, int room_splits, bool partial_out) {
-  const SkinnyPlanOverride forced = skinny_plan_override();
+  const KernelTuning::Skinny forced = kernel_tuning().skinny;
   const int k_tiles = (in + kTileK - 1) / kTileK;
   const int max_splits = std::clamp(std::min(k_tiles / kMinTilesPerSplit, room_splits), 1, kMaxSplits);
   SkinnyPlan p{};
@@ -177,7 +158,7 @@ SkinnyPlan make_plan(int in, int out, int sm_count, bool large_rings, int room_s
   p.splits = (p.k_tiles + p.tiles_per_split - 1) / p.tiles_per_split;  // no empty split
   p.large_ring = large_rings && (long long)p.col_tiles * p.splits <= sm_count;
   // wgmma is Hopper's alone (a later GPU runs this build's tensor copies, not its wgmma).
-  p.wgmma = large_rings && current_device_info().major == 9 && forced.wgmma != SkinnyPlanOverride::kOff;
+  p.wgmma = large_rings && current_device_info().major == 9 && forced.wgmma != KernelTuning::Skinny::kOff;
   return p;
 }
 
@@ -526,8 +507,8 @@ void launch_kernel(SkinnyArgs& a, cudaStream_t stream) {
 
 template <int kTileN, int kXTiles, int kCtasPerSm>
 void launch_ring(SkinnyArgs& a, cudaStream_t stream) {
-  // Automatic: wgmma pays from two x tiles of rows up (see SkinnyPlanOverride).
-  const bool wgmma = a.plan.wgmma && (skinny_plan_override().wgmma == SkinnyPlanOverride::kOn || a.rows > 16);
+  // Automatic: wgmma pays from two x tiles of rows up (see KernelTuning::Skinny::wgmma).
+  const bool wgmma = a.plan.wgmma && (kernel_tuning().skinny.wgmma == KernelTuning::Skinny::kOn || a.rows > 16);
   if (wgmma)
     launch_kernel<kTileN, kXTiles, kCtasPerSm, true>(a, stream);
   else

@@ -55,21 +55,9 @@ LinearOutput launch_skinny_gemm_partials(const bf16* x, const bf16* weight, floa
 void launch_skinny_gemm_glu(const bf16* x, const bf16* weight, bf16* act, int rows, int in, int inter,
                             cudaStream_t stream);
 
-// For measuring and tests: force the column tile width (64 or 128 output columns per CTA) and
-// the split count of every later product (clamped to what a product allows); 0 leaves either to
-// the cost model. wgmma: which instructions the consumer warps multiply with on a Hopper device
-// (from a build for sm_90a): kAuto picks wgmma for x of more than 16 rows and mma.sync below
-// (measured, bench/RESULTS.md ninth run: decode step at 32 rows 2.019 ms with wgmma against
-// 2.081, at 1 row 1.555 against 1.533); kOff and kOn force one.
-// Starts from the environment: ASYNCT_SKINNY_TILE, ASYNCT_SKINNY_SPLITS, ASYNCT_SKINNY_WGMMA
-// (0 or 1; unset: automatic).
-struct SkinnyPlanOverride {
-  enum Wgmma { kAuto, kOff, kOn };
-  int tile_n = 0;
-  int splits = 0;
-  Wgmma wgmma = kAuto;
-};
-SkinnyPlanOverride& skinny_plan_override();
+// The column tile width, split count and consumer instructions of every product come from a
+// cost model; KernelTuning::skinny (common/tuning.h) forces them for measuring and tests, read at
+// each launch.
 
 // Whether the skinny kernel runs at its designed speed on the current device (the tensor
 // copies of sm_90); before sm_90 it is correct but slow.

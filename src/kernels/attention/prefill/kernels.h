@@ -1,4 +1,6 @@
-// The Hopper prefill kernel (prefill_hopper.cu), as launch_prefill (prefill.cu) sees it.
+// The two prefill kernels as launch_prefill (prefill.cu) sees them: the portable mma.sync kernel
+// (portable.cu) and the Hopper wgmma kernel (hopper.cu). `scale` is the resolved score scale
+// (> 0); the parameters are validated.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -7,11 +9,12 @@
 
 namespace asynct::kernels {
 
-// Whether launch_prefill should run the Hopper kernel for these (validated) parameters: head_dim
-// 128 on a Hopper device, unless prefill_kernel_override() says otherwise.
+void launch_prefill_portable(const PrefillParams& params, float scale, cudaStream_t stream);
+
+// Whether launch_prefill should run the Hopper kernel for these parameters: head_dim 128 on a
+// Hopper device, unless KernelTuning::prefill forces the portable kernel.
 bool prefill_hopper_applies(const PrefillParams& params);
 
-// Runs it; `scale` is the resolved score scale (> 0).
 void launch_prefill_hopper(const PrefillParams& params, float scale, cudaStream_t stream);
 
 }  // namespace asynct::kernels

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/attention/attention_args.h"
+#include "kernels/common/tuning.h"  // PrefillKernel
 
 namespace asynct::kernels {
 
@@ -33,13 +34,10 @@ struct PrefillParams {
 
 void launch_prefill(const PrefillParams& params, cudaStream_t stream);
 
-// Which kernel launch_prefill runs. Automatic: on a Hopper GPU (from a build for sm_90a),
-// head_dim 128 runs the wgmma kernel (prefill_hopper.cu), everything else the portable mma.sync
-// one (prefill.cu). For tests and measuring, kPortable or kHopper forces one (kHopper where it
-// applies: head_dim 128 on Hopper). Starts from the environment: ASYNCT_PREFILL=portable|hopper.
-enum class PrefillKernel { kAuto, kPortable, kHopper };
-PrefillKernel& prefill_kernel_override();
-
+// Which kernel launch_prefill runs: on a Hopper GPU (from a build for sm_90a), head_dim 128 runs
+// the wgmma kernel, everything else the portable mma.sync one. KernelTuning::prefill
+// (kernels/common/tuning.h) forces one for tests and measuring.
+//
 // Whether the Hopper kernel can run here: a Hopper device, and this build holds its sm_90a code.
 bool prefill_hopper_available();
 

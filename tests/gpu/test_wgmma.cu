@@ -1,4 +1,4 @@
-// Hopper's wgmma primitive (kernels/wgmma.cuh) on its own, against the CPU reference: the
+// Hopper's wgmma primitive (kernels/common/wgmma.cuh) on its own, against the CPU reference: the
 // operand layout it is fed (K-major rows of 64 bf16 in the 128-byte swizzle, as the skinny
 // GEMM's tensor copies leave them), the descriptor's K steps and the accumulator layout the
 // skinny GEMM's epilogue reads. When the GEMM tests of the wgmma consumer fail, this tells

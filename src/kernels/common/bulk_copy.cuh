@@ -105,7 +105,7 @@ struct SharedBarrier {
 // A policy for data streamed once (weights, K and V in a decode step): its lines leave L2
 // first, so that what is read again soon (activations, partial sums, norm weights, block
 // tables) stays. Measured on H200: -0.03 (AsyncT) and -0.05 ms (Qwen3) per decode step at 32
-// sequences (bench/RESULTS.md, twelfth run).
+// sequences (bench/RESULTS.md).
 __device__ __forceinline__ std::uint64_t l2_evict_first_policy() {
   std::uint64_t policy = 0;
 #ifndef ASYNCT_BULK_COPY_EMULATED

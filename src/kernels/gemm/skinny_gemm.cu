@@ -1,3 +1,6 @@
+// One file past 500 lines: the kernel, its two consumer forms (mma.sync, wgmma), its plan and
+// its three entry points share the ring layout and the plan, which no split by job would keep apart.
+//
 // Few-row dense layers: see skinny_gemm.h for why. The layout of the work:
 //   * a CTA owns a tile of 128 or 64 output columns (that many rows of W) and a range of K (its
 //     split). The plan picks the width: 64-column tiles double the CTAs of a narrow product (o
@@ -51,7 +54,7 @@ namespace asynct::kernels {
 namespace {
 
 // Four consumer warps: eight (two along each stage's K in a 128-column tile, four in a 64) made
-// the decode step slower (bench/RESULTS.md, eighth run).
+// the decode step slower (AsyncT decode_heavy_b32 step 2.115 against 2.074 ms, bench/RESULTS.md).
 constexpr int kConsumerWarps = 4;
 constexpr int kThreads = 32 * (kConsumerWarps + 1);  // and the producer warp
 constexpr int kWarpRows = 32;                        // W rows per consumer warp: two m16 tiles
@@ -68,7 +71,7 @@ constexpr int kRingAlign = 1024;
 constexpr int kSmallRingBytes = 110 * 1024;
 constexpr int kLargeRingBytes = 200 * 1024;  // Hopper's 227 KB per CTA; not taken before sm_90
 // At most 12 stages: 16 (192 KB in flight for a narrow product's CTA instead of 144) made the
-// decode step 0.06 ms slower (bench/RESULTS.md, eighth run).
+// decode step 0.06 ms slower (2.136 against 2.075 ms, bench/RESULTS.md).
 constexpr int kMaxStages = 12;
 constexpr int kMaxSplits = kMaxLinearSplits;
 constexpr int kMinTilesPerSplit = 2;  // shorter splits are all prologue
@@ -113,7 +116,7 @@ constexpr std::size_t kPartialTileFloats = std::size_t(16 * 4) * kWideTileN;
 // more CTAs than SMs, two; so the time is the larger of one slot's tiles (over the waves) and
 // all tiles over what the memory feeds, kMemoryCtas CTAs' worth (~3.9 TB/s / 33 GB/s), plus a
 // start-up per wave and every split product's partial-sum epilogue. Measured on the H200
-// (bench/RESULTS.md, eighth run): gate_up at 32 rows runs faster as 192 CTAs of 64 columns, two
+// (bench/RESULTS.md): gate_up at 32 rows runs faster as 192 CTAs of 64 columns, two
 // on 60 SMs, than as 96 of 128 (decode step 2.098 against 2.142 ms), which a model of the
 // busiest SM's bytes got wrong.
 constexpr double kMemoryCtas = 118.0;

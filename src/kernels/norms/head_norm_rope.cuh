@@ -1,6 +1,6 @@
 // Per-row norm arithmetic on the device and one attention head's q/k norm and neox RoPE, as the
-// norm kernels (norms.cu) and the decode kernel that reads the qkv projection itself (decode.cu)
-// both do it.
+// norm kernels (norms.cu, qk_norm_rope.cu) and the decode kernel that reads the qkv projection
+// itself (attention/decode/projection.cuh) both do it.
 //
 // A head of HEAD_DIM values is held by HEAD_DIM / 8 consecutive lanes, 8 values each, so its sum
 // of squares is a reduction over those lanes. Two layouts: in the decode kernel lane j of the

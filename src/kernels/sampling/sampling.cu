@@ -5,7 +5,7 @@
 // combines the parts. A decode step has one row per sequence (32 in decode_heavy_b32), each
 // 151936 floats for Qwen3's vocabulary: one pass over 19 MB, against the copy of all of it to
 // the host that it replaces. One block per row (32 blocks) took 13.2 us of the step on H200,
-// eight parts per row (256 blocks) 9.3 us (bench/RESULTS.md, thirteenth run).
+// eight parts per row (256 blocks) 9.3 us (bench/RESULTS.md).
 #include "kernels/sampling/sampling.h"
 
 #include <algorithm>

@@ -34,6 +34,12 @@
 //     scores of its W-1 halo keys), the log-sum-exp merge for softmax. No second kernel: at
 //     decode sizes its launch and its wait on this one cost more than the combine (2.5 us per
 //     layer, 32 sequences, bench/RESULTS.md).
+//
+// The pieces: traits.cuh (layout constants, the kernel's arguments), mainloop.cuh (the paged
+// rows, the stage ring and its producer, a consumer's staged tile, the reduce-scattered scores),
+// gates.cuh (the two gate policies, on the contract of attention/gate_policy.cuh), projection.cuh
+// (the new token's q/k norm, RoPE and cache write), combine.cuh (the split combine); this file:
+// the kernel, its dispatch, the split heuristic and launch_decode.
 #include "kernels/attention/decode/decode.h"
 
 #include <algorithm>

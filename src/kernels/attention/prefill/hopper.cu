@@ -1,7 +1,7 @@
-// Hopper prefill attention (sm_90a) for head_dim 128: the portable kernel's algorithm (prefill.cu)
+// Hopper prefill attention (sm_90a) for head_dim 128: the portable kernel's algorithm (portable.cu)
 // on warpgroup MMA (wgmma.cuh), with the same gates, tile order, K/V sources and cache write
-// (traits.cuh, mainloop.cuh, gates.cuh, epilogue.cuh), in the FlashAttention-3 form: a producer warpgroup that copies and two
-// consumer warpgroups that multiply.
+// (traits.cuh, mainloop.cuh, gates.cuh, epilogue.cuh), in the FlashAttention-3 form: a producer
+// warpgroup that copies and two consumer warpgroups that multiply.
 //
 // One CTA handles 128 query rows of one (sequence, query head). Its three warpgroups:
 // - the producer copies Q and the K/V tiles (128 keys) into a ring of three stages with cp.async
@@ -81,7 +81,7 @@ __device__ __forceinline__ void load_q(bf16* sQ, const PrefillParams& p, const T
   }
 }
 
-// K/V tile `tile` (keys [128 tile, 128 tile + 128), in the key order of prefill_common.cuh):
+// K/V tile `tile` (keys [128 tile, 128 tile + 128), in the key order of traits.cuh):
 // keys past kv_end zero-filled.
 __device__ __forceinline__ void load_kv(bf16* k_stage, bf16* v_stage, int tile, const PrefillParams& p,
                                         const TileInfo& t) {

@@ -43,7 +43,7 @@ using namespace prefill::portable;  // Config
 
 // ---- Tile loads ----------------------------------------------------------------------------
 
-// Copies key/value tile `tile` (kBlockN rows, in the key order of prefill_common.cuh) into
+// Copies key/value tile `tile` (kBlockN rows, in the key order of traits.cuh) into
 // shared memory with cp.async: positions < prefix from the paged cache, positions in [prefix,
 // kv_end) from the new-token arrays, rows at or past kv_end zero-filled.
 //

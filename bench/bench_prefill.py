@@ -1,9 +1,11 @@
 """Prefill attention TFLOP/s (causal counts half): asynct's prefill (async and softmax gates,
 pure prefill writing the paged cache) against cuDNN SDPA (and flash), Hq=16, Hkv=8, D=128,
 bf16, standard-normal Q/K/V, alpha=sigma=gamma=1, W=3. The kernel is the one launch_prefill
-picks (on Hopper the wgmma kernel); ASYNCT_PREFILL=portable measures the portable one.
+picks (on Hopper the wgmma kernel); --kernel portable measures the portable one
+(asynct.set_tuning(prefill=...)).
 
 Usage: python3 bench/bench_prefill.py --lib BUILD_DIR --out OUT_DIR [--block-size 16]
+       [--kernel auto|portable|hopper]
 """
 import torch
 import torch.nn.functional as F
@@ -37,8 +39,11 @@ def prefill_inputs(batch, length, block_size):
 
 
 def main():
-    args = parse_args(__doc__, block_size=True)
+    args = parse_args(__doc__, block_size=True, extra=lambda p: p.add_argument(
+        "--kernel", choices=["auto", "portable", "hopper"], default="auto", help="which prefill kernel runs"))
     import asynct
+    if args.kernel != "auto":
+        asynct.set_tuning(prefill=args.kernel)
 
     matmul_tflops = ceilings(args.out)["bf16_matmul_tflops"]
     torch.manual_seed(0)

@@ -85,8 +85,27 @@ def parse_args(doc, block_size=False, extra=None):
         extra(parser)
     parser.add_argument("--lib", required=True, help="build directory holding lib/libasynct.so")
     parser.add_argument("--out", required=True, help="output folder (holds ceilings.json)")
+    parser.add_argument("--tune", action="append", default=[], metavar="ASYNCT_NAME=VALUE",
+                        help="a kernel override (asynct.set_tuning); also taken from the environment")
     if block_size:
         parser.add_argument("--block-size", type=int, default=16)
     args = parser.parse_args()
     use_library(args.lib)
+    apply_tuning(args.tune)
     return args
+
+
+# The kernel overrides (src/kernels/common/tuning.h): the library reads no environment, so a
+# benchmark passes ASYNCT_* variables set for it, then --tune's, through asynct.set_tuning.
+TUNING_NAMES = ("ASYNCT_GEMM", "ASYNCT_PREFILL", "ASYNCT_SKINNY_TILE", "ASYNCT_SKINNY_SPLITS",
+                "ASYNCT_SKINNY_WGMMA", "ASYNCT_PDL")
+
+
+def apply_tuning(settings=()):
+    import asynct
+    overrides = {name: os.environ[name] for name in TUNING_NAMES if os.environ.get(name)}
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        overrides[name] = value or None
+    if overrides:
+        asynct.set_tuning(**overrides)

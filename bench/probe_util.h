@@ -21,7 +21,7 @@
   } while (0)
 
 // kernel<<<ctas, threads, smem, stream>>>(args...), as a dependent launch when `dependent` (the
-// engine's launch_dependent in src/kernels/dependent_launch.cuh, without its library parts).
+// engine's launch_dependent in src/kernels/common/dependent_launch.cuh, without its library parts).
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), int ctas, int threads, int smem, cudaStream_t stream, bool dependent,
             Args... args) {

@@ -26,7 +26,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "kernels/bulk_copy.cuh"
+#include "kernels/common/bulk_copy.cuh"
 #include "probe_util.h"
 
 using asynct::kernels::bulk_copy_to_shared;
@@ -352,7 +352,7 @@ int main() {
   chain("chain_pdl, no norms", true, kMaxStages, false);
   chain("chain_pdl, 96 KB rings", true, 6, true);
   chain("chain_pdl, 96 KB rings, no norms", true, 6, false);
-  // Decode stage 1's ends as measured in the engine (bench/RESULTS.md, thirteenth run: 3.6 us of
+  // Decode stage 1's ends as measured in the engine (bench/RESULTS.md: 3.6 us of
   // projection and halo after the wait, 3.8 us of V tail, count and combine after the last tile).
   chain("chain_pdl, attention ends 3.6 + 3.8 us", true, kMaxStages, true, Ends{3600, 3800});
   chain("chain_pdl, attention start 3.6 us", true, kMaxStages, true, Ends{3600, 0});

@@ -1,7 +1,7 @@
 """asynct's CUDA kernels on PyTorch CUDA tensors, through the C ABI (libasynct.so, ctypes).
 
 The library is found through $ASYNCT_LIB, else under build/*/lib/ of this checkout. Tensors are
-bf16 unless stated; shapes and layouts are those of src/kernels/*.h. Errors in the kernels'
+bf16 unless stated; shapes and layouts are those of the headers under src/kernels/. Errors in the kernels'
 argument checks come back as asynct.KernelError with the library's message.
 """
 import ctypes
@@ -12,7 +12,7 @@ import os
 import torch
 
 __all__ = ["KernelError", "Gate", "decode", "decode_num_splits", "prefill", "norm",
-           "fused_add_norm", "post_attn_pre_mlp", "linear", "library"]
+           "fused_add_norm", "post_attn_pre_mlp", "linear", "set_tuning", "library"]
 
 
 class KernelError(RuntimeError):
@@ -229,3 +229,28 @@ def linear(x, weight, out=None, out_fp32=False, path="default"):
     _call("asynct_linear", _ptr(x), _ptr(weight), _ptr(out), rows, x.shape[1], n, int(out_fp32),
           _GEMM_PATHS[path], _stream())
     return out
+
+
+# set_tuning's keywords and the overrides (src/kernels/common/tuning.h) they set.
+_TUNING = {"gemm": "ASYNCT_GEMM", "prefill": "ASYNCT_PREFILL", "skinny_tile": "ASYNCT_SKINNY_TILE",
+           "skinny_splits": "ASYNCT_SKINNY_SPLITS", "skinny_wgmma": "ASYNCT_SKINNY_WGMMA",
+           "pdl": "ASYNCT_PDL"}
+
+
+def set_tuning(**overrides):
+    """Overrides the kernels' own choices for every later call in this process (the library's
+    KernelTuning, src/kernels/common/tuning.h); the overrides not named are kept.
+
+    Keywords (or their ASYNCT_* names): gemm = "cublaslt" | "tuned" | "skinny" (the default path
+    of linear); prefill = "portable" | "hopper"; skinny_tile = 64 | 128; skinny_splits = N;
+    skinny_wgmma = True | False; pdl = True | False (dependent launches). None restores a
+    default. Example: asynct.set_tuning(prefill="portable").
+    """
+    names = set(_TUNING.values())
+    for key, value in overrides.items():
+        name = _TUNING.get(key, key)
+        if name not in names:
+            raise KernelError(f"set_tuning: unknown override {key!r}, expected one of {sorted(_TUNING)}")
+        if isinstance(value, bool):
+            value = "1" if value else "0"
+        _call("asynct_set_tuning", name.encode(), None if value is None else str(value).encode())

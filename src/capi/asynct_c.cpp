@@ -11,11 +11,12 @@
 
 #include "core/error.h"
 #include "core/paged_batch.h"
-#include "kernels/cuda_check.h"
-#include "kernels/decode.h"
-#include "kernels/gemm.h"
-#include "kernels/norms.h"
-#include "kernels/prefill.h"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/tuning.h"
+#include "kernels/attention/decode/decode.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/norms/norms.h"
+#include "kernels/attention/prefill/prefill.h"
 
 namespace {
 
@@ -205,6 +206,37 @@ int asynct_linear(const void* x, const void* weight, void* y, int rows, int in, 
     if (!gemm) gemm = std::make_unique<asynct::kernels::Gemm>();
     gemm->linear(static_cast<const bf16*>(x), static_cast<const bf16*>(weight), y, rows, in, out, out_fp32 != 0,
                  stream_of(stream), static_cast<GemmPath>(path));
+  });
+}
+
+int asynct_set_tuning(const char* name, const char* value) {
+  return guarded([&] {
+    namespace k = asynct::kernels;
+    asynct::check(name != nullptr, "set_tuning: null name");
+    const std::string wanted = name;
+    const auto& names = k::kernel_tuning_names();
+    bool known = false;
+    std::string all;
+    for (const std::string& n : names) {
+      known |= n == wanted;
+      all += (all.empty() ? "" : ", ") + n;
+    }
+    asynct::check(known, "set_tuning: unknown name '", wanted, "'; expected one of ", all);
+    // The named override from `value`, or its default when value is null or empty.
+    k::KernelTuning base = k::kernel_tuning();
+    if (value == nullptr || *value == '\0') {
+      const k::KernelTuning reset{};
+      if (wanted == "ASYNCT_GEMM") base.gemm = reset.gemm;
+      if (wanted == "ASYNCT_PREFILL") base.prefill = reset.prefill;
+      if (wanted == "ASYNCT_SKINNY_TILE") base.skinny.tile_n = reset.skinny.tile_n;
+      if (wanted == "ASYNCT_SKINNY_SPLITS") base.skinny.splits = reset.skinny.splits;
+      if (wanted == "ASYNCT_SKINNY_WGMMA") base.skinny.wgmma = reset.skinny.wgmma;
+      if (wanted == "ASYNCT_PDL") base.dependent_launch = reset.dependent_launch;
+      k::set_kernel_tuning(base);
+      return;
+    }
+    k::set_kernel_tuning(k::parse_kernel_tuning(
+        [&](const char* n) -> const char* { return wanted == n ? value : nullptr; }, base));
   });
 }
 

@@ -14,7 +14,7 @@ extern "C" {
 
 const char* asynct_last_error(void);
 
-/* The paged KV cache and the gate, as in src/kernels/attention_args.h. */
+/* The paged KV cache and the gate, as in src/kernels/attention/attention_args.h. */
 typedef struct {
   void* key_cache;
   void* value_cache;
@@ -60,10 +60,17 @@ int asynct_post_attn_pre_mlp(const void* attn_out, void* residual, const void* o
 
 /* Dense layer y[rows, out] = x[rows, in] W^T, W [out, in] row-major, bf16 in, bf16 or fp32
  * (out_fp32) out. path: 0 the engine's default, 1 cuBLASLt's heuristic choice, 2 cuBLASLt
- * tuned per shape, 3 the skinny split-K kernel (src/kernels/gemm.h). One GEMM context (cuBLASLt
+ * tuned per shape, 3 the skinny split-K kernel (src/kernels/gemm/gemm.h). One GEMM context (cuBLASLt
  * handle, plans, workspace) per device, shared by the calling threads. */
 int asynct_linear(const void* x, const void* weight, void* y, int rows, int in, int out,
                   int out_fp32, int path, void* stream);
+
+/* Sets one override of the kernels' own choices (src/kernels/common/tuning.h, KernelTuning) by its
+ * ASYNCT_* name: ASYNCT_GEMM, ASYNCT_PREFILL, ASYNCT_SKINNY_TILE, ASYNCT_SKINNY_SPLITS,
+ * ASYNCT_SKINNY_WGMMA or ASYNCT_PDL, with a value in the form the variable takes; value NULL or
+ * "" restores that override's default. The others are kept. Applies to every later launch in the
+ * process (not to CUDA graphs already captured); set it between launches, not during them. */
+int asynct_set_tuning(const char* name, const char* value);
 
 #ifdef __cplusplus
 }

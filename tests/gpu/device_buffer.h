@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "core/tensor.h"
-#include "kernels/cuda_check.h"
+#include "kernels/common/cuda_check.h"
 
 namespace asynct::testing {
 

@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "gpu/device_buffer.h"
-#include "kernels/decode.h"
+#include "kernels/attention/decode/decode.h"
 #include "reference/rope.h"
 #include "support/attention_case.h"
 #include "support/compare.h"

@@ -4,13 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <tuple>
 
 #include "gpu/device_buffer.h"
-#include "kernels/elementwise.h"
-#include "kernels/gemm.h"
-#include "kernels/skinny_gemm.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/gemm/skinny_gemm.h"
+#include "kernels/common/tuning.h"
 #include "reference/layers.h"
 #include "support/compare.h"
 #include "support/random.h"
@@ -29,18 +31,19 @@ constexpr double kTolerance = 1e-2;
 // shape), with the mma.sync consumer and, on a Hopper device, the wgmma one.
 template <class Body>
 void for_each_skinny_form(Body body) {
-  kernels::SkinnyPlanOverride& forced = kernels::skinny_plan_override();
-  const kernels::SkinnyPlanOverride saved = forced;
+  const kernels::KernelTuning saved = kernels::kernel_tuning();
   for (bool wgmma : {false, true}) {
     if (wgmma && !kernels::skinny_gemm_fast_here()) continue;
     for (int tile_n : {64, 128}) {
       SCOPED_TRACE(std::string("skinny tile width ") + std::to_string(tile_n) + (wgmma ? ", wgmma" : ", mma.sync"));
-      forced.tile_n = tile_n;
-      forced.wgmma = wgmma ? kernels::SkinnyPlanOverride::kOn : kernels::SkinnyPlanOverride::kOff;
+      kernels::KernelTuning forced = saved;
+      forced.skinny.tile_n = tile_n;
+      forced.skinny.wgmma = wgmma ? kernels::KernelTuning::Skinny::kOn : kernels::KernelTuning::Skinny::kOff;
+      kernels::set_kernel_tuning(forced);
       body();
     }
   }
-  forced = saved;
+  kernels::set_kernel_tuning(saved);
 }
 
 // Every path on every shape: the skinny kernel (in each of its forms) takes up to 64 rows
@@ -78,6 +81,45 @@ TEST(Gemm, PathNamesParseAndUnknownOnesAreRejected) {
   EXPECT_EQ(kernels::gemm_path_from_name("tuned"), kernels::GemmPath::CublasLtTuned);
   EXPECT_EQ(kernels::gemm_path_from_name("cublaslt"), kernels::GemmPath::CublasLt);
   EXPECT_THROW(kernels::gemm_path_from_name("fast"), Error);
+}
+
+// The overrides parse from their ASYNCT_* names; unset or empty names keep the base's values, and
+// a value outside a field's forms is an error naming the variable.
+TEST(KernelTuning, ParsesNamesAndRejectsBadValues) {
+  const auto from = [](std::map<std::string, std::string> values, const kernels::KernelTuning& base = {}) {
+    return kernels::parse_kernel_tuning(
+        [&](const char* name) -> const char* {
+          const auto it = values.find(name);
+          return it == values.end() ? nullptr : it->second.c_str();
+        },
+        base);
+  };
+  const kernels::KernelTuning none = from({});
+  EXPECT_EQ(none.gemm, kernels::GemmPath::Default);
+  EXPECT_EQ(none.prefill, kernels::PrefillKernel::kAuto);
+  EXPECT_EQ(none.skinny.tile_n, 0);
+  EXPECT_EQ(none.skinny.wgmma, kernels::KernelTuning::Skinny::kAuto);
+  EXPECT_TRUE(none.dependent_launch);
+  const kernels::KernelTuning all = from({{"ASYNCT_GEMM", "tuned"}, {"ASYNCT_PREFILL", "portable"},
+                                          {"ASYNCT_SKINNY_TILE", "64"}, {"ASYNCT_SKINNY_SPLITS", "4"},
+                                          {"ASYNCT_SKINNY_WGMMA", "0"}, {"ASYNCT_PDL", "0"}});
+  EXPECT_EQ(all.gemm, kernels::GemmPath::CublasLtTuned);
+  EXPECT_EQ(all.prefill, kernels::PrefillKernel::kPortable);
+  EXPECT_EQ(all.skinny.tile_n, 64);
+  EXPECT_EQ(all.skinny.splits, 4);
+  EXPECT_EQ(all.skinny.wgmma, kernels::KernelTuning::Skinny::kOff);
+  EXPECT_FALSE(all.dependent_launch);
+  const kernels::KernelTuning kept = from({{"ASYNCT_PDL", ""}, {"ASYNCT_PREFILL", "hopper"}}, all);
+  EXPECT_EQ(kept.gemm, kernels::GemmPath::CublasLtTuned);
+  EXPECT_EQ(kept.prefill, kernels::PrefillKernel::kHopper);
+  EXPECT_FALSE(kept.dependent_launch);
+  EXPECT_EQ(kernels::kernel_tuning_names().size(), 6u);
+  EXPECT_THROW(from({{"ASYNCT_GEMM", "fast"}}), Error);
+  EXPECT_THROW(from({{"ASYNCT_PREFILL", "auto"}}), Error);
+  EXPECT_THROW(from({{"ASYNCT_SKINNY_TILE", "wide"}}), Error);
+  EXPECT_THROW(from({{"ASYNCT_SKINNY_SPLITS", "-1"}}), Error);
+  EXPECT_THROW(from({{"ASYNCT_SKINNY_WGMMA", "2"}}), Error);
+  EXPECT_THROW(from({{"ASYNCT_PDL", "yes"}}), Error);
 }
 
 // Small enough for compute-sanitizer: one and three row tiles, partial tiles in every

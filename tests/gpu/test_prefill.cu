@@ -18,7 +18,8 @@
 
 #include "core/dtype.h"
 #include "gpu/device_buffer.h"
-#include "kernels/prefill.h"
+#include "kernels/attention/prefill/prefill.h"
+#include "kernels/common/tuning.h"
 #include "reference/attention.h"
 #include "support/attention_case.h"
 #include "support/compare.h"
@@ -190,16 +191,17 @@ void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& 
 void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& reference,
                    int block_size, Random& rng, float scale = 0.0f) {
   SCOPED_TRACE("block_size " + std::to_string(block_size));
-  kernels::PrefillKernel& forced = kernels::prefill_kernel_override();
-  const kernels::PrefillKernel saved = forced;
+  const kernels::KernelTuning saved = kernels::kernel_tuning();
   for (kernels::PrefillKernel form : {kernels::PrefillKernel::kPortable, kernels::PrefillKernel::kHopper}) {
     if (form == kernels::PrefillKernel::kHopper && (c.head_dim != 128 || !kernels::prefill_hopper_available()))
       continue;
     SCOPED_TRACE(form == kernels::PrefillKernel::kHopper ? "Hopper kernel" : "portable kernel");
-    forced = form;
+    kernels::KernelTuning forced = saved;
+    forced.prefill = form;
+    kernels::set_kernel_tuning(forced);
     run_and_check_once(c, gate, reference, block_size, rng, scale);
   }
-  forced = saved;
+  kernels::set_kernel_tuning(saved);
 }
 
 Tensor reference_output(const AttentionCase& c, const Gate& gate, float scale = 0.0f) {

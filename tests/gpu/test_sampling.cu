@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 
 #include "gpu/device_buffer.h"
-#include "kernels/cuda_array.h"
-#include "kernels/sampling.h"
+#include "kernels/common/cuda_array.h"
+#include "kernels/sampling/sampling.h"
 #include "support/random.h"
 
 namespace asynct {

@@ -1,4 +1,4 @@
-// Hopper's wgmma primitive (kernels/wgmma.cuh) on its own, against the CPU reference: the
+// Hopper's wgmma primitive (kernels/common/wgmma.cuh) on its own, against the CPU reference: the
 // operand layout it is fed (K-major rows of 64 bf16 in the 128-byte swizzle, as the skinny
 // GEMM's tensor copies leave them), the descriptor's K steps and the accumulator layout the
 // skinny GEMM's epilogue reads. When the GEMM tests of the wgmma consumer fail, this tells
@@ -10,10 +10,10 @@
 #include <gtest/gtest.h>
 
 #include "gpu/device_buffer.h"
-#include "kernels/bulk_copy.cuh"
-#include "kernels/mma_sync.cuh"
-#include "kernels/prefill.h"
-#include "kernels/wgmma.cuh"
+#include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/mma_sync.cuh"
+#include "kernels/attention/prefill/prefill.h"
+#include "kernels/common/wgmma.cuh"
 #include "reference/layers.h"
 #include "support/compare.h"
 #include "support/random.h"

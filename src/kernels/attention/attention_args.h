@@ -1,0 +1,41 @@
+// What the attention kernels (prefill and decode) share: the paged KV cache and the gate, as
+// device pointers. Host code fills these; the kernels read them. See SPEC §1-§2.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/bf16.h"
+#include "reference/gate.h"  // GateKind
+
+namespace asynct::kernels {
+
+// The paged cache of SPEC §2: key_cache/value_cache [num_blocks, block_size, num_kv_heads,
+// head_dim]; token t of sequence s is in block block_table[s * max_blocks_per_seq + t /
+// block_size], slot t % block_size. block_size is a power of two in 16..256.
+struct PagedKv {
+  bf16* key_cache = nullptr;
+  bf16* value_cache = nullptr;
+  const std::int32_t* block_table = nullptr;
+  int max_blocks_per_seq = 0;
+  int num_blocks = 0;
+  int block_size = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// The gate as the kernels see it. For GateKind::Async, alpha/sigma/gamma are device arrays of
+// one fp32 per query head and pool_window is W; for GateKind::Softmax, softcap (0 = none).
+struct GateArgs {
+  GateKind kind = GateKind::Softmax;
+  int pool_window = 3;
+  const float* alpha = nullptr;
+  const float* sigma = nullptr;
+  const float* gamma = nullptr;
+  float softcap = 0.0f;
+};
+
+// Host-side checks shared by the attention entry points; throw asynct::Error.
+void validate_paged_kv(const PagedKv& kv, const char* who);
+void validate_gate(const GateArgs& gate, const char* who);
+
+}  // namespace asynct::kernels

@@ -1,0 +1,373 @@
+// Hopper prefill attention (sm_90a) for head_dim 128: the portable kernel's algorithm (portable.cu)
+// on warpgroup MMA (wgmma.cuh), with the same gates, tile order, K/V sources and cache write
+// (traits.cuh, mainloop.cuh, gates.cuh, epilogue.cuh), in the FlashAttention-3 form: a producer
+// warpgroup that copies and two consumer warpgroups that multiply.
+//
+// One CTA handles 128 query rows of one (sequence, query head). Its three warpgroups:
+// - the producer copies Q and the K/V tiles (128 keys) into a ring of three stages with cp.async
+//   (the cache is paged, so a row's source goes through the block table; one 2-D tensor copy
+//   could not follow it), announces each stage on its "full" barrier once the stage has landed,
+//   waits on the stage's "empty" barrier before refilling it, and copies the tile's new K/V rows
+//   from shared memory into the paged cache. It gives its registers to the consumers.
+// - each consumer owns 64 query rows:
+//     S = Q K^T  eight m64n128k16 steps, Q and K read by the tensor cores from shared memory;
+//     P = gate(S) in registers (the m16n8 fragment layout both gates already work on);
+//     O += P V   eight m64n128k16 steps with P as the register operand and V read MN-major;
+//   and releases a stage once its P V is done.
+// Every tile in shared memory is two panels of [rows][64] in the 128-byte swizzle, the layout the
+// wgmma descriptors read: K-major for Q and K (the product's K is head_dim), and the same bytes
+// read MN-major for V (its K is the key).
+//
+// What overlaps what (the tensor cores should never wait for a gate, nor the consumers for a copy):
+// - within a consumer, tile t's Q K^T is issued first and tile t-1's P V right behind it, so the
+//   P V runs while the gate of tile t works (the async gate leaves O alone, so the overlap is
+//   full; softmax's gate may rescale O and waits for the P V first);
+// - the two consumers take turns at Q K^T (0, 1, 0, 1, ...), so that they do not reach their gates
+//   at the same moment;
+// - the producer runs up to three tiles ahead.
+//
+// Not done (FlashAttention-3 does it): tensor copies for pages of at least 128 tokens, and
+// softmax's rescale split from its exponentials.
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/attention/prefill/epilogue.cuh"
+#include "kernels/attention/prefill/gates.cuh"
+#include "kernels/attention/prefill/kernels.h"
+#include "kernels/attention/prefill/mainloop.cuh"
+#include "kernels/attention/prefill/traits.cuh"
+#include "kernels/common/bf16.cuh"
+#include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/device_info.h"
+#include "kernels/common/mma_sync.cuh"
+#include "kernels/common/tuning.h"
+#include "kernels/common/wgmma.cuh"
+
+namespace asynct::kernels {
+namespace {
+
+using namespace prefill;          // TileInfo, the gates, kv_row, store_new_rows
+using namespace prefill::hopper;  // the tile shape, RingBarriers
+
+// The device code exists only where wgmma does (sm_90a); elsewhere the kernel is a trapping stub.
+#ifdef ASYNCT_WGMMA
+
+// How the producer's 128 threads copy a 128-row tile: in 4 passes of 32 rows, lane l of warp w
+// takes row 8 w + l % 8 (+ 32 per pass) and chunks 4 j + l / 8, j = 0..3. One copy instruction of a
+// warp reads 64 contiguous bytes of each of 8 rows, and the 8 threads of a shared-memory phase
+// hold 8 consecutive rows at one chunk (distinct banks after the swizzle).
+constexpr int kCopyPasses = 4;
+struct CopySlot {
+  int row0, sub;  // the thread's row in pass 0, its chunk within each group of 4
+  __device__ __forceinline__ CopySlot()
+      : row0(8 * ((threadIdx.x % 128) / 32) + threadIdx.x % 8), sub((threadIdx.x % 32) / 8) {}
+};
+static_assert(kBlockM == kBlockN && kCopyPasses * 32 == kBlockN, "the producer copies 128-row tiles");
+
+// Q rows [m0, m0 + 128) of the tile's head; rows past the sequence's new tokens zero-filled.
+__device__ __forceinline__ void load_q(bf16* sQ, const PrefillParams& p, const TileInfo& t, int rows) {
+  const CopySlot slot;
+#pragma unroll
+  for (int pass = 0; pass < kCopyPasses; ++pass) {
+    const int row = slot.row0 + 32 * pass;
+    const bool valid = row < rows;
+    const bf16* src = p.query + (valid ? ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD : 0);
+#pragma unroll
+    for (int j = 0; j < kChunks / 4; ++j) {
+      const int c = 4 * j + slot.sub;
+      cp_async16(sQ + wgmma_panel_offset<kBlockM>(row, c), src + (valid ? c * 8 : 0), valid);
+    }
+  }
+}
+
+// K/V tile `tile` (keys [128 tile, 128 tile + 128), in the key order of traits.cuh):
+// keys past kv_end zero-filled.
+__device__ __forceinline__ void load_kv(bf16* k_stage, bf16* v_stage, int tile, const PrefillParams& p,
+                                        const TileInfo& t) {
+  const CopySlot slot;
+#pragma unroll
+  for (int pass = 0; pass < kCopyPasses; ++pass) {
+    const int row = slot.row0 + 32 * pass;                          // in shared memory
+    const int pos = tile * kBlockN + key_of_column<kBlockN / 8>(row);  // (the key order)
+    const bool valid = pos < t.kv_end;
+    KvRow source{p.key, p.value};  // (any valid address: an invalid copy reads nothing)
+    if (valid) source = kv_row<kD>(p, t, pos);
+#pragma unroll
+    for (int j = 0; j < kChunks / 4; ++j) {
+      const int c = 4 * j + slot.sub;
+      const int dst = wgmma_panel_offset<kBlockN>(row, c), src = valid ? c * 8 : 0;
+      cp_async16(k_stage + dst, source.key + src, valid);
+      cp_async16(v_stage + dst, source.value + src, valid);
+    }
+  }
+}
+
+// Named barriers (0 is __syncthreads): 1 + c, the 128 threads of consumer c; turn_barrier(c),
+// consumer c's turn to issue its Q K^T (256 threads: the other consumer's 128 arrive, c's 128
+// wait); kProducerBarrier, the producer's 128 threads.
+constexpr int kProducerBarrier = 5;
+__device__ __forceinline__ int turn_barrier(int c) { return 3 + c; }
+__device__ __forceinline__ void consumer_barrier(int c) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
+}
+__device__ __forceinline__ void wait_for_turn(int c) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(turn_barrier(c)) : "memory");
+}
+__device__ __forceinline__ void give_turn(int to) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(turn_barrier(to)) : "memory");
+}
+__device__ __forceinline__ void producer_barrier() {
+  asm volatile("bar.sync %0, 128;\n" ::"n"(kProducerBarrier) : "memory");
+}
+
+// The register hand-over between warpgroups (each warpgroup executes one, all its warps together).
+template <int kRegisters>
+__device__ __forceinline__ void release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+
+// What the warpgroups share.
+struct Cta {
+  const PrefillParams& p;
+  const TileInfo& t;
+  bf16 *sQ, *sK, *sV;
+  RingBarriers& ring;
+  int rows, n_tiles;
+};
+
+// The producer: tile t into stage t % kStages once both consumers released tile t - kStages.
+// Tile t is announced by the copies themselves: each thread's arrival on full[t % kStages] is
+// made when its copies have landed, so the producer never waits for a copy, except to write the
+// cache from a tile with new rows.
+__device__ __forceinline__ void produce(const Cta& cta) {
+  const PrefillParams& p = cta.p;
+  const TileInfo& t = cta.t;
+  // The first query head of each KV-head group writes the new tokens' K/V into the cache.
+  const bool writes_cache = t.head % (p.num_q_heads / p.kv.num_kv_heads) == 0;
+  for (int tile = 0; tile < cta.n_tiles; ++tile) {
+    const int stage = tile % kStages;
+    bf16 *k_stage = cta.sK + stage * kTileElems, *v_stage = cta.sV + stage * kTileElems;
+    if (tile >= kStages) cta.ring.empty[stage].wait((tile / kStages - 1) & 1);
+    if (tile == 0) load_q(cta.sQ, p, t, cta.rows);
+    load_kv(k_stage, v_stage, tile, p, t);
+    cta.ring.full[stage].arrive_when_copies_land();
+    if (writes_cache && (tile + 1) * kBlockN > t.prefix + t.m0) {  // the tile holds new rows
+      cp_async_commit();  // (wait_group waits for committed groups only)
+      cp_async_wait_all();
+      producer_barrier();  // every producer thread's copies of the tile have landed
+      store_new_rows<kD, kBlockN, 128>(k_stage, v_stage, tile, p, t,
+                                       [](int row, int chunk) { return wgmma_panel_offset<kBlockN>(row, chunk); });
+    }
+  }
+}
+
+// Consumer c: rows [64 c, 64 c + 64) of the CTA's tile.
+template <class Gate>
+__device__ __forceinline__ void consume(const Cta& cta, int c, float scale) {
+  const PrefillParams& p = cta.p;
+  const TileInfo& t = cta.t;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  Gate gate(p, t.head, scale);
+  float acc_o[16][4];
+#pragma unroll
+  for (int db = 0; db < 16; ++db)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[db][e] = 0.0f;
+
+  const int c_pos = t.prefix + t.m0 + 64 * c;      // position of the consumer's first row
+  const int pos0 = c_pos + 16 * warp + lane / 4;  // position of the thread's row g
+  // The first tile with a key past the consumer's first row needs the causal mask; a tile whose
+  // first key is past its last row has nothing for it (nor has any later tile).
+  const int first_masked = (c_pos + 1) / kBlockN;
+  const int last_pos = c_pos + 63;
+  // Shared addresses in bytes: the consumer's 64 rows of each Q panel; the panels' sizes.
+  const unsigned q_base = smem_addr(cta.sQ) + 64 * c * kRowBytes;
+  constexpr unsigned kQPanelBytes = kBlockM * kRowBytes, kKvPanelBytes = kBlockN * kRowBytes;
+  const auto release = [&](int tile) { cta.ring.empty[tile % kStages].arrive(); };
+
+  // The consumers take turns at Q K^T, tile by tile: 0, 1, 0, 1, ... Consumer 1 never skips a tile
+  // (its rows are the later ones, and the last tile holds a key of its last row); consumer 0 skips
+  // at most the last tile (its last row is at most 64 keys before the tile's end) and still takes
+  // and passes its turn there. Both directions wait, so neither runs a turn ahead: a consumer that
+  // arrived twice at one barrier before the other waited would complete it alone.
+  const auto take_turn = [&](int tile) {
+    if (c == 1 || tile > 0) wait_for_turn(c);
+  };
+  const auto pass_turn = [&](int tile) {
+    if (c == 0 || tile + 1 < cta.n_tiles) give_turn(1 - c);
+  };
+
+  // P of the tile whose Q K^T and gate are done and whose P V is not yet issued (bf16 pairs: the
+  // register operand, key step kk = n8 blocks 2kk and 2kk+1 of S).
+  unsigned p_frag[kBlockN / 16][4];
+  // O += P V for tile `of_tile`: V's k16 step kk starts 16 rows (2048 bytes) into its panels.
+  const auto issue_pv = [&](int of_tile) {
+    const unsigned v_base = smem_addr(cta.sV + (of_tile % kStages) * kTileElems);
+    wgmma_fence();  // p_frag (and O, after a softmax rescale) written before the wgmma read them
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      WgmmaBf16x128::run_rs(acc_o, p_frag[kk], wgmma_descriptor_mn(v_base + kk * 16 * kRowBytes, kKvPanelBytes));
+    wgmma_commit();
+  };
+
+  // Tile `tile`'s S = Q K^T (k16 step ks is 32 bytes into the rows of panel ks / 4), then its gate,
+  // into p_frag. With kPendingPv the previous tile's P V is issued right behind the Q K^T, so the
+  // tensor cores run it while the gate works, and its stage is released once it is done.
+  const auto scores_to_p = [&]<bool kPendingPv>(int tile) {
+    float acc_s[16][4];
+#pragma unroll
+    for (int nb = 0; nb < 16; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[nb][e] = 0.0f;
+    take_turn(tile);
+    const unsigned k_base = smem_addr(cta.sK + (tile % kStages) * kTileElems);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      const unsigned offset = (ks % 4) * 32;
+      WgmmaBf16x128::run(acc_s, wgmma_descriptor(q_base + (ks / 4) * kQPanelBytes + offset),
+                         wgmma_descriptor(k_base + (ks / 4) * kKvPanelBytes + offset));
+    }
+    wgmma_commit();
+    pass_turn(tile);
+    if constexpr (kPendingPv) {
+      issue_pv(tile - 1);
+      wgmma_wait<1>();  // Q K^T done; the P V may still run
+      if constexpr (Gate::kRowStatistics) wgmma_wait<0>();  // it may rescale O
+    } else {
+      wgmma_wait<0>();
+    }
+    if (tile >= first_masked)
+      gate.template apply<true>(0, acc_s, acc_o, tile * kBlockN, pos0);
+    else
+      gate.template apply<false>(0, acc_s, acc_o, tile * kBlockN, pos0);
+    if constexpr (kPendingPv) {
+      wgmma_wait<0>();  // the P V is done with p_frag and with its stage
+      release(tile - 1);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      p_frag[kk][0] = pack_bf16(acc_s[2 * kk][0], acc_s[2 * kk][1]);
+      p_frag[kk][1] = pack_bf16(acc_s[2 * kk][2], acc_s[2 * kk][3]);
+      p_frag[kk][2] = pack_bf16(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]);
+      p_frag[kk][3] = pack_bf16(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3]);
+    }
+  };
+
+  for (int tile = 0; tile < cta.n_tiles; ++tile) {
+    cta.ring.full[tile % kStages].wait((tile / kStages) & 1);
+    fence_proxy_async_shared();  // the landed copies (generic proxy) before this thread's wgmma reads
+    if (tile == 0) {
+      scores_to_p.template operator()<false>(tile);
+    } else if (tile * kBlockN <= last_pos) {
+      scores_to_p.template operator()<true>(tile);
+    } else {  // (consumer 0, its last tile)
+      take_turn(tile);
+      pass_turn(tile);
+      issue_pv(tile - 1);
+      wgmma_wait<0>();
+      release(tile - 1);
+      release(tile);
+    }
+  }
+  if ((cta.n_tiles - 1) * kBlockN <= last_pos) {  // the last tile's P V
+    issue_pv(cta.n_tiles - 1);
+    wgmma_wait<0>();
+    release(cta.n_tiles - 1);
+  }
+
+  // O (bf16) through the consumer's own rows of sQ (its wgmma reads of them are complete), then
+  // 16-byte coalesced stores.
+  gate.finish(0, acc_o);
+  const int g = lane / 4, quad = lane % 4;
+#pragma unroll
+  for (int db = 0; db < 16; ++db)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = 64 * c + 16 * warp + g + 8 * hh;
+      *reinterpret_cast<__nv_bfloat162*>(cta.sQ + wgmma_panel_offset<kBlockM>(row, db) + 2 * quad) =
+          __floats2bfloat162_rn(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
+    }
+  consumer_barrier(c);
+#pragma unroll
+  for (int i = 0; i < 64 * kChunks / 128; ++i) {
+    const int idx = i * 128 + tid;
+    const int row = 64 * c + idx / kChunks, chunk = idx % kChunks;
+    if (row < cta.rows) {
+      const long long dst = ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD + chunk * 8;
+      store_bf16x8(p.out + dst, load_bf16x8(cta.sQ + wgmma_panel_offset<kBlockM>(row, chunk)));
+    }
+  }
+}
+
+#endif  // ASYNCT_WGMMA
+
+template <class Gate>
+__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale) {
+#ifdef ASYNCT_WGMMA
+  TileInfo t;
+  if (!make_tile_info(p, kBlockM, t)) return;
+
+  extern __shared__ unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
+  bf16* sK = sQ + kBlockM * kD;
+  bf16* sV = sK + kStages * kTileElems;
+  RingBarriers& ring = *reinterpret_cast<RingBarriers*>(sV + kStages * kTileElems);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ring.full[s].init(128);
+      ring.empty[s].init(128 * kConsumers);
+    }
+    SharedBarrier::fence_init();
+  }
+  __syncthreads();
+
+  const Cta cta{p, t, sQ, sK, sV, ring, min(kBlockM, t.q_len - t.m0), (t.kv_end + kBlockN - 1) / kBlockN};
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    release_registers<kProducerRegisters>();
+    produce(cta);
+    return;  // (the producer's path must not join the consumers': they hold other register counts)
+  }
+  claim_registers<kConsumerRegisters>();
+  consume<Gate>(cta, wg - 1, scale);
+#else
+  __trap();  // launched only where the build has sm_90a code (prefill_hopper_applies)
+#endif
+}
+
+template <class Gate>
+void launch_with(const PrefillParams& p, float scale, cudaStream_t stream) {
+  launch_tiles<prefill_hopper_kernel<Gate>>(p, kBlockM, kThreads, kSmemBytes, scale, stream, "launch_prefill (Hopper)");
+}
+
+// Whether this build holds the kernel's sm_90a code for the current device: the binary the
+// runtime picked for it must be Hopper's (a build without sm_90a would run the trapping stub).
+bool hopper_code_here() {
+  static const bool here = [] {
+    cudaFuncAttributes attributes{};
+    ASYNCT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, prefill_hopper_kernel<SoftmaxGate<1>>));
+    return attributes.binaryVersion == 90;
+  }();
+  return here;
+}
+
+}  // namespace
+
+bool prefill_hopper_available() { return current_device_info().major == 9 && hopper_code_here(); }
+
+bool prefill_hopper_applies(const PrefillParams& p) {
+  if (kernel_tuning().prefill == PrefillKernel::kPortable || p.kv.head_dim != kD) return false;
+  return prefill_hopper_available();
+}
+
+void launch_prefill_hopper(const PrefillParams& p, float scale, cudaStream_t stream) {
+  with_gate<1>(p.gate, [&]<class Gate>() { launch_with<Gate>(p, scale, stream); });
+}
+
+}  // namespace asynct::kernels

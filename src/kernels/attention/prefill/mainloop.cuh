@@ -1,0 +1,75 @@
+// What the two prefill kernels' main loops share: the CTA's tile of (sequence, query head,
+// query rows), where a key/value row comes from (the paged cache for the cached prefix, the
+// new-token arrays after it), and the grid both launch.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/attention/prefill/prefill.h"
+#include "kernels/common/bf16.cuh"
+#include "kernels/common/cuda_check.h"
+
+namespace asynct::kernels::prefill {
+
+// ---- The tile ------------------------------------------------------------------------------
+
+// What a CTA knows about its sequence, head and tile.
+struct TileInfo {
+  int seq, head, kv_head;
+  int q_begin, q_len, prefix;
+  int m0;      // first query row of the tile (within the sequence)
+  int kv_end;  // keys [0, kv_end) are visible to some row of the tile
+};
+
+
+// The CTA's tile: (query head, sequence) from blockIdx.x/y, and the query rows from blockIdx.z,
+// the heaviest (last) tiles first (z is the slowest grid dimension). False: the tile lies past
+// the sequence's new tokens, the CTA has nothing to do.
+__device__ __forceinline__ bool make_tile_info(const PrefillParams& p, int block_m, TileInfo& t) {
+  t.head = blockIdx.x;
+  t.seq = blockIdx.y;
+  t.q_begin = p.cu_seqlens_q[t.seq];
+  t.q_len = p.cu_seqlens_q[t.seq + 1] - t.q_begin;
+  t.m0 = int(gridDim.z - 1 - blockIdx.z) * block_m;
+  if (t.m0 >= t.q_len) return false;
+  t.prefix = p.kv_lens[t.seq] - t.q_len;
+  t.kv_head = t.head / (p.num_q_heads / p.kv.num_kv_heads);
+  t.kv_end = t.prefix + t.m0 + min(block_m, t.q_len - t.m0);
+  return true;
+}
+
+// Where key/value row `pos` (< kv_end) of the tile's sequence starts, at the tile's KV head:
+// positions before the prefix in the paged cache (through the block table), the others in the
+// new-token arrays.
+struct KvRow {
+  const bf16* key;
+  const bf16* value;
+};
+template <int D>
+__device__ __forceinline__ KvRow kv_row(const PrefillParams& p, const TileInfo& t, int pos) {
+  const long long row_stride = (long long)p.kv.num_kv_heads * D;  // elements per token
+  if (pos < t.prefix) {
+    const int shift = __ffs(p.kv.block_size) - 1;
+    const long long block =
+        p.kv.block_table[(long long)t.seq * p.kv.max_blocks_per_seq + (pos >> shift)];
+    const long long offset =
+        (block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * row_stride + t.kv_head * D;
+    return {p.kv.key_cache + offset, p.kv.value_cache + offset};
+  }
+  const long long offset = (long long)(t.q_begin - t.prefix + pos) * row_stride + t.kv_head * D;
+  return {p.key + offset, p.value + offset};
+}
+
+// ---- The launch ----------------------------------------------------------------------------
+
+// Either kernel's grid: one CTA per (query head, sequence, block_m query rows).
+template <auto kKernel>
+void launch_tiles(const PrefillParams& p, int block_m, int threads, int smem_bytes, float scale, cudaStream_t stream,
+                  const char* who) {
+  allow_dynamic_smem<kKernel>(smem_bytes);
+  const int m_tiles = (p.max_q_len + block_m - 1) / block_m;
+  check(m_tiles <= 65535, who, ": max_q_len ", p.max_q_len, " needs ", m_tiles, " query tiles; the grid allows 65535");
+  kKernel<<<dim3(p.num_q_heads, p.num_seqs, m_tiles), threads, smem_bytes, stream>>>(p, scale);
+  check_launch(who);
+}
+}  // namespace asynct::kernels::prefill

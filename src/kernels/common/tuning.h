@@ -1,0 +1,84 @@
+// Every override of the kernels' own choices, in one place. The defaults are what the engine
+// runs; each field below says what it overrides and why the default is what it is (measured on
+// an H200, bench/RESULTS.md). Nothing under src/kernels reads the environment: the command line
+// (ASYNCT_* variables, parse_kernel_tuning), the C API (asynct_set_tuning) and tests fill this
+// and call set_kernel_tuning().
+//
+// When a change takes effect: every field is read where the choice is made, at each launch or
+// product (kernel_tuning() is a plain read), so a change applies to the launches after it on
+// every thread. Not to work already captured: a CUDA graph replays the kernels, paths and plans
+// chosen while it was captured. set_kernel_tuning() is not synchronised with concurrent
+// launches: set it before starting work on other threads (or between their launches).
+// (Before, these were read from the environment: ASYNCT_GEMM when a Gemm was constructed,
+// the others once per process at first use; the mutable overrides of prefill.h and
+// skinny_gemm.h that tests assigned to took effect at the next launch, as every field does now.)
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace asynct::kernels {
+
+// The ways to run a dense product (gemm.h).
+enum class GemmPath { Default, CublasLt, CublasLtTuned, Skinny };
+
+// Which prefill kernel launch_prefill runs (prefill.h).
+enum class PrefillKernel { kAuto, kPortable, kHopper };
+
+struct KernelTuning {
+  // ASYNCT_GEMM = cublaslt | tuned | skinny: the path of every Gemm::linear call that asks for
+  // GemmPath::Default, and whether the skinny kernel's fused forms (split partials for the
+  // reading kernel, the gate/up product with its SiLU) may be used: only when this is Default or
+  // Skinny. Default: the skinny kernel for products of at most Gemm::kSkinnyDefaultMaxRows rows
+  // on sm_90 (single-stream 1.7B decode step 1.746 -> 1.681 ms), cuBLASLt otherwise; its fused
+  // forms up to Gemm::kSkinnyFormsMaxRows rows (decode_heavy step 2.41 -> 2.30 ms). All of
+  // cuBLASLt (cublaslt): AsyncT / Qwen3 decode step 2.406 / 2.519 ms.
+  GemmPath gemm = GemmPath::Default;
+
+  // ASYNCT_PREFILL = portable | hopper: which prefill kernel runs. kAuto: the wgmma kernel for
+  // head_dim 128 on a Hopper device with this build's sm_90a code, the portable one otherwise
+  // (1.02-1.19x the portable kernel's TFLOP/s for the async gate, 0.97-1.09x for softmax,
+  // long_prefill_b4 0.963x against 0.984x the baseline). kHopper only where it applies.
+  PrefillKernel prefill = PrefillKernel::kAuto;
+
+  // The skinny kernel's plan (skinny_gemm.h), for measuring and tests.
+  struct Skinny {
+    enum Wgmma { kAuto, kOff, kOn };
+    // ASYNCT_SKINNY_TILE: the column tile width of every product (<= 64: 64 columns, else 128);
+    // 0 leaves it to the cost model, which picks 64 for gate_up at 32 rows (decode step 2.098
+    // ms against 2.202 with 128 everywhere).
+    int tile_n = 0;
+    // ASYNCT_SKINNY_SPLITS: the split-K count of every product (clamped to what it allows); 0
+    // leaves it to the cost model (split products forced to 2 / 4 / 8: AsyncT step 2.385 /
+    // 2.184 / 2.218 ms).
+    int splits = 0;
+    // ASYNCT_SKINNY_WGMMA = 0 | 1: the consumer warps' instructions on a Hopper device (from a
+    // build for sm_90a). kAuto: wgmma for more than 16 rows, mma.sync below (decode step at 32
+    // rows 2.019 ms with wgmma against 2.081; at 1 row 1.555 against 1.533).
+    Wgmma wgmma = kAuto;
+  } skinny;
+
+  // ASYNCT_PDL = 0 | 1: whether kernels launched with launch_dependent (dependent_launch.cuh)
+  // may start before their predecessor ends, on sm_90 and later. On by default: decode step
+  // 1.99 ms with it, 2.348 ms without.
+  bool dependent_launch = true;
+};
+
+// The tuning in force (defaults until set_kernel_tuning).
+const KernelTuning& kernel_tuning();
+void set_kernel_tuning(const KernelTuning& tuning);
+
+// The ASYNCT_* names parse_kernel_tuning reads, in the order of the fields above.
+const std::vector<std::string>& kernel_tuning_names();
+
+// `base` with every field whose ASYNCT_* name `lookup` has a value for (non-null, non-empty)
+// replaced by that value; lookup returns null for a name that is not set. A value that is not
+// one of the field's forms throws asynct::Error naming the variable, its value and the forms.
+KernelTuning parse_kernel_tuning(const std::function<const char*(const char* name)>& lookup,
+                                 const KernelTuning& base = KernelTuning{});
+
+// The path named by `name` (cublaslt, tuned, skinny); an unknown name is an error.
+GemmPath gemm_path_from_name(const char* name);
+
+}  // namespace asynct::kernels

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
-#include "models/cpu_model.h"
+#include "models/cpu/cpu_model_runner.h"
 #include "support/expect_error.h"
 
 namespace asynct {

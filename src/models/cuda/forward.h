@@ -54,7 +54,6 @@ class ModelForward {
   // graph capture, which must not allocate).
   void reserve_decode_workspace(const StepShape& shape, const StepPointers& step);
 
-  const ModelConfig& config() const { return c_; }
   Activations act;
 
  private:

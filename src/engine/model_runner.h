@@ -1,5 +1,5 @@
-// What the engine hands a model for one step, and the interface of the backends that run it
-// (the CPU reference backend; the CUDA backend).
+// The interface of the backends that run the engine's steps (the CPU reference backend; the
+// CUDA backend) and what a step gives back. The batch a step runs is in engine/step_batch.h.
 #pragma once
 
 #include <cstdint>

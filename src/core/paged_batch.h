@@ -1,7 +1,7 @@
 // The paged metadata of a batch (SPEC §2), checked on the host before kernels that read it on
-// the device and trust it. The engine builds its own metadata and checks it as it writes it
-// (models/cuda_model.cpp); callers of the kernels that bring their own (the C API,
-// python/asynct) check it here first, so that a bad block table or length is an error that
+// the device and trust it. The engine's runners check their StepBatch before a step
+// (check_step_batch, engine/step_batch.h); callers of the kernels that bring their own (the
+// C API, python/asynct) check it here first, so that a bad block table or length is an error that
 // names the sequence and the value instead of an out-of-bounds read on the GPU.
 #pragma once
 

@@ -12,7 +12,7 @@
 
 #include "engine/block_manager.h"
 #include "engine/model_runner.h"
-#include "reference/sampling.h"
+#include "engine/sampler.h"
 
 namespace asynct {
 

@@ -8,7 +8,7 @@
 
 #include "engine/engine.h"
 #include "io/safetensors.h"
-#include "models/cpu_model.h"
+#include "models/cpu/cpu_model_runner.h"
 #include "models/weights.h"
 #include "support/expect_error.h"
 

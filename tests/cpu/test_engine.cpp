@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
-#include "models/cpu_model.h"
+#include "models/cpu/cpu_model_runner.h"
 #include "support/expect_error.h"
 
 namespace asynct {
@@ -316,6 +316,51 @@ TEST(BlockManager, GrowsReleasesAndRefuses) {
   EXPECT_EQ(m.num_free_blocks(), 3);
   m.grow(b, 48);
   EXPECT_EQ(b.size(), 3u);
+}
+
+// The one block-size rule per backend, checked by the runner before it allocates anything.
+TEST(StepBatch, BlockSizeRulePerBackend) {
+  for (int ok : {1, 8, 16, 24, 256, 4096}) EXPECT_NO_THROW(check_block_size(ok, Backend::Cpu)) << ok;
+  for (int bad : {0, -16, 4097}) expect_error([&] { check_block_size(bad, Backend::Cpu); }, "1..4096");
+  for (int ok : {16, 32, 64, 128, 256}) EXPECT_NO_THROW(check_block_size(ok, Backend::Cuda)) << ok;
+  for (int bad : {0, 8, 24, 512}) expect_error([&] { check_block_size(bad, Backend::Cuda); }, "powers of two in 16..256");
+  ModelWeights w = random_weights(tiny_config(Architecture::Qwen3), 7);
+  expect_error([&] { CpuModelRunner(w, 8, 0); }, "block size 0: the CPU backend");
+  expect_error([&] { CpuModelRunner(w, 0, 16); }, "need at least one block");
+}
+
+// check_step_batch names the first thing wrong with a batch, the same for both runners.
+TEST(StepBatch, CheckNamesTheFirstProblem) {
+  StepBatch good;  // one sequence of 3 tokens in blocks {2, 0}, block size 2
+  good.tokens = {5, 6, 7};
+  good.positions = {0, 1, 2};
+  good.slot_mapping = {4, 5, 0};
+  good.cu_seqlens_q = {0, 3};
+  good.kv_lens = {3};
+  good.block_tables = {{2, 0}};
+  good.logit_rows = {2};
+  good.full_logits = {0};
+  const StepBounds bounds{4, 2, 100, 50, 1};
+  EXPECT_NO_THROW(check_step_batch(good, bounds));
+  auto expect_rejected = [&](const char* what, auto&& change) {
+    StepBatch b = good;
+    change(b);
+    expect_error([&] { check_step_batch(b, bounds); }, what);
+  };
+  expect_rejected("forward: empty batch", [](StepBatch& b) { b.tokens.clear(); });
+  expect_rejected("positions and slot_mapping need one entry per token", [](StepBatch& b) { b.positions.pop_back(); });
+  expect_rejected("one block table per sequence", [](StepBatch& b) { b.block_tables.clear(); });
+  expect_rejected("full_logits needs one flag per logit row", [](StepBatch& b) { b.full_logits.clear(); });
+  expect_rejected("tokens_from_rows needs one row per token", [](StepBatch& b) { b.tokens_from_rows = {0}; });
+  expect_rejected("token 2 takes row 1 of a step that sampled 1 rows", [](StepBatch& b) { b.tokens_from_rows = {0, 0, 1}; });
+  expect_rejected("cu_seqlens_q must run from 0 to 3", [](StepBatch& b) { b.cu_seqlens_q = {0, 2}; });
+  expect_rejected("sequence 0 has q_len 3 and kv_len 2", [](StepBatch& b) { b.kv_lens = {2}; });
+  expect_rejected("sequence 0 has more tokens than its blocks hold", [](StepBatch& b) { b.block_tables = {{2}}; });
+  expect_rejected("forward: block 4 is not in the cache", [](StepBatch& b) { b.block_tables = {{2, 4}}; });
+  expect_rejected("forward: token id 100 outside the vocabulary", [](StepBatch& b) { b.tokens[1] = 100; });
+  expect_rejected("forward: position 50 outside 0..49", [](StepBatch& b) { b.positions[2] = 50; });
+  expect_rejected("forward: slot 8 outside the cache", [](StepBatch& b) { b.slot_mapping[0] = 8; });
+  expect_rejected("forward: logit row 3 out of range", [](StepBatch& b) { b.logit_rows = {3}; });
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "reference/layers.h"
-#include "reference/sampling.h"
+#include "engine/sampler.h"
 #include "support/expect_error.h"
 
 namespace asynct {

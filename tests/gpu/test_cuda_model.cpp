@@ -11,8 +11,8 @@
 
 #include "engine/engine.h"
 #include "gpu/device_buffer.h"
-#include "models/cpu_model.h"
-#include "models/cuda_model.h"
+#include "models/cpu/cpu_model_runner.h"
+#include "models/cuda/cuda_model_runner.h"
 #include "support/compare.h"
 #include "support/expect_error.h"
 

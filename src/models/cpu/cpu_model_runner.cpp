@@ -1,24 +1,35 @@
-#include "models/cpu_model.h"
+#include "models/cpu/cpu_model_runner.h"
 
 #include <algorithm>
 
+#include "engine/sampler.h"
 #include "reference/attention.h"
 #include "reference/layers.h"
 #include "reference/rope.h"
-#include "reference/sampling.h"
 
 namespace asynct {
 
+namespace {
+// The cache geometry, checked before anything is allocated.
+int checked_num_blocks(int num_blocks, int block_size) {
+  check_block_size(block_size, Backend::Cpu);
+  check(num_blocks >= 1, "CpuModelRunner: need at least one block");
+  return num_blocks;
+}
+}  // namespace
+
 CpuModelRunner::CpuModelRunner(ModelWeights weights, int num_blocks, int block_size)
-    : weights_(to_float32(std::move(weights))), num_blocks_(num_blocks), block_size_(block_size) {
+    : num_blocks_(checked_num_blocks(num_blocks, block_size)), block_size_(block_size),
+      weights_(to_float32(std::move(weights))), recipe_(recipe_of(weights_.config)) {
   const ModelConfig& c = weights_.config;
-  check(num_blocks >= 1 && block_size >= 1, "CpuModelRunner: need at least one block");
+  check(recipe_.qk_norm, "CpuModelRunner: models without q/k norm are not supported");
   // Qwen3 normalises with RMSNorm; AsyncT's every norm is a UClipNorm (SPEC §4).
-  norm_ = c.is_async() ? NormConfig::uclip(c.rms_norm_eps, c.uclip_value) : NormConfig::rms(c.rms_norm_eps);
+  norm_ = recipe_.norm == NormKind::UClip ? NormConfig::uclip(recipe_.norm_eps, recipe_.norm_clip)
+                                          : NormConfig::rms(recipe_.norm_eps);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = weights_.layers[std::size_t(l)];
-    if (c.is_async()) {
-      Gate g = Gate::make_async(c.num_attention_heads, c.attn_pool_window);
+    if (recipe_.gate == GateKind::Async) {
+      Gate g = Gate::make_async(c.num_attention_heads, recipe_.pool_window);
       g.async.alpha = w.gate_alpha.to_float_vector();
       g.async.sigma = w.gate_sigma.to_float_vector();
       g.async.gamma = w.gate_gamma.to_float_vector();
@@ -62,16 +73,12 @@ Tensor CpuModelRunner::mlp_block(int layer, const Tensor& x) {
 
 void CpuModelRunner::submit(const StepBatch& batch) {
   check(queued_.size() < 2, "submit: two steps are queued already; collect one first");
+  const ModelConfig& c = weights_.config;
+  check_step_batch(batch, {num_blocks_, block_size_, c.vocab_size, c.max_position_embeddings,
+                           int(last_summaries_.size())});
   std::vector<std::int32_t> tokens = batch.tokens;
-  if (!batch.tokens_from_rows.empty()) {
-    check(batch.tokens_from_rows.size() == batch.tokens.size(), "submit: tokens_from_rows needs one row per token");
-    for (std::size_t i = 0; i < tokens.size(); ++i) {
-      const int row = batch.tokens_from_rows[i];
-      check(row >= 0 && std::size_t(row) < last_summaries_.size(), "submit: token ", i, " takes row ", row,
-            " of a step that sampled ", last_summaries_.size(), " rows");
-      tokens[i] = last_summaries_[std::size_t(row)].greedy;
-    }
-  }
+  for (std::size_t i = 0; i < batch.tokens_from_rows.size(); ++i)
+    tokens[i] = last_summaries_[std::size_t(batch.tokens_from_rows[i])].greedy;
   queued_.push_back(run(batch, tokens));
   last_summaries_ = queued_.back().output.summaries;
 }
@@ -84,40 +91,30 @@ const StepOutput& CpuModelRunner::collect() {
 }
 
 CpuModelRunner::Result CpuModelRunner::run(const StepBatch& batch, const std::vector<std::int32_t>& tokens) {
-  const ModelConfig& c = weights_.config;
-  check(batch.num_tokens() >= 1, "forward: empty batch");
-  check(int(batch.positions.size()) == batch.num_tokens() && int(batch.slot_mapping.size()) == batch.num_tokens(),
-        "forward: positions and slot_mapping need one entry per token");
-  check(int(batch.block_tables.size()) == batch.num_seqs(), "forward: one block table per sequence");
-  for (std::size_t i = 0; i < batch.positions.size(); ++i)
-    check(batch.positions[i] < c.max_position_embeddings, "forward: position ", batch.positions[i],
-          " is past max_position_embeddings ", c.max_position_embeddings);
-
+  const ModelConfig& c = weights_.config;  // the batch is checked (submit)
   std::size_t max_blocks = 1;
   for (const auto& t : batch.block_tables) max_blocks = std::max(max_blocks, t.size());
   Tensor table = Tensor::empty(DType::I32, {batch.num_seqs(), std::int64_t(max_blocks)});
   for (int s = 0; s < batch.num_seqs(); ++s)
     for (std::size_t b = 0; b < batch.block_tables[std::size_t(s)].size(); ++b) {
-      const int block = batch.block_tables[std::size_t(s)][b];
-      check(block >= 0 && block < num_blocks_, "forward: block ", block, " is not in the cache");
-      table.data_as<std::int32_t>()[std::int64_t(s) * std::int64_t(max_blocks) + std::int64_t(b)] = block;
+      table.data_as<std::int32_t>()[std::int64_t(s) * std::int64_t(max_blocks) + std::int64_t(b)] =
+          batch.block_tables[std::size_t(s)][b];
     }
 
   Tensor x = embedding(weights_.embed_tokens, tokens);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& w = weights_.layers[std::size_t(l)];
     Tensor attn = attention_block(l, norm(x, w.input_layernorm, norm_), batch, table);
-    if (c.is_async()) attn = norm(attn, w.attn_output_layernorm, norm_);  // Peri-LN
+    if (recipe_.peri_ln) attn = norm(attn, w.attn_output_layernorm, norm_);
     Tensor h = add(x, attn);
     Tensor mlp = mlp_block(l, norm(h, w.post_attention_layernorm, norm_));
-    if (c.is_async()) mlp = norm(mlp, w.mlp_output_layernorm, norm_);
+    if (recipe_.peri_ln) mlp = norm(mlp, w.mlp_output_layernorm, norm_);
     x = add(h, mlp);
   }
   // Only the rows that sample need the final norm and the LM head.
   Tensor last = Tensor::empty(DType::F32, {std::int64_t(batch.logit_rows.size()), c.hidden_size});
   for (std::size_t i = 0; i < batch.logit_rows.size(); ++i) {
     const int row = batch.logit_rows[i];
-    check(row >= 0 && row < batch.num_tokens(), "forward: logit row ", row, " out of range");
     std::copy_n(x.data_as<float>() + std::int64_t(row) * c.hidden_size, c.hidden_size,
                 last.data_as<float>() + std::int64_t(i) * c.hidden_size);
   }
@@ -126,7 +123,6 @@ CpuModelRunner::Result CpuModelRunner::run(const StepBatch& batch, const std::ve
 
   // Every row is on the host already: summarise each, and hand out the ones asked for.
   const std::size_t rows = batch.logit_rows.size(), vocab = std::size_t(c.vocab_size);
-  check(batch.full_logits.size() == rows, "forward: full_logits needs one flag per logit row");
   r.output.summaries.resize(rows);
   r.output.logits.assign(rows, nullptr);
   for (std::size_t i = 0; i < rows; ++i) {

@@ -1,4 +1,4 @@
-#include "reference/sampling.h"
+#include "engine/sampler.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,13 +6,6 @@
 #include "core/error.h"
 
 namespace asynct {
-
-void validate_sampling(const SamplingParams& p) {
-  check(std::isfinite(p.temperature) && p.temperature >= 0.0f,
-        "sampling: temperature must be finite and >= 0, got ", p.temperature);
-  check(p.top_k >= 0, "sampling: top_k must be >= 0, got ", p.top_k);
-  check(p.top_p > 0.0f && p.top_p <= 1.0f, "sampling: top_p must be in (0, 1], got ", p.top_p);
-}
 
 double uniform_draw(std::uint64_t seed, std::uint64_t step) {
   auto mix = [](std::uint64_t z) {

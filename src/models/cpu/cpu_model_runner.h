@@ -1,0 +1,51 @@
+// The CPU backend: the model's forward pass written with the reference operations, over a
+// float32 paged KV cache. Slow and plain; the oracle for the GPU backend and the engine tests.
+#pragma once
+
+#include <deque>
+#include <vector>
+
+#include "core/gate.h"
+#include "engine/model_runner.h"
+#include "models/architecture.h"
+#include "models/weights.h"
+#include "reference/norms.h"
+
+namespace asynct {
+
+class CpuModelRunner : public ModelRunner {
+ public:
+  CpuModelRunner(ModelWeights weights, int num_blocks, int block_size);
+
+  // Throws Error for a block size the CPU backend does not run (check_block_size) or no blocks.
+  // A step runs in submit(); collect() hands its output out. Steps can be pipelined (the
+  // tokens a chained batch takes from the step before are that step's greedy tokens), which
+  // lets the engine's pipelined path run, and be tested, without a GPU.
+  void submit(const StepBatch& batch) override;
+  const StepOutput& collect() override;
+  bool pipelines_steps() const override { return true; }
+  int num_blocks() const override { return num_blocks_; }
+  int block_size() const override { return block_size_; }
+  const ModelConfig& config() const { return weights_.config; }
+
+ private:
+  Tensor attention_block(int layer, const Tensor& x, const StepBatch& batch, const Tensor& table);
+  Tensor mlp_block(int layer, const Tensor& x);
+  struct Result {
+    Tensor logits;  // [rows, vocab], which output points into
+    StepOutput output;
+  };
+  Result run(const StepBatch& batch, const std::vector<std::int32_t>& tokens);
+
+  int num_blocks_, block_size_;  // checked before the weights are converted
+  ModelWeights weights_;
+  ArchitectureRecipe recipe_;
+  NormConfig norm_;
+  std::vector<Gate> gates_;  // per layer
+  std::vector<Tensor> key_cache_, value_cache_;  // per layer [blocks, block_size, Hkv, D]
+  std::deque<Result> queued_;  // submitted, not collected (at most two)
+  Result collected_;           // what the last collect() handed out
+  std::vector<LogitSummary> last_summaries_;  // of the last step submitted
+};
+
+}  // namespace asynct

@@ -1,0 +1,257 @@
+#include "models/cuda/cuda_model_runner.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda_array.h"
+#include "kernels/cuda_check.h"
+#include "models/architecture.h"
+#include "models/cuda/forward.h"
+#include "models/cuda/graph_cache.h"
+#include "models/cuda/phase_timer.h"
+#include "models/cuda/step_metadata.h"
+
+namespace asynct {
+
+using kernels::DeviceArray;
+using kernels::PinnedArray;
+
+bool cuda_device_available() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+namespace {
+
+// The runner's streams and the events between them. The copies between host and device run
+// beside the GPU's work (pipelined steps): a step's metadata goes up while the step before
+// runs, and its summaries come down once it is computed. Two copy streams: on one, an upload
+// would wait behind the download that waits for the step before to finish.
+struct Streams {
+  cudaStream_t compute = nullptr, upload = nullptr, download = nullptr;
+  cudaEvent_t uploaded[2] = {}, computed[2] = {};  // per metadata turn
+
+  Streams() {
+    ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&upload, cudaStreamNonBlocking));
+    ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&download, cudaStreamNonBlocking));
+    for (int i = 0; i < 2; ++i) {
+      ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded[i], cudaEventDisableTiming));
+      ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&computed[i], cudaEventDisableTiming));
+    }
+  }
+  Streams(const Streams&) = delete;
+  Streams& operator=(const Streams&) = delete;
+  ~Streams() {
+    for (int i = 0; i < 2; ++i) {
+      if (uploaded[i]) cudaEventDestroy(uploaded[i]);
+      if (computed[i]) cudaEventDestroy(computed[i]);
+    }
+    for (cudaStream_t s : {compute, upload, download})
+      if (s) cudaStreamDestroy(s);
+  }
+};
+
+}  // namespace
+
+struct CudaModelRunner::Impl {
+  Impl(const ModelWeights& w, int num_blocks, int block_size)
+      : c(w.config), num_blocks(num_blocks), block_size(block_size),
+        forward(w, recipe_of(w.config), num_blocks, block_size, streams.compute) {}
+  ~Impl() {
+    for (QueuedStep& q : queued)
+      if (q.done) cudaEventDestroy(q.done);
+  }
+
+  ModelConfig c;
+  int num_blocks, block_size;
+  Streams streams;
+  ModelForward forward;
+  PhaseTimer timer;
+  HostTimes host;
+
+  // [rows that sample]: greedy token, finiteness. One per metadata turn: a chained step reads
+  // the summaries of the step before while that step's copy to the host may still run.
+  DeviceArray<LogitSummary> summaries_by_turn[2];
+  DeviceArray<LogitSummary>& summaries() { return summaries_by_turn[metadata.turn()]; }
+  StepMetadata metadata;
+  StepPointers step;
+
+  // A submitted step until it is collected: where its results land on the host (pinned buffers
+  // reused from step to step), which rows it samples, and an event after its last copy back.
+  // Two at most (pipelined steps), collected oldest first.
+  struct QueuedStep {
+    PinnedArray<LogitSummary> summaries_host;
+    PinnedArray<float> logits_host;  // [rows whose full logits the engine asked for, vocab]
+    std::vector<std::uint8_t> full_logits;
+    int rows = 0;
+    cudaEvent_t done = nullptr;
+  };
+  QueuedStep queued[2];
+  int first_queued = 0, num_queued = 0;
+  int last_submitted_rows = -1;  // sampling rows of the last step submitted (tokens_from_rows)
+  StepOutput output;             // of the last step collected
+
+  bool use_graphs = true;
+  DecodeGraphCache graphs;
+
+  void run_model(const StepShape& shape, int rows) {
+    forward.run(shape, step, rows, summaries().get(), timer, streams.compute);
+  }
+
+  void run_graph(const StepShape& shape, int rows) {
+    const DecodeGraphKey key{shape.seqs, shape.max_blocks, rows, metadata.turn(), step.tokens_from_rows != nullptr};
+    const GraphAddresses addresses{forward.act.addresses(), summaries().get(), forward.act.decode_workspace.get(), step};
+    graphs.run(key, addresses, streams.compute, timer, [&] { run_model(shape, rows); });
+  }
+
+  // Queues the copies of the results to the host: the full logits of the rows the engine asked
+  // for (consecutive rows in one copy) on the step's stream, where the next step cannot
+  // overwrite them first; then, once the step is computed, every row's summary on the download
+  // stream, beside the step queued after this one.
+  void download_results(const StepBatch& b, int rows, QueuedStep& q) {
+    const std::size_t vocab = std::size_t(c.vocab_size);
+    q.rows = rows;
+    q.full_logits = b.full_logits;
+    q.summaries_host.reserve(std::size_t(std::max(rows, 1)));
+    std::size_t wanted = 0;
+    for (std::uint8_t f : b.full_logits) wanted += f ? 1 : 0;
+    if (wanted > 0) q.logits_host.reserve(wanted * vocab);
+    std::size_t to = 0;
+    for (int i = 0; i < rows;) {
+      if (!b.full_logits[std::size_t(i)]) {
+        ++i;
+        continue;
+      }
+      int end = i;
+      while (end < rows && b.full_logits[std::size_t(end)]) ++end;
+      const std::size_t n = std::size_t(end - i) * vocab;
+      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(q.logits_host.get() + to, forward.act.logits.get() + std::size_t(i) * vocab,
+                                        n * sizeof(float), cudaMemcpyDeviceToHost, streams.compute));
+      to += n;
+      i = end;
+    }
+    timer.mark("d2h");
+    const int turn = metadata.turn();
+    ASYNCT_CUDA_CHECK(cudaEventRecord(streams.computed[turn], streams.compute));
+    ASYNCT_CUDA_CHECK(cudaStreamWaitEvent(streams.download, streams.computed[turn], 0));
+    if (rows > 0)
+      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(q.summaries_host.get(), summaries().get(), std::size_t(rows) * sizeof(LogitSummary),
+                                        cudaMemcpyDeviceToHost, streams.download));
+    ASYNCT_CUDA_CHECK(cudaEventRecord(q.done, streams.download));
+  }
+
+  // After the step's copies have landed: the StepOutput over its pinned results.
+  void unpack_results(const QueuedStep& q) {
+    const std::size_t vocab = std::size_t(c.vocab_size);
+    output.summaries.assign(q.summaries_host.get(), q.summaries_host.get() + q.rows);
+    output.logits.assign(std::size_t(q.rows), nullptr);
+    std::size_t next = 0;
+    for (int i = 0; i < q.rows; ++i)
+      if (q.full_logits[std::size_t(i)]) output.logits[std::size_t(i)] = q.logits_host.get() + vocab * next++;
+  }
+};
+
+namespace {
+// Checked before anything is allocated or touches the GPU.
+std::unique_ptr<CudaModelRunner::Impl> make_impl(const ModelWeights& w, int num_blocks, int block_size) {
+  check_block_size(block_size, Backend::Cuda);
+  check(num_blocks >= 1, "CudaModelRunner: need at least one KV block");
+  check(cuda_device_available(), "CudaModelRunner: no CUDA device is visible");
+  return std::make_unique<CudaModelRunner::Impl>(w, num_blocks, block_size);
+}
+}  // namespace
+
+CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int block_size, int max_tokens_per_step)
+    : impl_(make_impl(w, num_blocks, block_size)) {
+  impl_->forward.act.reserve(std::size_t(std::max(1, max_tokens_per_step)), impl_->c);
+}
+
+CudaModelRunner::~CudaModelRunner() = default;
+
+int CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
+int CudaModelRunner::block_size() const { return impl_->block_size; }
+void CudaModelRunner::set_profiling(bool on) { impl_->timer.enabled = on; }
+void CudaModelRunner::set_cuda_graphs(bool on) { impl_->use_graphs = on; }
+std::map<std::string, double> CudaModelRunner::phase_times_ms() const {
+  std::map<std::string, double> phases = impl_->timer.totals;
+  const HostTimes& h = impl_->host;
+  phases["host_prepare"] = h.prepare;
+  phases["host_launch"] = h.launch;
+  phases["host_wait"] = h.wait;
+  phases["host_finish"] = h.finish;
+  return phases;
+}
+void CudaModelRunner::reset_phase_times() {
+  impl_->timer.totals.clear();
+  impl_->host = {};
+}
+
+void CudaModelRunner::submit(const StepBatch& b) {
+  Lap lap;
+  Impl& m = *impl_;
+  const int t = b.num_tokens(), rows = int(b.logit_rows.size());
+  check(m.num_queued < 2, "submit: two steps are queued already; collect one first");
+  check_step_batch(b, {m.num_blocks, m.block_size, m.c.vocab_size, m.c.max_position_embeddings,
+                       std::max(0, m.last_submitted_rows)});
+  const bool chained = !b.tokens_from_rows.empty();
+
+  // Split the step: leading one-token sequences to the decode kernel, the rest to prefill.
+  // All-decode steps replay CUDA graphs (graph_cache.h), at a widened block-table width.
+  StepShape shape = shape_of(b);
+  const bool graph = m.use_graphs && shape.decodes == shape.seqs;
+  if (graph) widen_for_graph(shape, m.block_size);
+
+  // (A buffer that grows while another step is queued is freed with cudaFree, which waits for
+  // the device: that step finishes with the old buffer first.)
+  m.forward.act.reserve(std::size_t(t), m.c);
+  m.forward.act.logits.reserve(std::size_t(std::max(rows, 1)) * std::size_t(m.c.vocab_size));  // rows that sample only
+  const LogitSummary* previous_summaries = m.summaries().get();  // the turn before this step's
+  m.step = write_step_metadata(b, shape, m.metadata);  // (this step's turn)
+  m.summaries().reserve(std::size_t(std::max(rows, 1)));
+  if (chained) {
+    m.step.previous_summaries = previous_summaries;
+    m.step.previous_rows = m.last_submitted_rows;
+  }
+  if (graph) m.forward.reserve_decode_workspace(shape, m.step);
+  Impl::QueuedStep& q = m.queued[(m.first_queued + m.num_queued) % 2];
+  if (!q.done) ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&q.done, cudaEventDisableTiming));
+  lap(m.host.prepare);
+
+  // The metadata goes up on the upload stream, beside the step before; the step's stream waits
+  // for it. Its GPU phases run from that wait ("h2d": nothing when the upload was early) to the
+  // full logits' copies ("d2h"); the summaries follow on the download stream.
+  const int turn = m.metadata.turn();
+  m.metadata.upload(m.streams.upload);
+  ASYNCT_CUDA_CHECK(cudaEventRecord(m.streams.uploaded[turn], m.streams.upload));
+  m.timer.begin(m.streams.compute);
+  ASYNCT_CUDA_CHECK(cudaStreamWaitEvent(m.streams.compute, m.streams.uploaded[turn], 0));
+  m.timer.mark("h2d");
+  if (graph)
+    m.run_graph(shape, rows);
+  else
+    m.run_model(shape, rows);
+  m.download_results(b, rows, q);
+  ++m.num_queued;
+  m.last_submitted_rows = rows;
+  lap(m.host.launch);
+}
+
+const StepOutput& CudaModelRunner::collect() {
+  Lap lap;
+  Impl& m = *impl_;
+  check(m.num_queued > 0, "collect: no step was submitted");
+  Impl::QueuedStep& q = m.queued[m.first_queued];
+  ASYNCT_CUDA_CHECK(cudaEventSynchronize(q.done));
+  lap(m.host.wait);
+  m.first_queued = (m.first_queued + 1) % 2;
+  --m.num_queued;
+  m.timer.collect();
+  m.unpack_results(q);
+  lap(m.host.finish);
+  return m.output;
+}
+
+}  // namespace asynct

@@ -1,0 +1,55 @@
+// The CUDA backend: the same forward pass as the CPU runner on the GPU, with bf16 weights and
+// a bf16 paged KV cache: cuBLASLt for the projections, asynct's kernels for the norms,
+// qk-norm + RoPE + cache write, attention (the decode kernel for a step's leading one-token
+// sequences, the prefill kernel for the rest) and SwiGLU. The logits stay on the GPU: a kernel finds each row's greedy token and
+// checks it is finite, and only the rows the engine asks for are copied back (float32).
+// The parts, one job a file beside this one: device_weights (upload), step_metadata, forward
+// (the layer loop), graph_cache (decode steps as CUDA graphs), phase_timer.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "engine/model_runner.h"
+#include "models/weights.h"
+
+namespace asynct {
+
+// Whether a CUDA device can be used (the library is built with CUDA and a GPU is visible).
+bool cuda_device_available();
+
+class CudaModelRunner : public ModelRunner {
+ public:
+  // max_tokens_per_step sizes the activation buffers (they grow if a step needs more). Throws
+  // Error for a block size the CUDA backend does not run (check_block_size) or no blocks, before
+  // anything is allocated, and when no CUDA device is visible.
+  CudaModelRunner(const ModelWeights& weights, int num_blocks, int block_size, int max_tokens_per_step);
+  ~CudaModelRunner() override;
+
+  // Steps are queued on one stream; a chained step's tokens are taken on the device from the
+  // summaries of the step before (StepBatch::tokens_from_rows), so the engine can queue it
+  // before reading them.
+  void submit(const StepBatch& batch) override;
+  const StepOutput& collect() override;
+  bool pipelines_steps() const override { return true; }
+  int num_blocks() const override;
+  int block_size() const override;
+  // With profiling on, each phase of every eager step is timed with CUDA events (no extra
+  // syncs); a step replayed from a CUDA graph is timed as one phase, "decode_graph". The host
+  // phases (host_prepare, host_launch, host_wait, host_finish) are timed either way.
+  // With pipelined steps the GPU phases of consecutive steps follow each other back to back.
+  void set_profiling(bool on);
+  // Decode steps (every sequence one token) captured once per shape and replayed as CUDA
+  // graphs: one launch instead of hundreds. On by default.
+  void set_cuda_graphs(bool on);
+  std::map<std::string, double> phase_times_ms() const override;
+  void reset_phase_times() override;
+
+  struct Impl;  // the device state (cuda_model_runner.cpp)
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asynct

@@ -1,0 +1,218 @@
+#include "models/cuda/forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/device_info.h"
+#include "kernels/elementwise.h"
+#include "kernels/prefill.h"
+#include "kernels/sampling.h"
+#include "kernels/skinny_gemm.h"
+
+namespace asynct {
+
+using kernels::bf16;
+
+void Activations::reserve(std::size_t t, const ModelConfig& c) {
+  if (t <= capacity) return;
+  const std::size_t h = std::size_t(c.hidden_size), qd = std::size_t(c.num_attention_heads) * c.head_dim,
+                    kvd = std::size_t(c.num_key_value_heads) * c.head_dim, in = std::size_t(c.intermediate_size);
+  residual.resize(t * h);
+  hidden.resize(t * h);
+  qkv.resize(t * (qd + 2 * kvd));
+  q.resize(t * qd);
+  k.resize(t * kvd);
+  v.resize(t * kvd);
+  attn.resize(t * qd);
+  attn_out.resize(t * h);
+  gate_up.resize(t * 2 * in);
+  act.resize(t * in);
+  mlp_out.resize(t * h);
+  last.resize(t * h);
+  linear_partials.reserve(std::size_t(kernels::kMaxLinearSplits) * kernels::kSkinnyMaxRows * std::max(h, qd + 2 * kvd));
+  capacity = t;
+}
+
+std::array<const void*, 14> Activations::addresses() const {
+  return {residual.get(), hidden.get(), qkv.get(), q.get(),       k.get(),    v.get(),      attn.get(),
+          attn_out.get(), gate_up.get(), act.get(), mlp_out.get(), last.get(), logits.get(), linear_partials.get()};
+}
+
+ModelForward::ModelForward(const ModelWeights& w, const ArchitectureRecipe& recipe, int num_blocks, int block_size,
+                           cudaStream_t stream)
+    : c_(w.config), recipe_(recipe), num_blocks_(num_blocks), block_size_(block_size),
+      sm_count_(kernels::current_device_info().sm_count) {
+  check(recipe_.qk_norm, "CudaModelRunner: models without q/k norm are not supported");
+  norm_.eps = recipe_.norm_eps;
+  norm_.clip = recipe_.norm == NormKind::UClip ? recipe_.norm_clip : INFINITY;
+  const std::size_t cache = std::size_t(num_blocks) * block_size * c_.num_key_value_heads * c_.head_dim;
+  weights_ = upload_weights(w, recipe_, cache, stream);
+}
+
+void ModelForward::run(const StepShape& shape, const StepPointers& step, int rows, LogitSummary* summaries,
+                       PhaseTimer& timer, cudaStream_t stream) {
+  const int t = shape.tokens;
+  const int h = c_.hidden_size, qd = c_.num_attention_heads * c_.head_dim, kvd = c_.num_key_value_heads * c_.head_dim;
+  const int inter = c_.intermediate_size;
+  const std::size_t partial_floats = act.linear_partials.size();
+  std::vector<DeviceLayer>& layers = weights_.layers;
+  if (step.tokens_from_rows)  // a chained step: its token ids are the step before's greedy tokens
+    kernels::launch_greedy_tokens(step.previous_summaries, step.previous_rows, step.tokens_from_rows, t, c_.vocab_size,
+                                  const_cast<std::int32_t*>(step.tokens), stream);
+  kernels::launch_gather_rows(weights_.embed_tokens.get(), step.tokens, act.residual.get(), t, c_.vocab_size, h, stream);
+  kernels::launch_norm(act.residual.get(), layers[0].input_layernorm.get(), act.hidden.get(), t, h, norm_, stream);
+  timer.mark("other");
+
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    DeviceLayer& layer = layers[l];
+    const kernels::LinearOutput qkv_proj =
+        gemm_.linear_for_reader(act.hidden.get(), layer.qkv_proj.get(), act.qkv.get(), act.linear_partials.get(),
+                                partial_floats, t, h, qd + 2 * kvd, stream);
+    timer.mark("gemm");
+    // The decode tokens' q/k norm, RoPE and cache write happen in the decode kernel (it reads the
+    // projection); the prefill tokens' here, into dense q, k, v (the prefill kernel writes the
+    // cache itself).
+    if (shape.decodes < t) {
+      kernels::QkNormRopeArgs qk;
+      qk.qkv = qkv_proj;
+      qk.q = act.q.get();
+      qk.k = act.k.get();
+      qk.v_out = act.v.get();
+      qk.q_weight = layer.q_norm.get();
+      qk.k_weight = layer.k_norm.get();
+      qk.positions = step.positions;
+      qk.tokens = t;
+      qk.first_token = shape.decodes;
+      qk.num_q_heads = c_.num_attention_heads;
+      qk.num_kv_heads = c_.num_key_value_heads;
+      qk.head_dim = c_.head_dim;
+      qk.rope_theta = float(c_.rope_theta);
+      qk.norm = norm_;
+      kernels::launch_qk_norm_rope_cache_write(qk, stream);
+      timer.mark("norms");
+    }
+    attention(layer, shape, step, qkv_proj, stream);
+    timer.mark("attention");
+    const kernels::LinearOutput attn_proj =
+        gemm_.linear_for_reader(act.attn.get(), layer.o_proj.get(), act.attn_out.get(), act.linear_partials.get(),
+                                partial_floats, t, qd, h, stream);
+    timer.mark("gemm");
+    // residual += attn (Peri-LN: residual += norm(attn)). Then the MLP's norm.
+    if (recipe_.peri_ln)
+      kernels::launch_post_attn_pre_mlp(attn_proj, act.residual.get(), layer.attn_output_layernorm.get(),
+                                        layer.post_attention_layernorm.get(), act.hidden.get(), t, h, norm_, stream);
+    else
+      kernels::launch_fused_add_norm(attn_proj, act.residual.get(), layer.post_attention_layernorm.get(),
+                                     act.hidden.get(), t, h, norm_, stream);
+    timer.mark("norms");
+    gemm_.gated_linear(act.hidden.get(), layer.gate_up_proj.get(), act.gate_up.get(), act.act.get(), t, h, inter,
+                       stream);
+    timer.mark("gemm");
+    const kernels::LinearOutput mlp_proj =
+        gemm_.linear_for_reader(act.act.get(), layer.down_proj.get(), act.mlp_out.get(), act.linear_partials.get(),
+                                partial_floats, t, inter, h, stream);
+    timer.mark("gemm");
+    // The same step closes the MLP and opens the next layer (or the final norm).
+    const bf16* next = l + 1 < layers.size() ? layers[l + 1].input_layernorm.get() : weights_.final_norm.get();
+    if (recipe_.peri_ln)
+      kernels::launch_post_attn_pre_mlp(mlp_proj, act.residual.get(), layer.mlp_output_layernorm.get(), next,
+                                        act.hidden.get(), t, h, norm_, stream);
+    else
+      kernels::launch_fused_add_norm(mlp_proj, act.residual.get(), next, act.hidden.get(), t, h, norm_, stream);
+    timer.mark("norms");
+  }
+
+  if (rows > 0) {
+    kernels::launch_gather_rows(act.hidden.get(), step.logit_rows, act.last.get(), rows, t, h, stream);
+    gemm_.linear(act.last.get(), weights_.lm_head, act.logits.get(), rows, h, c_.vocab_size, true, stream);
+    timer.mark("lm_head");
+    kernels::launch_summarize_logits(act.logits.get(), rows, c_.vocab_size, summaries, stream);
+    timer.mark("sample");
+  }
+}
+
+void ModelForward::reserve_decode_workspace(const StepShape& shape, const StepPointers& step) {
+  const kernels::DecodeParams probe =
+      decode_params(weights_.layers[0], step, shape.seqs, shape.max_blocks, shape.decode_kv_len);
+  act.decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(probe, probe.num_splits)));
+}
+
+kernels::PagedKv ModelForward::paged(DeviceLayer& l, const StepPointers& step, int max_blocks) const {
+  kernels::PagedKv kv;
+  kv.key_cache = l.key_cache.get();
+  kv.value_cache = l.value_cache.get();
+  kv.block_table = step.block_table;
+  kv.max_blocks_per_seq = max_blocks;
+  kv.num_blocks = num_blocks_;
+  kv.block_size = block_size_;
+  kv.num_kv_heads = c_.num_key_value_heads;
+  kv.head_dim = c_.head_dim;
+  return kv;
+}
+
+kernels::GateArgs ModelForward::gate(const DeviceLayer& l) const {
+  kernels::GateArgs g;
+  g.kind = recipe_.gate;
+  if (recipe_.gate == GateKind::Async) {
+    g.pool_window = recipe_.pool_window;
+    g.alpha = l.gate_alpha.get();
+    g.sigma = l.gate_sigma.get();
+    g.gamma = l.gate_gamma.get();
+  }
+  return g;
+}
+
+kernels::DecodeParams ModelForward::decode_params(DeviceLayer& l, const StepPointers& step, int s, int max_blocks,
+                                                  int max_kv_len) const {
+  kernels::DecodeParams p;
+  p.out = act.attn.get();
+  p.kv_lens = step.kv_lens;
+  p.num_seqs = s;
+  p.num_q_heads = c_.num_attention_heads;
+  p.max_kv_len = max_kv_len;
+  p.kv = paged(l, step, max_blocks);
+  p.gate = gate(l);
+  p.num_splits = kernels::decode_num_splits(s, c_.num_key_value_heads, max_kv_len, sm_count_);
+  p.workspace = act.decode_workspace.get();
+  return p;
+}
+
+void ModelForward::attention(DeviceLayer& l, const StepShape& shape, const StepPointers& step,
+                             const kernels::LinearOutput& qkv_proj, cudaStream_t stream) {
+  if (shape.decodes > 0) {
+    kernels::DecodeParams p = decode_params(l, step, shape.decodes, shape.max_blocks, shape.decode_kv_len);
+    kernels::DecodeProjection& pr = p.projection;  // the decode rows lead the projection
+    pr.qkv = qkv_proj;
+    pr.q_weight = l.q_norm.get();
+    pr.k_weight = l.k_norm.get();
+    pr.positions = step.positions;
+    pr.slot_mapping = step.slots;
+    pr.rope_theta = float(c_.rope_theta);
+    pr.norm = norm_;
+    act.decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(p, p.num_splits)));
+    p.workspace = act.decode_workspace.get();
+    kernels::launch_decode(p, stream);
+  }
+  if (shape.decodes == shape.seqs) return;
+  const std::size_t d = std::size_t(shape.decodes);  // the prefill part starts after them
+  const std::size_t qd = std::size_t(c_.num_attention_heads) * c_.head_dim,
+                    kvd = std::size_t(c_.num_key_value_heads) * c_.head_dim;
+  kernels::PrefillParams p;
+  p.query = act.q.get() + d * qd;
+  p.key = act.k.get() + d * kvd;  // normalised and rotated in place by the qk-norm kernel
+  p.value = act.v.get() + d * kvd;
+  p.out = act.attn.get() + d * qd;
+  p.cu_seqlens_q = step.prefill_cu_seqlens;
+  p.kv_lens = step.kv_lens + d;
+  p.num_seqs = shape.seqs - shape.decodes;
+  p.total_q = shape.tokens - shape.decodes;
+  p.max_q_len = shape.prefill_q_len;
+  p.max_kv_len = shape.prefill_kv_len;
+  p.num_q_heads = c_.num_attention_heads;
+  p.kv = paged(l, step, shape.max_blocks);
+  p.kv.block_table = step.block_table + d * std::size_t(shape.max_blocks);
+  p.gate = gate(l);
+  kernels::launch_prefill(p, stream);
+}
+
+}  // namespace asynct

@@ -1,0 +1,75 @@
+// The CUDA runner's forward pass: everything a step does on the device, from the token ids to
+// the logits and summaries of the sampling rows, as one stream of launches (the same for eager
+// runs and graph capture): the layer loop, and each layer's attention dispatched to the decode
+// kernel (leading one-token sequences) and the prefill kernel (the rest).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "core/logit_summary.h"
+#include "kernels/cuda_array.h"
+#include "kernels/decode.h"
+#include "kernels/gemm.h"
+#include "kernels/norms.h"
+#include "models/architecture.h"
+#include "models/config.h"
+#include "models/cuda/device_weights.h"
+#include "models/cuda/phase_timer.h"
+#include "models/cuda/step_metadata.h"
+
+namespace asynct {
+
+// A step's activations, sized for `capacity` tokens (they grow, never shrink).
+struct Activations {
+  using bf16 = kernels::bf16;
+  std::size_t capacity = 0;
+  kernels::DeviceArray<bf16> residual, hidden, qkv, q, k, v, attn, attn_out, gate_up, act, mlp_out, last;
+  // The qkv, o and down products of a decode-sized step, as split partial sums for the kernel
+  // after them (linear_output.h): [splits][rows][cols], room for the most splits at the most
+  // rows of the widest (each is read before the next is written).
+  kernels::DeviceArray<float> linear_partials;
+  kernels::DeviceArray<float> logits;  // [rows that sample, vocab]
+  kernels::DeviceArray<std::uint8_t> decode_workspace;
+
+  void reserve(std::size_t tokens, const ModelConfig& c);
+  // The addresses a captured graph bakes in (GraphAddresses::activations), workspace aside.
+  std::array<const void*, 14> addresses() const;
+};
+
+class ModelForward {
+ public:
+  // Uploads the weights and allocates the cache (upload_weights) on `stream`.
+  ModelForward(const ModelWeights& weights, const ArchitectureRecipe& recipe, int num_blocks, int block_size,
+               cudaStream_t stream);
+
+  // Runs the step whose metadata is at `step` (already uploaded, or to be by the time the
+  // stream gets there), writing the `rows` sampling rows' summaries to `summaries`.
+  void run(const StepShape& shape, const StepPointers& step, int rows, LogitSummary* summaries, PhaseTimer& timer,
+           cudaStream_t stream);
+  // Room for the decode kernel's split partials of an all-decode step of this shape (before a
+  // graph capture, which must not allocate).
+  void reserve_decode_workspace(const StepShape& shape, const StepPointers& step);
+
+  Activations act;
+
+ private:
+  kernels::PagedKv paged(DeviceLayer& l, const StepPointers& step, int max_blocks) const;
+  kernels::GateArgs gate(const DeviceLayer& l) const;
+  kernels::DecodeParams decode_params(DeviceLayer& l, const StepPointers& step, int s, int max_blocks,
+                                      int max_kv_len) const;
+  void attention(DeviceLayer& l, const StepShape& shape, const StepPointers& step,
+                 const kernels::LinearOutput& qkv_proj, cudaStream_t stream);
+
+  ModelConfig c_;
+  ArchitectureRecipe recipe_;
+  kernels::NormArgs norm_;
+  int num_blocks_, block_size_, sm_count_;
+  kernels::Gemm gemm_;
+  DeviceWeights weights_;
+};
+
+}  // namespace asynct

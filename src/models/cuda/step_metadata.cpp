@@ -1,0 +1,63 @@
+#include "models/cuda/step_metadata.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cuda_check.h"
+
+namespace asynct {
+
+StepShape shape_of(const StepBatch& b) {
+  StepShape shape;
+  shape.tokens = b.num_tokens();
+  shape.seqs = b.num_seqs();
+  for (int i = 0; i < shape.seqs; ++i) {
+    const int q_len = b.cu_seqlens_q[std::size_t(i) + 1] - b.cu_seqlens_q[std::size_t(i)];
+    const int kv_len = b.kv_lens[std::size_t(i)];
+    shape.max_blocks = std::max(shape.max_blocks, int(b.block_tables[std::size_t(i)].size()));
+    if (q_len == 1 && shape.decodes == i) {
+      ++shape.decodes;
+      shape.decode_kv_len = std::max(shape.decode_kv_len, kv_len);
+    } else {
+      shape.prefill_q_len = std::max(shape.prefill_q_len, q_len);
+      shape.prefill_kv_len = std::max(shape.prefill_kv_len, kv_len);
+    }
+  }
+  return shape;
+}
+
+void StepMetadata::upload(cudaStream_t stream) {
+  if (bytes_)
+    ASYNCT_CUDA_CHECK(cudaMemcpyAsync(device_[turn_].get(), host_[turn_].get(), bytes_, cudaMemcpyHostToDevice, stream));
+}
+
+StepPointers write_step_metadata(const StepBatch& b, const StepShape& shape, StepMetadata& md) {
+  const std::size_t t = std::size_t(shape.tokens), s = std::size_t(shape.seqs), width = std::size_t(shape.max_blocks);
+  const std::size_t decodes = std::size_t(shape.decodes), rows = b.logit_rows.size();
+  md.clear();
+  const std::size_t o_tokens = md.add<std::int32_t>(t), o_positions = md.add<std::int64_t>(t),
+                    o_slots = md.add<std::int64_t>(t), o_cu = md.add<std::int32_t>(s - decodes + 1),
+                    o_kv_lens = md.add<std::int32_t>(s), o_table = md.add<std::int32_t>(s * width),
+                    o_rows = md.add<std::int32_t>(rows), o_from = md.add<std::int32_t>(b.tokens_from_rows.size());
+  md.reserve();
+
+  std::copy(b.tokens.begin(), b.tokens.end(), md.host<std::int32_t>(o_tokens));
+  std::copy(b.positions.begin(), b.positions.end(), md.host<std::int64_t>(o_positions));
+  std::copy(b.slot_mapping.begin(), b.slot_mapping.end(), md.host<std::int64_t>(o_slots));
+  std::int32_t* cu = md.host<std::int32_t>(o_cu);  // the prefill part's, starting at 0
+  for (std::size_t i = decodes; i <= s; ++i) cu[i - decodes] = b.cu_seqlens_q[i] - std::int32_t(decodes);
+  std::copy(b.kv_lens.begin(), b.kv_lens.end(), md.host<std::int32_t>(o_kv_lens));
+  std::int32_t* table = md.host<std::int32_t>(o_table);
+  for (std::size_t i = 0; i < s; ++i) {
+    const std::vector<int>& blocks = b.block_tables[i];
+    std::copy(blocks.begin(), blocks.end(), table + i * width);
+    std::fill(table + i * width + blocks.size(), table + (i + 1) * width, 0);
+  }
+  std::copy(b.logit_rows.begin(), b.logit_rows.end(), md.host<std::int32_t>(o_rows));
+  std::copy(b.tokens_from_rows.begin(), b.tokens_from_rows.end(), md.host<std::int32_t>(o_from));
+  return {md.device<std::int32_t>(o_tokens), md.device<std::int64_t>(o_positions), md.device<std::int64_t>(o_slots),
+          md.device<std::int32_t>(o_cu),     md.device<std::int32_t>(o_kv_lens),     md.device<std::int32_t>(o_table),
+          md.device<std::int32_t>(o_rows),   b.tokens_from_rows.empty() ? nullptr : md.device<std::int32_t>(o_from)};
+}
+
+}  // namespace asynct

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "kernels/common/bf16.h"
-#include "reference/gate.h"  // GateKind
+#include "core/gate.h"  // GateKind
 
 namespace asynct::kernels {
 

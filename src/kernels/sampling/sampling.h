@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "reference/sampling.h"  // LogitSummary
+#include "core/logit_summary.h"
 
 namespace asynct::kernels {
 

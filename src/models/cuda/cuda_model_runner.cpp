@@ -5,8 +5,8 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cuda_array.h"
-#include "kernels/cuda_check.h"
+#include "kernels/common/cuda_array.h"
+#include "kernels/common/cuda_check.h"
 #include "models/architecture.h"
 #include "models/cuda/forward.h"
 #include "models/cuda/graph_cache.h"

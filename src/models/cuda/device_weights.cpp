@@ -5,8 +5,8 @@
 #include <cstring>
 #include <initializer_list>
 
-#include "kernels/cuda_check.h"
-#include "kernels/linear_output.h"
+#include "kernels/common/cuda_check.h"
+#include "kernels/gemm/linear_output.h"
 
 namespace asynct {
 

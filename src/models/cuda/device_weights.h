@@ -6,8 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernels/attention_args.h"  // kernels::bf16
-#include "kernels/cuda_array.h"
+#include "kernels/attention/attention_args.h"  // kernels::bf16
+#include "kernels/common/cuda_array.h"
 #include "models/architecture.h"
 #include "models/weights.h"
 

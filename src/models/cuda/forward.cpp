@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "kernels/device_info.h"
-#include "kernels/elementwise.h"
-#include "kernels/prefill.h"
-#include "kernels/sampling.h"
-#include "kernels/skinny_gemm.h"
+#include "kernels/common/device_info.h"
+#include "kernels/elementwise/elementwise.h"
+#include "kernels/attention/prefill/prefill.h"
+#include "kernels/sampling/sampling.h"
+#include "kernels/gemm/skinny_gemm.h"
 
 namespace asynct {
 

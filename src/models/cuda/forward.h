@@ -11,10 +11,10 @@
 #include <cuda_runtime_api.h>
 
 #include "core/logit_summary.h"
-#include "kernels/cuda_array.h"
-#include "kernels/decode.h"
-#include "kernels/gemm.h"
-#include "kernels/norms.h"
+#include "kernels/common/cuda_array.h"
+#include "kernels/attention/decode/decode.h"
+#include "kernels/gemm/gemm.h"
+#include "kernels/norms/norms.h"
 #include "models/architecture.h"
 #include "models/config.h"
 #include "models/cuda/device_weights.h"

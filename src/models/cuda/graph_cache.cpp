@@ -1,6 +1,6 @@
 #include "models/cuda/graph_cache.h"
 
-#include "kernels/cuda_check.h"
+#include "kernels/common/cuda_check.h"
 
 namespace asynct {
 

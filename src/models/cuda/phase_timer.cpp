@@ -1,7 +1,7 @@
 #include "models/cuda/phase_timer.h"
 
 #include "core/error.h"
-#include "kernels/cuda_check.h"
+#include "kernels/common/cuda_check.h"
 
 namespace asynct {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "kernels/cuda_check.h"
+#include "kernels/common/cuda_check.h"
 
 namespace asynct {
 

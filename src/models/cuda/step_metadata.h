@@ -12,7 +12,7 @@
 
 #include "core/logit_summary.h"
 #include "engine/step_batch.h"
-#include "kernels/cuda_array.h"
+#include "kernels/common/cuda_array.h"
 
 namespace asynct {
 

@@ -1,14 +1,16 @@
-// The asynct command line: `generate` (the default job), `bench` and `demo`.
+// The asynct command line: `generate` (the default job), `bench`, `init-checkpoint` and `demo`.
+// It parses the arguments and calls the library; the jobs live in cli/generate.cpp,
+// cli/attention_demo.cpp, scenarios/ and models/.
 #include <cstdio>
 #include <exception>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/attention_demo.h"
-#include "cli/bench.h"
 #include "cli/generate.h"
 #include "core/error.h"
 #include "models/weights.h"
+#include "scenarios/scenarios.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"asynct: inference for AsyncT and Qwen3 language models"};
@@ -60,7 +62,7 @@ int main(int argc, char** argv) {
   init_cmd->add_option("--seed", init_seed, "weights seed");
   init_cmd->add_option("--out", init_out, "checkpoint directory to create")->required();
 
-  asynct::cli::BenchOptions bench;
+  asynct::ScenarioOptions bench;
   CLI::App* bench_cmd = app.add_subcommand("bench", "Run the four SPEC scenarios, AsyncT against Qwen3");
   bench_cmd->add_option("--config", bench.config, "model size (auto: 1.7b on the GPU, tiny on the CPU)")
       ->check(CLI::IsMember({"auto", "tiny", "1.7b"}));
@@ -81,14 +83,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*demo_cmd) return asynct::cli::run_attention_demo(demo);
-    if (*bench_cmd) return asynct::cli::run_bench(bench);
+    if (*bench_cmd) return asynct::run_scenarios(bench);
     if (*init_cmd) {
-      const auto arch = init_arch == "qwen3" ? asynct::Architecture::Qwen3 : asynct::Architecture::AsyncT;
-      const auto config = init_size == "1.7b" ? asynct::reference_1p7b_config(arch) : asynct::tiny_config(arch);
+      const auto config = asynct::builtin_config(asynct::architecture_from_name(init_arch), init_size);
       std::printf("writing %s %s (%lld parameters, random, seed %llu) to %s\n", init_size.c_str(),
                   config.architecture_name().c_str(), static_cast<long long>(config.parameter_count()),
                   static_cast<unsigned long long>(init_seed), init_out.c_str());
-      asynct::save_checkpoint(asynct::random_weights(config, init_seed), init_out);
+      asynct::write_random_checkpoint(config, init_seed, init_out);
       return 0;
     }
     return asynct::cli::run_generate(gen);  // also the default job

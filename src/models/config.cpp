@@ -153,4 +153,14 @@ ModelConfig reference_1p7b_config(Architecture architecture) {
   return c;
 }
 
+Architecture architecture_from_name(const std::string& name) {
+  check(name == "asynct" || name == "qwen3", "architecture '", name, "' is not one of asynct, qwen3");
+  return name == "qwen3" ? Architecture::Qwen3 : Architecture::AsyncT;
+}
+
+ModelConfig builtin_config(Architecture architecture, const std::string& size) {
+  check(size == "tiny" || size == "1.7b", "model size '", size, "' is not one of tiny, 1.7b");
+  return size == "1.7b" ? reference_1p7b_config(architecture) : tiny_config(architecture);
+}
+
 }  // namespace asynct

@@ -208,4 +208,8 @@ void save_checkpoint(const ModelWeights& weights, const std::string& directory) 
   config << config_to_json(weights.config) << "\n";
 }
 
+void write_random_checkpoint(const ModelConfig& config, std::uint64_t seed, const std::string& directory) {
+  save_checkpoint(random_weights(config, seed), directory);
+}
+
 }  // namespace asynct

@@ -1,4 +1,4 @@
-#include "cli/runner.h"
+#include "models/runner_factory.h"
 
 #include "core/error.h"
 #include "models/cpu_model.h"
@@ -6,7 +6,7 @@
 #include "models/cuda_model.h"
 #endif
 
-namespace asynct::cli {
+namespace asynct {
 
 std::string resolve_device(const std::string& device) {
   check(device == "auto" || device == "cpu" || device == "cuda", "--device must be auto, cpu or cuda, got ", device);
@@ -33,4 +33,4 @@ std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptio
   return std::make_unique<CpuModelRunner>(std::move(weights), o.num_blocks, o.block_size);
 }
 
-}  // namespace asynct::cli
+}  // namespace asynct

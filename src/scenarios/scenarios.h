@@ -1,13 +1,14 @@
-// `asynct bench`: the four end-to-end scenarios of SPEC §6, AsyncT against Qwen3 on the same
-// engine, with a progress line, a table and a JSON file.
+// The benchmark scenarios (`asynct bench`): the four end-to-end scenarios of SPEC §6 and
+// single-stream decode, AsyncT against Qwen3 on the same engine, with a progress line, a table
+// and a JSON file.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-namespace asynct::cli {
+namespace asynct {
 
-struct BenchOptions {
+struct ScenarioOptions {
   std::string config = "auto";  // tiny, 1.7b, or auto: 1.7b on the GPU, tiny on the CPU
   int scale = 0;                // divide every length by this; 0: 1 on the GPU, 64 on the CPU
   std::string only;             // run one scenario by name
@@ -18,7 +19,7 @@ struct BenchOptions {
   std::string device = "auto";  // auto, cpu or cuda
   // Per-phase GPU times (CUDA events). Off by default: the events cost a decode step ~0.015-0.02
   // ms at 32 sequences on H200 (each waits for the work before it, so consecutive steps no
-  // longer overlap; bench/RESULTS.md, sixteenth run).
+  // longer overlap; bench/RESULTS.md).
   bool profile = false;
   bool cuda_graphs = true;      // replay decode steps as CUDA graphs (timed as "decode_graph")
   bool pipeline = true;         // queue greedy decode steps ahead (EngineOptions::pipeline_steps)
@@ -27,6 +28,7 @@ struct BenchOptions {
                                 // order of the two models alternates between runs)
 };
 
-int run_bench(const BenchOptions& options);
+// Runs the chosen scenarios on both models and prints the results; returns the exit code.
+int run_scenarios(const ScenarioOptions& options);
 
-}  // namespace asynct::cli
+}  // namespace asynct

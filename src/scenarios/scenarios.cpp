@@ -1,4 +1,4 @@
-#include "cli/bench.h"
+#include "scenarios/scenarios.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,9 +13,9 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
-#include "cli/runner.h"
+#include "models/runner_factory.h"
 
-namespace asynct::cli {
+namespace asynct {
 namespace {
 
 struct Scenario {
@@ -52,11 +52,11 @@ struct Run {
 };
 
 // Random weights are made once per model and shared by the scenarios (tensors share storage).
-const ModelWeights& weights_for(Architecture arch, const BenchOptions& o) {
+const ModelWeights& weights_for(Architecture arch, const ScenarioOptions& o) {
   static std::map<Architecture, ModelWeights> made;
   auto it = made.find(arch);
   if (it == made.end()) {
-    ModelConfig config = o.config == "1.7b" ? reference_1p7b_config(arch) : tiny_config(arch);
+    ModelConfig config = builtin_config(arch, o.config);
     config.max_position_embeddings = std::max(config.max_position_embeddings, 16384);
     std::fprintf(stderr, "  making random %s weights (%lld parameters)\n", config.architecture_name().c_str(),
                  static_cast<long long>(config.parameter_count()));
@@ -71,7 +71,7 @@ const ModelWeights& weights_for(Architecture arch, const BenchOptions& o) {
 // full prefill chunk and for the decode batch, lazy kernel loading, first touch of buffers,
 // the first decode graphs) before the clock starts; graphs for the longer contexts the
 // scenario reaches are still captured inside the timed run, as in serving.
-void warm_up(Engine& engine, const Scenario& s, int prompt_min, int output, const BenchOptions& o, int vocab) {
+void warm_up(Engine& engine, const Scenario& s, int prompt_min, int output, const ScenarioOptions& o, int vocab) {
   const int prompt = std::max(1, std::min(prompt_min, o.max_batched_tokens / s.requests));
   for (int i = 0; i < s.requests; ++i) {
     Request r;
@@ -110,7 +110,7 @@ std::string breakdown(const char* scenario, const char* model, const Run& run) {
   return line;
 }
 
-Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
+Run run_scenario(const Scenario& s, Architecture arch, const ScenarioOptions& o) {
   const ModelWeights& weights = weights_for(arch, o);
   const ModelConfig& config = weights.config;
   std::mt19937_64 rng(o.seed);  // the same prompts for both models
@@ -215,10 +215,10 @@ std::vector<double> ratio_each_run(const std::vector<Run>& asynct_runs, const st
 
 }  // namespace
 
-int run_bench(const BenchOptions& options) {
+int run_scenarios(const ScenarioOptions& options) {
   // The scenarios are defined at the 1.7B size; on the CPU that takes hours, so there the
   // defaults are the tiny model at 1/64 of the lengths.
-  BenchOptions o = options;
+  ScenarioOptions o = options;
   o.device = resolve_device(o.device);
   const bool gpu = o.device == "cuda";
   if (o.config == "auto") o.config = gpu ? "1.7b" : "tiny";
@@ -290,4 +290,4 @@ int run_bench(const BenchOptions& options) {
   return 0;
 }
 
-}  // namespace asynct::cli
+}  // namespace asynct

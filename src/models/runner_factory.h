@@ -1,4 +1,4 @@
-// Picks the model backend for the CLI: the CUDA runner when built with CUDA and a GPU is
+// Picks the model backend: the CUDA runner when built with CUDA and a GPU is
 // visible (or when asked for), the CPU reference runner otherwise.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include "engine/model_runner.h"
 #include "models/weights.h"
 
-namespace asynct::cli {
+namespace asynct {
 
 // "auto" -> "cuda" when this build has CUDA and a GPU is visible, else "cpu"; "cpu" and "cuda"
 // stay (a "cuda" that cannot be had is an Error when the runner is made).
@@ -26,4 +26,4 @@ struct RunnerOptions {
 // Throws Error when "cuda" is asked for and not available; *chosen says which backend runs.
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& options, std::string* chosen);
 
-}  // namespace asynct::cli
+}  // namespace asynct

@@ -14,6 +14,10 @@ namespace asynct {
 // stay (a "cuda" that cannot be had is an Error when the runner is made).
 std::string resolve_device(const std::string& device);
 
+// Throws an Error when the device ("cpu" or "cuda", as resolve_device returns) cannot run here:
+// "cuda" in a build without CUDA or with no GPU visible. Cheap: call it before making weights.
+void require_device(const std::string& device);
+
 struct RunnerOptions {
   std::string device = "auto";   // auto, cpu or cuda
   int num_blocks = 0;            // KV cache blocks

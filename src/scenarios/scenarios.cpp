@@ -1,5 +1,7 @@
 #include "scenarios/scenarios.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -151,10 +153,15 @@ Run run_scenario(const Scenario& s, Architecture arch, const ScenarioOptions& o)
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();  // wall time from submission to last token
   auto shown = t0;
+  // On a terminal the progress line is rewritten in place a few times a second; to a file or
+  // a pipe each update is a line of its own, every 10 s.
+  const bool terminal = isatty(fileno(stderr)) == 1;
+  const auto interval = terminal ? std::chrono::milliseconds(250) : std::chrono::milliseconds(10000);
   const auto show = [&](const EngineStats& st) {
-    std::fprintf(stderr, "\r  %-18s %-7s step %5lld, %7lld prefill + %6lld decode tokens", s.name,
-                 arch == Architecture::AsyncT ? "asynct" : "qwen3", static_cast<long long>(st.steps),
-                 static_cast<long long>(st.prefill_tokens), static_cast<long long>(st.decode_tokens));
+    std::fprintf(stderr, "%s  %-18s %-7s step %5lld, %7lld prefill + %6lld decode tokens%s", terminal ? "\r" : "",
+                 s.name, arch == Architecture::AsyncT ? "asynct" : "qwen3", static_cast<long long>(st.steps),
+                 static_cast<long long>(st.prefill_tokens), static_cast<long long>(st.decode_tokens),
+                 terminal ? "" : "\n");
   };
   std::vector<double> decode_step_ms;
   auto step_start = t0;
@@ -165,14 +172,14 @@ Run run_scenario(const Scenario& s, Architecture arch, const ScenarioOptions& o)
       decode_step_ms.push_back(std::chrono::duration<double, std::milli>(now - step_start).count());
     step_start = now;
     before = st;
-    if (now - shown < std::chrono::milliseconds(250)) return;
+    if (now - shown < interval) return;
     shown = now;
     show(st);
   });
   run.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const EngineStats& st = engine.stats();
   show(st);
-  std::fprintf(stderr, "\n");
+  if (terminal) std::fprintf(stderr, "\n");
   run.steps = st.steps;
   run.pipelined_steps = st.pipelined_steps;
   run.decode_steps = std::int64_t(decode_step_ms.size());
@@ -215,11 +222,27 @@ std::vector<double> ratio_each_run(const std::vector<Run>& asynct_runs, const st
 
 }  // namespace
 
+std::vector<std::string> scenario_names() {
+  std::vector<std::string> names;
+  for (const Scenario& s : kScenarios) names.push_back(s.name);
+  return names;
+}
+
 int run_scenarios(const ScenarioOptions& options) {
+  // Every option is checked before anything is printed or made (a 1.7B model's random weights
+  // take most of a minute on a few cores).
+  if (!options.only.empty()) {
+    const std::vector<std::string> names = scenario_names();
+    std::string list;
+    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+    check(std::find(names.begin(), names.end(), options.only) != names.end(), "bench: no scenario named '",
+          options.only, "' (the scenarios: ", list, ")");
+  }
   // The scenarios are defined at the 1.7B size; on the CPU that takes hours, so there the
   // defaults are the tiny model at 1/64 of the lengths.
   ScenarioOptions o = options;
   o.device = resolve_device(o.device);
+  require_device(o.device);
   const bool gpu = o.device == "cuda";
   if (o.config == "auto") o.config = gpu ? "1.7b" : "tiny";
   if (o.scale == 0) o.scale = gpu ? 1 : 64;
@@ -232,10 +255,8 @@ int run_scenarios(const ScenarioOptions& options) {
   std::printf("\n%-18s %10s %10s %10s %12s %12s  %s\n", "scenario", "asynct s", "qwen3 s", "ratio",
               "asynct tok/s", "qwen3 tok/s", "ratio per repeat (min-max)");
   std::vector<std::string> lines;
-  bool ran = false;
   for (const Scenario& s : kScenarios) {
     if (o.only.empty() ? s.by_name_only : o.only != s.name) continue;
-    ran = true;
     // Each model `repeat` times, the order alternating so that neither always runs first;
     // the run with the median time stands for the model.
     std::vector<Run> asynct_runs, qwen3_runs;
@@ -280,12 +301,13 @@ int run_scenarios(const ScenarioOptions& options) {
     for (const auto& [label, run] : {std::pair{"asynct", &a}, std::pair{"qwen3", &q}})
       lines.push_back(breakdown(s.name, label, *run));
   }
-  check(ran, "bench: no scenario named '", o.only, "'");
   for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+  if (o.json_path.empty()) return 0;
   nlohmann::json out = {{"config", o.config}, {"scale", o.scale}, {"device", o.device}, {"results", results}};
   std::ofstream f(o.json_path);
   check(bool(f), "bench: cannot write ", o.json_path);
   f << out.dump(2) << "\n";
+  check(bool(f.flush()), "bench: writing ", o.json_path, " failed");
   std::printf("\nwrote %s\n", o.json_path.c_str());
   return 0;
 }

@@ -5,14 +5,15 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace asynct {
 
 struct ScenarioOptions {
   std::string config = "auto";  // tiny, 1.7b, or auto: 1.7b on the GPU, tiny on the CPU
   int scale = 0;                // divide every length by this; 0: 1 on the GPU, 64 on the CPU
-  std::string only;             // run one scenario by name
-  std::string json_path = "asynct_bench.json";
+  std::string only;             // run one scenario by name (scenario_names())
+  std::string json_path;        // where to write the results as JSON; empty: no file
   std::uint64_t seed = 0;
   int block_size = 16;
   int max_batched_tokens = 8192;
@@ -27,6 +28,9 @@ struct ScenarioOptions {
   int repeat = 1;               // timed runs per scenario and model (median reported; the
                                 // order of the two models alternates between runs)
 };
+
+// Every scenario's name, in the order they run.
+std::vector<std::string> scenario_names();
 
 // Runs the chosen scenarios on both models and prints the results; returns the exit code.
 int run_scenarios(const ScenarioOptions& options);

@@ -1,11 +1,41 @@
 #!/usr/bin/env bash
 # The run command: builds asynct if needed and runs it. With no arguments it runs the
-# default job: `asynct generate` on the built-in tiny AsyncT model, on the GPU when the build
-# has CUDA and one is present, else on the CPU.
+# default job: `asynct generate` on the built-in tiny AsyncT model, on the GPU when one is
+# visible, else on the CPU.
+#
+# Which build: with nvcc and a visible GPU (nvidia-smi -L lists one, or /dev/nvidia0 exists),
+# build/release with the CUDA code, the build scripts/test.sh makes. With nvcc but no GPU,
+# build/run-cpu without it (ASYNCT_CUDA=OFF): the kernels are most of a first build (~7 minutes
+# on 2 cores) and could not run here. Without nvcc, build/release (CPU only either way).
+# The build's progress and any compiler errors go to stderr; stdout is asynct's own.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-"$root/scripts/setup.sh"
+"$root/scripts/setup.sh" >&2
 source "$root/scripts/env.sh"
-cmake -S "$root" -B "$root/build/release" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$root/build/release" --target asynct -j "$(nproc)" >/dev/null
-exec "$root/build/release/src/asynct" "$@"
+
+gpu_visible() {
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    return 0
+  fi
+  [ -e /dev/nvidia0 ]
+}
+
+build="$root/build/release"
+flags=(-DCMAKE_BUILD_TYPE=Release)
+if command -v nvcc >/dev/null 2>&1 && ! gpu_visible; then
+  build="$root/build/run-cpu"
+  flags+=(-DASYNCT_CUDA=OFF)
+fi
+
+# Configure quietly unless it fails; then show what CMake said.
+if ! configure_log="$(cmake -S "$root" -B "$build" "${flags[@]}" 2>&1)"; then
+  printf '%s\n' "$configure_log" >&2
+  echo "asynct run: configuring $build failed" >&2
+  exit 1
+fi
+# Ninja's progress lines ([n/N] ...) and errors, on stderr; a build with nothing to do says nothing.
+if ! cmake --build "$build" --target asynct -j "$(nproc)" 2>&1 | sed -u '/^ninja: no work to do/d' >&2; then
+  echo "asynct run: building asynct in $build failed (the compiler's messages are above)" >&2
+  exit 1
+fi
+exec "$build/src/asynct" "$@"

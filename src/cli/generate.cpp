@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
-#include "cli/runner.h"
+#include "models/runner_factory.h"
 
 namespace asynct::cli {
 

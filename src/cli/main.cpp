@@ -1,31 +1,47 @@
-// The asynct command line: `generate` (the default job), `bench` and `demo`.
+// The asynct command line: `generate` (the default job), `bench`, `init-checkpoint` and `demo`.
+// It parses the arguments and calls the library; the jobs live in cli/generate.cpp,
+// cli/attention_demo.cpp, scenarios/ and models/.
+//
+// Exit codes: 0 done (or --help), 1 a bad command line (CLI11's parse errors, whose own codes
+// are 100 and up), 2 an error the job reports (asynct::Error), 3 an internal error (any other
+// exception: a bug).
+#include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <limits>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/attention_demo.h"
-#include "cli/bench.h"
 #include "cli/generate.h"
+#include "cli/option_checks.h"
 #include "core/error.h"
 #include "models/weights.h"
+#include "scenarios/scenarios.h"
 
 int main(int argc, char** argv) {
+  using asynct::cli::integer_in;
+  using asynct::cli::number_in;
+  constexpr int kIntMax = std::numeric_limits<int>::max();
+  constexpr std::uint64_t kSeedMax = std::numeric_limits<std::uint64_t>::max();
   CLI::App app{"asynct: inference for AsyncT and Qwen3 language models"};
   app.require_subcommand(0, 1);
+  app.footer("Exit codes: 0 done, 1 a bad command line, 2 an error, 3 an internal error.");
+  // --help shows each option's default (the subcommands inherit this).
+  app.option_defaults()->always_capture_default();
 
   asynct::cli::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand(
       "demo", "Run the reference attention (async and softmax gates) on a built-in batch");
-  demo_cmd->add_option("--q-heads", demo.num_q_heads, "query heads")->check(CLI::Range(1, 256));
+  demo_cmd->add_option("--q-heads", demo.num_q_heads, "query heads")->check(integer_in(1, 256));
   demo_cmd->add_option("--kv-heads", demo.num_kv_heads, "KV heads (divides --q-heads)")
-      ->check(CLI::Range(1, 256));
-  demo_cmd->add_option("--head-dim", demo.head_dim, "head dimension")->check(CLI::Range(1, 1024));
+      ->check(integer_in(1, 256));
+  demo_cmd->add_option("--head-dim", demo.head_dim, "head dimension")->check(integer_in(1, 1024));
   demo_cmd->add_option("--block-size", demo.block_size, "paged-cache block size")
-      ->check(CLI::Range(1, 4096));
+      ->check(integer_in(1, 4096));
   demo_cmd->add_option("--window", demo.pool_window, "async gate pool window W")
-      ->check(CLI::Range(1, 64));
-  demo_cmd->add_option("--seed", demo.seed, "random seed");
+      ->check(integer_in(1, 64));
+  demo_cmd->add_option("--seed", demo.seed, "random seed")->check(integer_in(std::uint64_t(0), kSeedMax));
 
   asynct::cli::GenerateOptions gen;
   CLI::App* gen_cmd = app.add_subcommand(
@@ -34,17 +50,18 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--builtin", gen.builtin, "built-in model when --model is absent")
       ->check(CLI::IsMember({"asynct", "qwen3"}));
   gen_cmd->add_option("--prompt", gen.prompts, "token ids, comma-separated (repeat for a batch)");
-  gen_cmd->add_option("--max-tokens", gen.max_tokens, "tokens to generate per request")->check(CLI::Range(1, 1 << 20));
-  gen_cmd->add_option("--temperature", gen.temperature, "0 is greedy")->check(CLI::Range(0.0f, 100.0f));
-  gen_cmd->add_option("--top-k", gen.top_k, "0 is off")->check(CLI::NonNegativeNumber);
-  gen_cmd->add_option("--top-p", gen.top_p, "nucleus mass in (0, 1]");
-  gen_cmd->add_option("--seed", gen.seed, "sampling seed");
-  gen_cmd->add_option("--block-size", gen.block_size, "KV cache block size")->check(CLI::Range(1, 4096));
+  gen_cmd->add_option("--max-tokens", gen.max_tokens, "tokens to generate per request")->check(integer_in(1, 1 << 20));
+  gen_cmd->add_option("--temperature", gen.temperature, "0 is greedy")->check(number_in(0.0, 100.0));
+  gen_cmd->add_option("--top-k", gen.top_k, "0 is off")->check(integer_in(0, kIntMax));
+  gen_cmd->add_option("--top-p", gen.top_p, "nucleus mass in (0, 1]")->check(number_in(0.0, 1.0));
+  gen_cmd->add_option("--seed", gen.seed, "sampling seed")->check(integer_in(std::uint64_t(0), kSeedMax));
+  gen_cmd->add_option("--block-size", gen.block_size, "KV cache block size")->check(integer_in(1, 4096));
   gen_cmd->add_option("--num-blocks", gen.num_blocks, "KV cache blocks (0: enough for the requests)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, kIntMax));
   gen_cmd->add_option("--max-batched-tokens", gen.max_batched_tokens, "chunked-prefill token budget per step")
-      ->check(CLI::Range(1, 1 << 20));
-  gen_cmd->add_option("--eos", gen.eos_token, "stop at this token id (with --no-ignore-eos)");
+      ->check(integer_in(1, 1 << 20));
+  gen_cmd->add_option("--eos", gen.eos_token, "stop at this token id (with --no-ignore-eos; -1: none)")
+      ->check(integer_in(-1, kIntMax));
   gen_cmd->add_flag("!--no-ignore-eos", gen.ignore_eos, "stop at --eos");
   gen_cmd->add_flag("!--no-cuda-graphs", gen.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
   gen_cmd->add_flag("!--no-pipeline", gen.pipeline, "read each step's tokens before queuing the next step");
@@ -57,38 +74,42 @@ int main(int argc, char** argv) {
   CLI::App* init_cmd = app.add_subcommand("init-checkpoint", "Write a checkpoint with random weights");
   init_cmd->add_option("--arch", init_arch, "asynct or qwen3")->check(CLI::IsMember({"asynct", "qwen3"}));
   init_cmd->add_option("--config", init_size, "tiny or 1.7b")->check(CLI::IsMember({"tiny", "1.7b"}));
-  init_cmd->add_option("--seed", init_seed, "weights seed");
+  init_cmd->add_option("--seed", init_seed, "weights seed")->check(integer_in(std::uint64_t(0), kSeedMax));
   init_cmd->add_option("--out", init_out, "checkpoint directory to create")->required();
 
-  asynct::cli::BenchOptions bench;
+  asynct::ScenarioOptions bench;
   CLI::App* bench_cmd = app.add_subcommand("bench", "Run the four SPEC scenarios, AsyncT against Qwen3");
   bench_cmd->add_option("--config", bench.config, "model size (auto: 1.7b on the GPU, tiny on the CPU)")
       ->check(CLI::IsMember({"auto", "tiny", "1.7b"}));
   bench_cmd->add_option("--scale", bench.scale, "divide prompt and output lengths by this (0: 1 on the GPU, 64 on the CPU)")
-      ->check(CLI::Range(0, 1 << 20));
-  bench_cmd->add_option("--scenario", bench.only, "run only this scenario (decode_b1, single-stream decode, runs only when named)");
-  bench_cmd->add_option("--json", bench.json_path, "where to write the results");
-  bench_cmd->add_option("--seed", bench.seed, "weights and prompts seed");
+      ->check(integer_in(0, 1 << 20));
+  bench_cmd->add_option("--scenario", bench.only, "run only this scenario (decode_b1, single-stream decode, runs only when named)")
+      ->check(CLI::IsMember(asynct::scenario_names()));
+  bench_cmd->add_option("--json", bench.json_path, "write the results as JSON to this file (none when not given)");
+  bench_cmd->add_option("--seed", bench.seed, "weights and prompts seed")->check(integer_in(std::uint64_t(0), kSeedMax));
   bench_cmd->add_flag("--profile", bench.profile,
                       "time the GPU phases of each step with CUDA events (slows decode steps by ~1%)");
   bench_cmd->add_flag("!--no-cuda-graphs", bench.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
   bench_cmd->add_flag("!--no-pipeline", bench.pipeline, "read each step's tokens before queuing the next step");
   bench_cmd->add_flag("!--no-warmup", bench.warmup, "skip the untimed warm-up and first run of each scenario");
   bench_cmd->add_option("--repeat", bench.repeat, "timed runs per scenario and model; the median is reported")
-      ->check(CLI::Range(1, 100));
+      ->check(integer_in(1, 100));
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 1;  // prints the help, or the error
+  }
   try {
     if (*demo_cmd) return asynct::cli::run_attention_demo(demo);
-    if (*bench_cmd) return asynct::cli::run_bench(bench);
+    if (*bench_cmd) return asynct::run_scenarios(bench);
     if (*init_cmd) {
-      const auto arch = init_arch == "qwen3" ? asynct::Architecture::Qwen3 : asynct::Architecture::AsyncT;
-      const auto config = init_size == "1.7b" ? asynct::reference_1p7b_config(arch) : asynct::tiny_config(arch);
+      const auto config = asynct::builtin_config(asynct::architecture_from_name(init_arch), init_size);
       std::printf("writing %s %s (%lld parameters, random, seed %llu) to %s\n", init_size.c_str(),
                   config.architecture_name().c_str(), static_cast<long long>(config.parameter_count()),
                   static_cast<unsigned long long>(init_seed), init_out.c_str());
-      asynct::save_checkpoint(asynct::random_weights(config, init_seed), init_out);
+      asynct::write_random_checkpoint(config, init_seed, init_out);
       return 0;
     }
     return asynct::cli::run_generate(gen);  // also the default job

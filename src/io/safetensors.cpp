@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -43,17 +44,81 @@ std::string dtype_to_name(DType dtype) {
   return "?";
 }
 
+bool is_float_dtype(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16 || dtype == DType::F16;
+}
+
+// Opens a file for reading; `where` names it in errors. O_NONBLOCK makes opening a FIFO return
+// at once (a plain open waits for a writer), and the file type is then checked on the open
+// descriptor. *st receives the file's status.
+int open_regular_file(const std::string& path, const std::string& where, struct stat* st) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  check(fd >= 0, where, ": cannot open (", std::strerror(errno), ")");
+  if (fstat(fd, st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(where + ": cannot stat (" + std::strerror(err) + ")");
+  }
+  if (!S_ISREG(st->st_mode)) {
+    ::close(fd);
+    throw Error(where + " is not a regular file");
+  }
+  return fd;
+}
+
+// Whether anything (a dangling link too) is at the path.
+bool entry_exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
 }  // namespace
+
+std::string read_checkpoint_text(const std::string& path) {
+  constexpr std::uint64_t kMaxBytes = 256u << 20;  // config.json and index files are kilobytes
+  struct stat st {};
+  const int fd = open_regular_file(path, path, &st);
+  std::string text;
+  if (std::uint64_t(st.st_size) > kMaxBytes) {
+    ::close(fd);
+    throw Error(path + ": " + std::to_string(st.st_size) + " bytes is too large for a checkpoint text file");
+  }
+  text.resize(std::size_t(st.st_size));
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : 0;
+      ::close(fd);
+      throw Error(path + ": read failed" + (err ? std::string(" (") + std::strerror(err) + ")" : std::string(" (file shrank)")));
+    }
+    got += std::size_t(n);
+  }
+  ::close(fd);
+  return text;
+}
+
+void make_checkpoint_directory(const std::string& directory) {
+  struct stat st {};
+  if (::stat(directory.c_str(), &st) == 0) {
+    check(S_ISDIR(st.st_mode), "checkpoint directory ", directory, " exists and is not a directory");
+    return;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(directory, ec);
+  check(!ec, "cannot create checkpoint directory ", directory, " (", ec.message(), ")");
+}
+
+void check_writable_file_path(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) check(S_ISREG(st.st_mode), "cannot write ", path, ": it is not a regular file");
+}
 
 std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   const std::string where = "safetensors file " + path;
-  int fd = ::open(path.c_str(), O_RDONLY);
-  check(fd >= 0, where, ": cannot open (", std::strerror(errno), ")");
   struct stat st {};
-  if (fstat(fd, &st) != 0) {
-    ::close(fd);
-    throw Error(where + ": cannot stat");
-  }
+  const int fd = open_regular_file(path, where, &st);
   const std::uint64_t size = std::uint64_t(st.st_size);
   std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
@@ -174,6 +239,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
   }
   std::string text = header.dump();
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');  // data starts 8-byte aligned
+  check_writable_file_path(path);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   check(bool(out), "write_safetensors: cannot create ", path);
   std::uint64_t len = text.size();
@@ -190,12 +256,12 @@ Checkpoint Checkpoint::open(const std::string& directory) {
   namespace fs = std::filesystem;
   Checkpoint c;
   c.directory_ = directory;
-  check(fs::is_directory(directory), "checkpoint ", directory, " is not a directory");
+  std::error_code ec;
+  check(fs::is_directory(directory, ec), "checkpoint ", directory, " is not a directory");
   const fs::path index = fs::path(directory) / "model.safetensors.index.json";
   const fs::path single = fs::path(directory) / "model.safetensors";
-  if (fs::exists(index)) {
-    std::ifstream in(index);
-    json j = json::parse(in, nullptr, false);
+  if (entry_exists(index.string())) {
+    json j = json::parse(read_checkpoint_text(index.string()), nullptr, false);
     check(!j.is_discarded() && j.is_object(), index.string(), ": not valid JSON");
     check(j.contains("weight_map") && j["weight_map"].is_object(), index.string(),
           ": no weight_map object");
@@ -216,7 +282,7 @@ Checkpoint Checkpoint::open(const std::string& directory) {
         check(c.where_.count(name) && c.where_[name] == f, "checkpoint ", directory, ": shard ", shard,
               " holds '", name, "', which the index does not map to it");
   } else {
-    check(fs::exists(single), "checkpoint ", directory,
+    check(entry_exists(single.string()), "checkpoint ", directory,
           " has neither model.safetensors nor model.safetensors.index.json");
     auto f = SafetensorsFile::open(single.string());
     for (const std::string& name : f->names()) c.where_[name] = f;
@@ -247,6 +313,8 @@ Tensor Checkpoint::get(const std::string& name, DType dtype, const Shape& shape)
   const TensorInfo& info = it->second->info(name);
   check(info.shape == shape, it->second->path(), ": tensor '", name, "' has shape ",
         shape_string(info.shape), ", the config implies ", shape_string(shape));
+  check(is_float_dtype(info.dtype) == is_float_dtype(dtype), it->second->path(), ": tensor '", name,
+        "' is stored as ", dtype_name(info.dtype), ", which cannot be read as ", dtype_name(dtype));
   Tensor t = it->second->tensor(name);
   if (t.dtype() == dtype) return t;
   return t.to(dtype);

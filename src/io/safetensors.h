@@ -49,7 +49,21 @@ class SafetensorsFile : public std::enable_shared_from_this<SafetensorsFile> {
 };
 
 // Writes tensors (host, any dtype) as a safetensors file, names sorted, data 8-byte aligned.
+// Replaces a regular file; anything else at the path (a directory, a FIFO) is an Error.
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors);
+
+// The whole of a checkpoint's text file (config.json, the shard index). A path that is missing,
+// unreadable or not a regular file is an Error naming it; the type is checked before any read,
+// so a FIFO is an error, not a wait for a writer.
+std::string read_checkpoint_text(const std::string& path);
+
+// Makes the directory a checkpoint is written to, or accepts an existing one; an Error naming
+// it when it exists as something else or cannot be made.
+void make_checkpoint_directory(const std::string& directory);
+
+// Throws an Error naming the path when something other than a regular file is there (a file
+// about to be written over may be missing or regular).
+void check_writable_file_path(const std::string& path);
 
 // A HuggingFace checkpoint directory: model.safetensors, or shards named by
 // model.safetensors.index.json ("weight_map": tensor name -> shard file).

@@ -1,11 +1,13 @@
 #include "models/config.h"
 
 #include <cmath>
-#include <fstream>
+#include <limits>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/safetensors.h"
 
 namespace asynct {
 
@@ -45,25 +47,110 @@ std::int64_t ModelConfig::parameter_count() const {
 }
 
 namespace {
-template <typename T>
-void read(const json& j, const char* key, T* value, const std::string& path, bool required) {
-  if (!j.contains(key) || j[key].is_null()) {
-    check(!required, path, ": missing '", key, "'");
-    return;
+
+// Records the text of each top-level number written with a fraction or an exponent, as it is
+// in the file: the parsed document keeps only the double, and an error should quote "1e12" or
+// "128.7" as the user wrote it.
+class FloatTexts : public nlohmann::json_sax<json> {
+ public:
+  std::map<std::string, std::string> texts;
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t& s) override {
+    if (depth_ == 1) texts[key_] = s;
+    return true;
   }
-  try {
-    *value = j[key].get<T>();
-  } catch (const json::exception&) {
-    throw Error(path + ": '" + key + "' has the wrong type");
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return ++depth_, true; }
+  bool key(string_t& k) override {
+    if (depth_ == 1) key_ = k;
+    return true;
   }
-}
+  bool end_object() override { return --depth_, true; }
+  bool start_array(std::size_t) override { return ++depth_, true; }
+  bool end_array() override { return --depth_, true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  int depth_ = 0;
+  std::string key_;
+};
+
+class ConfigReader {
+ public:
+  ConfigReader(const json& j, const std::string& path, std::map<std::string, std::string> float_texts)
+      : j_(j), path_(path), float_texts_(std::move(float_texts)) {}
+
+  // Whether the key holds a value; a missing required key is an Error.
+  bool present(const char* key, bool required) const {
+    if (!j_.contains(key) || j_[key].is_null()) {
+      check(!required, path_, ": missing '", key, "'");
+      return false;
+    }
+    return true;
+  }
+
+  // The value as written in the file.
+  std::string written(const char* key) const {
+    auto it = float_texts_.find(key);
+    return it != float_texts_.end() ? it->second : j_[key].dump();
+  }
+
+  // An int: a JSON integer, or a number with a zero fraction, in int's range. Anything else is
+  // an Error quoting the value (a plain conversion wraps 4294967424 to 128 and cuts 128.7 to 128).
+  void integer(const char* key, int* value, bool required) const {
+    if (!present(key, required)) return;
+    const json& v = j_[key];
+    check(v.is_number(), path_, ": '", key, "' has the wrong type (", v.type_name(), ", not an integer)");
+    constexpr auto lo = std::numeric_limits<int>::min(), hi = std::numeric_limits<int>::max();
+    bool fits = false;
+    if (v.is_number_unsigned()) fits = v.get<std::uint64_t>() <= std::uint64_t(hi);
+    else if (v.is_number_integer()) fits = v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
+    else {
+      const double d = v.get<double>();
+      fits = std::isfinite(d) && d == std::trunc(d) && d >= lo && d <= hi;
+    }
+    check(fits, path_, ": '", key, "' must be an integer in ", lo, "..", hi, ", got ", written(key));
+    *value = v.is_number_float() ? int(v.get<double>()) : int(v.get<std::int64_t>());
+  }
+
+  // A floating-point value (float or double), finite and within T's range.
+  template <typename T>
+  void real(const char* key, T* value, bool required) const {
+    if (!present(key, required)) return;
+    const json& v = j_[key];
+    check(v.is_number(), path_, ": '", key, "' has the wrong type (", v.type_name(), ", not a number)");
+    const double d = v.get<double>();
+    check(std::isfinite(d) && std::fabs(d) <= double(std::numeric_limits<T>::max()), path_, ": '", key,
+          "' is out of range, got ", written(key));
+    *value = T(d);
+  }
+
+  void boolean(const char* key, bool* value, bool required) const {
+    if (!present(key, required)) return;
+    check(j_[key].is_boolean(), path_, ": '", key, "' has the wrong type (", j_[key].type_name(), ", not a boolean)");
+    *value = j_[key].get<bool>();
+  }
+
+ private:
+  const json& j_;
+  const std::string& path_;
+  std::map<std::string, std::string> float_texts_;
+};
+
 }  // namespace
 
 ModelConfig load_config(const std::string& path) {
-  std::ifstream in(path);
-  check(bool(in), "cannot open ", path);
-  json j = json::parse(in, nullptr, false);
+  const std::string text = read_checkpoint_text(path);
+  json j = json::parse(text, nullptr, false);
   check(!j.is_discarded() && j.is_object(), path, ": not a JSON object");
+  FloatTexts float_texts;
+  json::sax_parse(text, &float_texts);
+  const ConfigReader r(j, path, std::move(float_texts.texts));
   ModelConfig c;
   std::string arch;
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
@@ -74,21 +161,21 @@ ModelConfig load_config(const std::string& path) {
   check(arch == "Qwen3ForCausalLM" || arch == "AsyncTForCausalLM", path, ": architecture '", arch,
         "' is not supported (Qwen3ForCausalLM, AsyncTForCausalLM)");
   c.architecture = arch == "AsyncTForCausalLM" ? Architecture::AsyncT : Architecture::Qwen3;
-  read(j, "vocab_size", &c.vocab_size, path, true);
-  read(j, "hidden_size", &c.hidden_size, path, true);
-  read(j, "intermediate_size", &c.intermediate_size, path, true);
-  read(j, "num_hidden_layers", &c.num_hidden_layers, path, true);
-  read(j, "num_attention_heads", &c.num_attention_heads, path, true);
+  r.integer("vocab_size", &c.vocab_size, true);
+  r.integer("hidden_size", &c.hidden_size, true);
+  r.integer("intermediate_size", &c.intermediate_size, true);
+  r.integer("num_hidden_layers", &c.num_hidden_layers, true);
+  r.integer("num_attention_heads", &c.num_attention_heads, true);
   c.num_key_value_heads = c.num_attention_heads;
-  read(j, "num_key_value_heads", &c.num_key_value_heads, path, false);
+  r.integer("num_key_value_heads", &c.num_key_value_heads, false);
   c.head_dim = c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0;
-  read(j, "head_dim", &c.head_dim, path, false);
-  read(j, "rope_theta", &c.rope_theta, path, false);
-  read(j, "rms_norm_eps", &c.rms_norm_eps, path, false);
-  read(j, "max_position_embeddings", &c.max_position_embeddings, path, false);
-  read(j, "tie_word_embeddings", &c.tie_word_embeddings, path, false);
-  read(j, "attn_pool_window", &c.attn_pool_window, path, false);
-  read(j, "uclip_value", &c.uclip_value, path, c.is_async());
+  r.integer("head_dim", &c.head_dim, false);
+  r.real("rope_theta", &c.rope_theta, false);
+  r.real("rms_norm_eps", &c.rms_norm_eps, false);
+  r.integer("max_position_embeddings", &c.max_position_embeddings, false);
+  r.boolean("tie_word_embeddings", &c.tie_word_embeddings, false);
+  r.integer("attn_pool_window", &c.attn_pool_window, false);
+  r.real("uclip_value", &c.uclip_value, c.is_async());
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
     throw Error(path + ": rope_scaling is not supported");
   c.validate();
@@ -151,6 +238,16 @@ ModelConfig reference_1p7b_config(Architecture architecture) {
   c.tie_word_embeddings = true;
   c.uclip_value = architecture == Architecture::AsyncT ? 4.0f : 0.0f;
   return c;
+}
+
+Architecture architecture_from_name(const std::string& name) {
+  check(name == "asynct" || name == "qwen3", "architecture '", name, "' is not one of asynct, qwen3");
+  return name == "qwen3" ? Architecture::Qwen3 : Architecture::AsyncT;
+}
+
+ModelConfig builtin_config(Architecture architecture, const std::string& size) {
+  check(size == "tiny" || size == "1.7b", "model size '", size, "' is not one of tiny, 1.7b");
+  return size == "1.7b" ? reference_1p7b_config(architecture) : tiny_config(architecture);
 }
 
 }  // namespace asynct

@@ -42,4 +42,10 @@ ModelConfig tiny_config(Architecture architecture);
 // The Qwen3-1.7B size (hidden 2048, 28 layers, 16/8 heads, head_dim 128, vocab 151936).
 ModelConfig reference_1p7b_config(Architecture architecture);
 
+// The names the command line uses: "asynct" or "qwen3"; an Error otherwise.
+Architecture architecture_from_name(const std::string& name);
+// A built-in size by name: "tiny" (tiny_config) or "1.7b" (reference_1p7b_config); an Error
+// otherwise.
+ModelConfig builtin_config(Architecture architecture, const std::string& size);
+
 }  // namespace asynct

@@ -195,7 +195,9 @@ ModelWeights to_float32(ModelWeights weights) {
 }
 
 void save_checkpoint(const ModelWeights& weights, const std::string& directory) {
-  std::filesystem::create_directories(directory);
+  make_checkpoint_directory(directory);
+  const std::string config_path = (std::filesystem::path(directory) / "config.json").string();
+  check_writable_file_path(config_path);
   std::map<std::string, Tensor> tensors;
   ModelWeights copy = weights;
   for_each_tensor(copy, [&](const std::string& name, Tensor& t) {
@@ -203,9 +205,17 @@ void save_checkpoint(const ModelWeights& weights, const std::string& directory) 
     tensors[name] = t.dtype() == stored ? t : t.to(stored);  // no copy of what is already stored as is
   });
   write_safetensors((std::filesystem::path(directory) / "model.safetensors").string(), tensors);
-  std::ofstream config((std::filesystem::path(directory) / "config.json").string());
-  check(bool(config), "cannot write config.json in ", directory);
+  std::ofstream config(config_path);
+  check(bool(config), "cannot write ", config_path);
   config << config_to_json(weights.config) << "\n";
+}
+
+void write_random_checkpoint(const ModelConfig& config, std::uint64_t seed, const std::string& directory) {
+  // The directory first: a 1.7B model's weights take a while to draw.
+  make_checkpoint_directory(directory);
+  check_writable_file_path((std::filesystem::path(directory) / "config.json").string());
+  check_writable_file_path((std::filesystem::path(directory) / "model.safetensors").string());
+  save_checkpoint(random_weights(config, seed), directory);
 }
 
 }  // namespace asynct

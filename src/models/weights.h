@@ -55,4 +55,7 @@ ModelWeights to_float32(ModelWeights weights);
 // parameters in float32).
 void save_checkpoint(const ModelWeights& weights, const std::string& directory);
 
+// Writes a checkpoint of random_weights(config, seed) (`asynct init-checkpoint`).
+void write_random_checkpoint(const ModelConfig& config, std::uint64_t seed, const std::string& directory);
+
 }  // namespace asynct

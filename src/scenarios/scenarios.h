@@ -1,24 +1,26 @@
-// `asynct bench`: the four end-to-end scenarios of SPEC §6, AsyncT against Qwen3 on the same
-// engine, with a progress line, a table and a JSON file.
+// The benchmark scenarios (`asynct bench`): the four end-to-end scenarios of SPEC §6 and
+// single-stream decode, AsyncT against Qwen3 on the same engine, with a progress line, a table
+// and a JSON file.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
-namespace asynct::cli {
+namespace asynct {
 
-struct BenchOptions {
+struct ScenarioOptions {
   std::string config = "auto";  // tiny, 1.7b, or auto: 1.7b on the GPU, tiny on the CPU
   int scale = 0;                // divide every length by this; 0: 1 on the GPU, 64 on the CPU
-  std::string only;             // run one scenario by name
-  std::string json_path = "asynct_bench.json";
+  std::string only;             // run one scenario by name (scenario_names())
+  std::string json_path;        // where to write the results as JSON; empty: no file
   std::uint64_t seed = 0;
   int block_size = 16;
   int max_batched_tokens = 8192;
   std::string device = "auto";  // auto, cpu or cuda
   // Per-phase GPU times (CUDA events). Off by default: the events cost a decode step ~0.015-0.02
   // ms at 32 sequences on H200 (each waits for the work before it, so consecutive steps no
-  // longer overlap; bench/RESULTS.md, sixteenth run).
+  // longer overlap; bench/RESULTS.md).
   bool profile = false;
   bool cuda_graphs = true;      // replay decode steps as CUDA graphs (timed as "decode_graph")
   bool pipeline = true;         // queue greedy decode steps ahead (EngineOptions::pipeline_steps)
@@ -27,6 +29,10 @@ struct BenchOptions {
                                 // order of the two models alternates between runs)
 };
 
-int run_bench(const BenchOptions& options);
+// Every scenario's name, in the order they run.
+std::vector<std::string> scenario_names();
 
-}  // namespace asynct::cli
+// Runs the chosen scenarios on both models and prints the results; returns the exit code.
+int run_scenarios(const ScenarioOptions& options);
+
+}  // namespace asynct

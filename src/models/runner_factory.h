@@ -1,4 +1,4 @@
-// Picks the model backend for the CLI: the CUDA runner when built with CUDA and a GPU is
+// Picks the model backend: the CUDA runner when built with CUDA and a GPU is
 // visible (or when asked for), the CPU reference runner otherwise.
 #pragma once
 
@@ -8,11 +8,15 @@
 #include "engine/model_runner.h"
 #include "models/weights.h"
 
-namespace asynct::cli {
+namespace asynct {
 
 // "auto" -> "cuda" when this build has CUDA and a GPU is visible, else "cpu"; "cpu" and "cuda"
 // stay (a "cuda" that cannot be had is an Error when the runner is made).
 std::string resolve_device(const std::string& device);
+
+// Throws an Error when the device ("cpu" or "cuda", as resolve_device returns) cannot run here:
+// "cuda" in a build without CUDA or with no GPU visible. Cheap: call it before making weights.
+void require_device(const std::string& device);
 
 struct RunnerOptions {
   std::string device = "auto";   // auto, cpu or cuda
@@ -26,4 +30,4 @@ struct RunnerOptions {
 // Throws Error when "cuda" is asked for and not available; *chosen says which backend runs.
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& options, std::string* chosen);
 
-}  // namespace asynct::cli
+}  // namespace asynct

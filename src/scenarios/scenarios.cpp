@@ -1,4 +1,6 @@
-#include "cli/bench.h"
+#include "scenarios/scenarios.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,9 +15,9 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
-#include "cli/runner.h"
+#include "models/runner_factory.h"
 
-namespace asynct::cli {
+namespace asynct {
 namespace {
 
 struct Scenario {
@@ -52,11 +54,11 @@ struct Run {
 };
 
 // Random weights are made once per model and shared by the scenarios (tensors share storage).
-const ModelWeights& weights_for(Architecture arch, const BenchOptions& o) {
+const ModelWeights& weights_for(Architecture arch, const ScenarioOptions& o) {
   static std::map<Architecture, ModelWeights> made;
   auto it = made.find(arch);
   if (it == made.end()) {
-    ModelConfig config = o.config == "1.7b" ? reference_1p7b_config(arch) : tiny_config(arch);
+    ModelConfig config = builtin_config(arch, o.config);
     config.max_position_embeddings = std::max(config.max_position_embeddings, 16384);
     std::fprintf(stderr, "  making random %s weights (%lld parameters)\n", config.architecture_name().c_str(),
                  static_cast<long long>(config.parameter_count()));
@@ -71,7 +73,7 @@ const ModelWeights& weights_for(Architecture arch, const BenchOptions& o) {
 // full prefill chunk and for the decode batch, lazy kernel loading, first touch of buffers,
 // the first decode graphs) before the clock starts; graphs for the longer contexts the
 // scenario reaches are still captured inside the timed run, as in serving.
-void warm_up(Engine& engine, const Scenario& s, int prompt_min, int output, const BenchOptions& o, int vocab) {
+void warm_up(Engine& engine, const Scenario& s, int prompt_min, int output, const ScenarioOptions& o, int vocab) {
   const int prompt = std::max(1, std::min(prompt_min, o.max_batched_tokens / s.requests));
   for (int i = 0; i < s.requests; ++i) {
     Request r;
@@ -110,7 +112,7 @@ std::string breakdown(const char* scenario, const char* model, const Run& run) {
   return line;
 }
 
-Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
+Run run_scenario(const Scenario& s, Architecture arch, const ScenarioOptions& o) {
   const ModelWeights& weights = weights_for(arch, o);
   const ModelConfig& config = weights.config;
   std::mt19937_64 rng(o.seed);  // the same prompts for both models
@@ -151,10 +153,15 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();  // wall time from submission to last token
   auto shown = t0;
+  // On a terminal the progress line is rewritten in place a few times a second; to a file or
+  // a pipe each update is a line of its own, every 10 s.
+  const bool terminal = isatty(fileno(stderr)) == 1;
+  const auto interval = terminal ? std::chrono::milliseconds(250) : std::chrono::milliseconds(10000);
   const auto show = [&](const EngineStats& st) {
-    std::fprintf(stderr, "\r  %-18s %-7s step %5lld, %7lld prefill + %6lld decode tokens", s.name,
-                 arch == Architecture::AsyncT ? "asynct" : "qwen3", static_cast<long long>(st.steps),
-                 static_cast<long long>(st.prefill_tokens), static_cast<long long>(st.decode_tokens));
+    std::fprintf(stderr, "%s  %-18s %-7s step %5lld, %7lld prefill + %6lld decode tokens%s", terminal ? "\r" : "",
+                 s.name, arch == Architecture::AsyncT ? "asynct" : "qwen3", static_cast<long long>(st.steps),
+                 static_cast<long long>(st.prefill_tokens), static_cast<long long>(st.decode_tokens),
+                 terminal ? "" : "\n");
   };
   std::vector<double> decode_step_ms;
   auto step_start = t0;
@@ -165,14 +172,14 @@ Run run_scenario(const Scenario& s, Architecture arch, const BenchOptions& o) {
       decode_step_ms.push_back(std::chrono::duration<double, std::milli>(now - step_start).count());
     step_start = now;
     before = st;
-    if (now - shown < std::chrono::milliseconds(250)) return;
+    if (now - shown < interval) return;
     shown = now;
     show(st);
   });
   run.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const EngineStats& st = engine.stats();
   show(st);
-  std::fprintf(stderr, "\n");
+  if (terminal) std::fprintf(stderr, "\n");
   run.steps = st.steps;
   run.pipelined_steps = st.pipelined_steps;
   run.decode_steps = std::int64_t(decode_step_ms.size());
@@ -215,11 +222,27 @@ std::vector<double> ratio_each_run(const std::vector<Run>& asynct_runs, const st
 
 }  // namespace
 
-int run_bench(const BenchOptions& options) {
+std::vector<std::string> scenario_names() {
+  std::vector<std::string> names;
+  for (const Scenario& s : kScenarios) names.push_back(s.name);
+  return names;
+}
+
+int run_scenarios(const ScenarioOptions& options) {
+  // Every option is checked before anything is printed or made (a 1.7B model's random weights
+  // take most of a minute on a few cores).
+  if (!options.only.empty()) {
+    const std::vector<std::string> names = scenario_names();
+    std::string list;
+    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+    check(std::find(names.begin(), names.end(), options.only) != names.end(), "bench: no scenario named '",
+          options.only, "' (the scenarios: ", list, ")");
+  }
   // The scenarios are defined at the 1.7B size; on the CPU that takes hours, so there the
   // defaults are the tiny model at 1/64 of the lengths.
-  BenchOptions o = options;
+  ScenarioOptions o = options;
   o.device = resolve_device(o.device);
+  require_device(o.device);
   const bool gpu = o.device == "cuda";
   if (o.config == "auto") o.config = gpu ? "1.7b" : "tiny";
   if (o.scale == 0) o.scale = gpu ? 1 : 64;
@@ -232,10 +255,8 @@ int run_bench(const BenchOptions& options) {
   std::printf("\n%-18s %10s %10s %10s %12s %12s  %s\n", "scenario", "asynct s", "qwen3 s", "ratio",
               "asynct tok/s", "qwen3 tok/s", "ratio per repeat (min-max)");
   std::vector<std::string> lines;
-  bool ran = false;
   for (const Scenario& s : kScenarios) {
     if (o.only.empty() ? s.by_name_only : o.only != s.name) continue;
-    ran = true;
     // Each model `repeat` times, the order alternating so that neither always runs first;
     // the run with the median time stands for the model.
     std::vector<Run> asynct_runs, qwen3_runs;
@@ -280,14 +301,15 @@ int run_bench(const BenchOptions& options) {
     for (const auto& [label, run] : {std::pair{"asynct", &a}, std::pair{"qwen3", &q}})
       lines.push_back(breakdown(s.name, label, *run));
   }
-  check(ran, "bench: no scenario named '", o.only, "'");
   for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+  if (o.json_path.empty()) return 0;
   nlohmann::json out = {{"config", o.config}, {"scale", o.scale}, {"device", o.device}, {"results", results}};
   std::ofstream f(o.json_path);
   check(bool(f), "bench: cannot write ", o.json_path);
   f << out.dump(2) << "\n";
+  check(bool(f.flush()), "bench: writing ", o.json_path, " failed");
   std::printf("\nwrote %s\n", o.json_path.c_str());
   return 0;
 }
 
-}  // namespace asynct::cli
+}  // namespace asynct

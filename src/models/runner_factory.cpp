@@ -1,4 +1,4 @@
-#include "cli/runner.h"
+#include "models/runner_factory.h"
 
 #include "core/error.h"
 #include "models/cpu_model.h"
@@ -6,7 +6,7 @@
 #include "models/cuda_model.h"
 #endif
 
-namespace asynct::cli {
+namespace asynct {
 
 std::string resolve_device(const std::string& device) {
   check(device == "auto" || device == "cpu" || device == "cuda", "--device must be auto, cpu or cuda, got ", device);
@@ -18,8 +18,18 @@ std::string resolve_device(const std::string& device) {
 #endif
 }
 
+void require_device(const std::string& device) {
+  if (device != "cuda") return;
+#ifdef ASYNCT_WITH_CUDA
+  check(cuda_device_available(), "--device cuda: no CUDA device is visible");
+#else
+  throw Error("--device cuda: this build of asynct has no CUDA support");
+#endif
+}
+
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& o, std::string* chosen) {
   *chosen = resolve_device(o.device);
+  require_device(*chosen);
 #ifdef ASYNCT_WITH_CUDA
   if (*chosen == "cuda") {
     auto runner = std::make_unique<CudaModelRunner>(weights, o.num_blocks, o.block_size, o.max_tokens_per_step);
@@ -27,10 +37,8 @@ std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptio
     runner->set_cuda_graphs(o.cuda_graphs);
     return runner;
   }
-#else
-  check(*chosen != "cuda", "--device cuda: this build of asynct has no CUDA support");
 #endif
   return std::make_unique<CpuModelRunner>(std::move(weights), o.num_blocks, o.block_size);
 }
 
-}  // namespace asynct::cli
+}  // namespace asynct

@@ -18,7 +18,7 @@
 #include "core/parallel.h"
 #include "core/tensor.h"
 #include "reference/layers.h"
-#include "reference/sampling.h"
+#include "engine/sampler.h"
 
 int main() {
   using namespace asynct;

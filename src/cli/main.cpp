@@ -7,6 +7,7 @@
 // exception: a bug).
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 
@@ -18,6 +19,9 @@
 #include "core/error.h"
 #include "models/weights.h"
 #include "scenarios/scenarios.h"
+#ifdef ASYNCT_WITH_CUDA
+#include "kernels/common/tuning.h"
+#endif
 
 int main(int argc, char** argv) {
   using asynct::cli::integer_in;
@@ -102,6 +106,12 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 1;  // prints the help, or the error
   }
   try {
+#ifdef ASYNCT_WITH_CUDA
+    // The kernels' tuning switches (ASYNCT_GEMM, ASYNCT_PREFILL, ...; kernels/common/tuning.h)
+    // come from the environment here, at the program's edge, and nowhere else.
+    asynct::kernels::set_kernel_tuning(
+        asynct::kernels::parse_kernel_tuning([](const char* name) { return std::getenv(name); }));
+#endif
     if (*demo_cmd) return asynct::cli::run_attention_demo(demo);
     if (*bench_cmd) return asynct::run_scenarios(bench);
     if (*init_cmd) {

@@ -1,9 +1,9 @@
 #include "models/runner_factory.h"
 
 #include "core/error.h"
-#include "models/cpu_model.h"
+#include "models/cpu/cpu_model_runner.h"
 #ifdef ASYNCT_WITH_CUDA
-#include "models/cuda_model.h"
+#include "models/cuda/cuda_model_runner.h"
 #endif
 
 namespace asynct {

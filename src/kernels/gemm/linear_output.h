@@ -60,6 +60,8 @@ __host__ __device__ inline GluColumns glu_columns(int j, int inter) {
   return {2 * first + (j - first), 2 * first + width + (j - first)};
 }
 
+#ifdef __CUDACC__  // device code only: __expf has no host declaration
 __device__ __forceinline__ float silu_times(float gate, float up) { return gate / (1.0f + __expf(-gate)) * up; }
+#endif
 
 }  // namespace asynct::kernels

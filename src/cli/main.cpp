@@ -1,6 +1,5 @@
 // The asynct command line: `generate` (the default job), `bench`, `init-checkpoint` and `demo`.
-// It parses the arguments and calls the library; the jobs live in cli/generate.cpp,
-// cli/attention_demo.cpp, scenarios/ and models/.
+// It parses the arguments and calls the jobs (src/jobs/) and models/ (init-checkpoint).
 //
 // Exit codes: 0 done (or --help), 1 a bad command line (CLI11's parse errors, whose own codes
 // are 100 and up), 2 an error the job reports (asynct::Error), 3 an internal error (any other
@@ -13,12 +12,12 @@
 
 #include <CLI/CLI.hpp>
 
-#include "cli/attention_demo.h"
-#include "cli/generate.h"
+#include "jobs/attention_demo.h"
+#include "jobs/generate.h"
 #include "cli/option_checks.h"
 #include "core/error.h"
 #include "models/weights.h"
-#include "scenarios/scenarios.h"
+#include "jobs/scenarios.h"
 #ifdef ASYNCT_WITH_CUDA
 #include "kernels/common/tuning.h"
 #endif
@@ -34,7 +33,7 @@ int main(int argc, char** argv) {
   // --help shows each option's default (the subcommands inherit this).
   app.option_defaults()->always_capture_default();
 
-  asynct::cli::DemoOptions demo;
+  asynct::DemoOptions demo;
   CLI::App* demo_cmd = app.add_subcommand(
       "demo", "Run the reference attention (async and softmax gates) on a built-in batch");
   demo_cmd->add_option("--q-heads", demo.num_q_heads, "query heads")->check(integer_in(1, 256));
@@ -47,7 +46,7 @@ int main(int argc, char** argv) {
       ->check(integer_in(1, 64));
   demo_cmd->add_option("--seed", demo.seed, "random seed")->check(integer_in(std::uint64_t(0), kSeedMax));
 
-  asynct::cli::GenerateOptions gen;
+  asynct::GenerateOptions gen;
   CLI::App* gen_cmd = app.add_subcommand(
       "generate", "Generate tokens with a model (the built-in tiny model when --model is not given)");
   gen_cmd->add_option("--model", gen.model_dir, "HuggingFace checkpoint directory");
@@ -112,7 +111,7 @@ int main(int argc, char** argv) {
     asynct::kernels::set_kernel_tuning(
         asynct::kernels::parse_kernel_tuning([](const char* name) { return std::getenv(name); }));
 #endif
-    if (*demo_cmd) return asynct::cli::run_attention_demo(demo);
+    if (*demo_cmd) return asynct::run_attention_demo(demo);
     if (*bench_cmd) return asynct::run_scenarios(bench);
     if (*init_cmd) {
       const auto config = asynct::builtin_config(asynct::architecture_from_name(init_arch), init_size);
@@ -122,7 +121,7 @@ int main(int argc, char** argv) {
       asynct::write_random_checkpoint(config, init_seed, init_out);
       return 0;
     }
-    return asynct::cli::run_generate(gen);  // also the default job
+    return asynct::run_generate(gen);  // also the default job
   } catch (const asynct::Error& e) {
     std::fprintf(stderr, "asynct: error: %s\n", e.what());
     return 2;

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace asynct::cli {
+namespace asynct {
 
 struct GenerateOptions {
   std::string model_dir;                 // empty: the built-in tiny model
@@ -32,4 +32,4 @@ int run_generate(const GenerateOptions& options);
 // "1, 2,3" -> {1, 2, 3}; throws Error naming the bad piece.
 std::vector<std::int32_t> parse_token_list(const std::string& text);
 
-}  // namespace asynct::cli
+}  // namespace asynct

@@ -1,4 +1,4 @@
-#include "cli/attention_demo.h"
+#include "jobs/attention_demo.h"
 
 #include <chrono>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "reference/attention.h"
 
-namespace asynct::cli {
+namespace asynct {
 namespace {
 
 struct Sequence {
@@ -116,4 +116,4 @@ int run_attention_demo(const DemoOptions& o) {
   return 0;
 }
 
-}  // namespace asynct::cli
+}  // namespace asynct

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string>
 
-namespace asynct::cli {
+namespace asynct {
 
 struct DemoOptions {
   int num_q_heads = 8;
@@ -18,4 +18,4 @@ struct DemoOptions {
 // Runs the demo and prints the summary; returns the process exit code.
 int run_attention_demo(const DemoOptions& options);
 
-}  // namespace asynct::cli
+}  // namespace asynct

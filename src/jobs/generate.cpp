@@ -1,4 +1,4 @@
-#include "cli/generate.h"
+#include "jobs/generate.h"
 
 #include <chrono>
 #include <cstdio>
@@ -10,7 +10,7 @@
 #include "engine/engine.h"
 #include "models/runner_factory.h"
 
-namespace asynct::cli {
+namespace asynct {
 
 std::vector<std::int32_t> parse_token_list(const std::string& text) {
   std::vector<std::int32_t> ids;
@@ -100,4 +100,4 @@ int run_generate(const GenerateOptions& o) {
   return 0;
 }
 
-}  // namespace asynct::cli
+}  // namespace asynct

@@ -1,4 +1,4 @@
-#include "scenarios/scenarios.h"
+#include "jobs/scenarios.h"
 
 #include <unistd.h>
 

@@ -1,5 +1,5 @@
 """AsyncTForCausalLM in PyTorch: the Qwen3 layout with async attention, UClipNorm everywhere
-and Peri-LN (SPEC §4). Parameter names match the checkpoint's tensor names."""
+and Peri-LN (docs/DESIGN.md §5). Parameter names match the checkpoint's tensor names."""
 import json
 import math
 import os
@@ -41,7 +41,7 @@ def rope(x, positions, theta):
 
 
 def async_attention(q, k, v, alpha, sigma, gamma, window, scale):
-    """Causal async attention (SPEC §1). q [B, Hq, L, D]; k, v [B, Hkv, L, D]; alpha, sigma,
+    """Causal async attention (docs/DESIGN.md §2). q [B, Hq, L, D]; k, v [B, Hkv, L, D]; alpha, sigma,
     gamma [Hq] fp32. Computed in fp32; no normalisation of any kind."""
     hq, hkv = q.shape[1], k.shape[1]
     k = k.repeat_interleave(hq // hkv, dim=1).float()

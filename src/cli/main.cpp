@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   init_cmd->add_option("--out", init_out, "checkpoint directory to create")->required();
 
   asynct::ScenarioOptions bench;
-  CLI::App* bench_cmd = app.add_subcommand("bench", "Run the four SPEC scenarios, AsyncT against Qwen3");
+  CLI::App* bench_cmd = app.add_subcommand("bench", "Run the four benchmark scenarios, AsyncT against Qwen3");
   bench_cmd->add_option("--config", bench.config, "model size (auto: 1.7b on the GPU, tiny on the CPU)")
       ->check(CLI::IsMember({"auto", "tiny", "1.7b"}));
   bench_cmd->add_option("--scale", bench.scale, "divide prompt and output lengths by this (0: 1 on the GPU, 64 on the CPU)")

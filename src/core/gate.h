@@ -1,4 +1,4 @@
-// The attention gates' parameters (SPEC §1), shared by the CPU reference, the kernels and the
+// The attention gates' parameters (docs/DESIGN.md §2), shared by the CPU reference, the kernels and the
 // models. The gate math is in reference/gate.h (host) and kernels/gate.cuh (device).
 #pragma once
 
@@ -9,7 +9,7 @@ namespace asynct {
 
 enum class GateKind { Async, Softmax };
 
-// AsyncT's gate (SPEC §1). Per query head h:
+// AsyncT's gate (docs/DESIGN.md §2). Per query head h:
 //   R[j] = max(S[j], 0);   A[j] = (1/W) * sum_{t<W} R[j-t]   (R = 0 left of key 0)
 //   P[j] = gamma_h * clamp(alpha_h * (S[j] - sigma_h * A[j]), 0, 1)
 struct AsyncGateParams {

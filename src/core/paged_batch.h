@@ -1,4 +1,4 @@
-// The paged metadata of a batch (SPEC §2), checked on the host before kernels that read it on
+// The paged metadata of a batch (docs/DESIGN.md §3), checked on the host before kernels that read it on
 // the device and trust it. The engine's runners check their StepBatch before a step
 // (check_step_batch, engine/step_batch.h); callers of the kernels that bring their own (the
 // C API, python/asynct) check it here first, so that a bad block table or length is an error that

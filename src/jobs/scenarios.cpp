@@ -28,7 +28,7 @@ struct Scenario {
   bool by_name_only = false;   // not one of the default set: runs when --scenario names it
 };
 
-// SPEC §6, then single-stream decode (one user's latency; the decode-step GEMMs at one row).
+// docs/DESIGN.md §7, then single-stream decode (one user's latency; the decode-step GEMMs at one row).
 const Scenario kScenarios[] = {
     {"long_prefill_b4", 4, 8192, 8192, 1},
     {"prefill_heavy_b16", 16, 1024, 2048, 8},

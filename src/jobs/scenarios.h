@@ -1,4 +1,4 @@
-// The benchmark scenarios (`asynct bench`): the four end-to-end scenarios of SPEC §6 and
+// The benchmark scenarios (`asynct bench`): the four end-to-end scenarios of docs/DESIGN.md §7 and
 // single-stream decode, AsyncT against Qwen3 on the same engine, with a progress line, a table
 // and a JSON file.
 #pragma once

@@ -1,4 +1,4 @@
-// What sets the two architectures apart, as one recipe both runners read (SPEC §4): the
+// What sets the two architectures apart, as one recipe both runners read (docs/DESIGN.md §5): the
 // attention gate, the norm (Qwen3's RMSNorm or AsyncT's UClipNorm with its clip), whether the
 // attention and MLP outputs are normalised before the residual add (Peri-LN), and whether q
 // and k are normalised per head before RoPE.

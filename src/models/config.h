@@ -1,5 +1,5 @@
 // Model configurations: HuggingFace config.json for Qwen3ForCausalLM and AsyncTForCausalLM
-// (SPEC §4), validated, plus the built-in tiny configurations and the 1.7B reference size.
+// (docs/DESIGN.md §5), validated, plus the built-in tiny configurations and the 1.7B reference size.
 #pragma once
 
 #include <cstdint>

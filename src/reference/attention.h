@@ -1,4 +1,4 @@
-// Reference attention (SPEC §1): async and softmax gates over a varlen batch, causal, GQA, K/V
+// Reference attention (docs/DESIGN.md §2): async and softmax gates over a varlen batch, causal, GQA, K/V
 // contiguous or paged. Written for clarity; accumulates in float64. Every GPU attention kernel
 // is tested against these functions.
 #pragma once

@@ -1,5 +1,5 @@
 // Where the reference reads K and V from: per-sequence contiguous arrays, or the paged cache
-// of SPEC §2 ([num_blocks, block_size, num_kv_heads, head_dim] plus a block table).
+// of docs/DESIGN.md §3 ([num_blocks, block_size, num_kv_heads, head_dim] plus a block table).
 #pragma once
 
 #include <vector>

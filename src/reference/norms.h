@@ -1,4 +1,4 @@
-// Reference norms (SPEC §3): RMSNorm, UClipNorm, and the fused forms the GPU kernels implement.
+// Reference norms (docs/DESIGN.md §4): RMSNorm, UClipNorm, and the fused forms the GPU kernels implement.
 // Each normalises over the last dimension, in float64, and returns float32.
 #pragma once
 

@@ -186,7 +186,7 @@ TEST(Attention, GroupedQueryEqualsRepeatedKeysAndValues) {
 }
 
 TEST(Attention, AsyncGateZeroesAboutTwoThirdsOnRandomData) {
-  // SPEC §1: on unit-variance scores with alpha = sigma = gamma = 1, about 64% of P is zero.
+  // docs/DESIGN.md §2: on unit-variance scores with alpha = sigma = gamma = 1, about 64% of P is zero.
   Random rng(8);
   AttentionCase c(rng, {{64, 256}}, 2, 2, 128);
   AttentionStats stats;

@@ -11,6 +11,7 @@
 #include "models/cpu/cpu_model_runner.h"
 #include "models/weights.h"
 #include "support/expect_error.h"
+#include "support/temp_dir.h"
 
 namespace asynct {
 namespace {
@@ -18,21 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::expect_error;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("asynct_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using testing::TempDir;
 
 // A safetensors file from a raw header and data.
 void write_raw(const std::string& path, const std::string& header, const std::string& data,

@@ -17,6 +17,7 @@
 #include "io/safetensors.h"
 #include "models/weights.h"
 #include "support/expect_error.h"
+#include "support/temp_dir.h"
 
 namespace asynct {
 namespace {
@@ -24,24 +25,10 @@ namespace {
 namespace fs = std::filesystem;
 using testing::expect_error;
 
-class Scratch {
- public:
-  Scratch() {
-    path_ = fs::temp_directory_path() / ("asynct_files_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~Scratch() { fs::remove_all(path_); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string dir() const { return path_.string(); }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
-};
+using testing::TempDir;
 
 // A tiny AsyncT checkpoint whose config.json holds `text` for `key`, written as is.
-void write_config_with(const Scratch& s, const std::string& key, const std::string& text) {
+void write_config_with(const TempDir& s, const std::string& key, const std::string& text) {
   save_checkpoint(random_weights(tiny_config(Architecture::AsyncT), 1), s.dir());
   std::ifstream in(s.file("config.json"));
   nlohmann::json j = nlohmann::json::parse(in);
@@ -52,7 +39,7 @@ void write_config_with(const Scratch& s, const std::string& key, const std::stri
 }
 
 TEST(ConfigIntegers, ValuesPastIntOrWithAFractionAreErrorsQuotingTheText) {
-  Scratch s;
+  TempDir s;
   const struct {
     const char* key;
     const char* text;
@@ -81,7 +68,7 @@ TEST(ConfigIntegers, ValuesPastIntOrWithAFractionAreErrorsQuotingTheText) {
 }
 
 TEST(CheckpointFiles, ADirectoryAsConfigJsonIsAnError) {
-  Scratch s;
+  TempDir s;
   save_checkpoint(random_weights(tiny_config(Architecture::Qwen3), 1), s.dir());
   fs::remove(s.file("config.json"));
   fs::create_directory(s.file("config.json"));
@@ -89,7 +76,7 @@ TEST(CheckpointFiles, ADirectoryAsConfigJsonIsAnError) {
 }
 
 TEST(CheckpointFiles, ADirectoryAsTheWeightsOrTheIndexIsAnError) {
-  Scratch s;
+  TempDir s;
   save_checkpoint(random_weights(tiny_config(Architecture::Qwen3), 1), s.dir());
   fs::remove(s.file("model.safetensors"));
   fs::create_directory(s.file("model.safetensors"));
@@ -118,7 +105,7 @@ void release_fifo(const std::string& path) {
 }
 
 TEST(CheckpointFiles, FifosInsteadOfFilesAreErrorsNotHangs) {
-  Scratch s;
+  TempDir s;
   save_checkpoint(random_weights(tiny_config(Architecture::Qwen3), 1), s.dir());
   fs::remove(s.file("model.safetensors"));
   ASSERT_EQ(::mkfifo(s.file("model.safetensors").c_str(), 0600), 0);
@@ -136,7 +123,7 @@ TEST(CheckpointFiles, FifosInsteadOfFilesAreErrorsNotHangs) {
 }
 
 TEST(CheckpointFiles, WritingOverAnExistingFileIsAnError) {
-  Scratch s;
+  TempDir s;
   { std::ofstream(s.file("taken")) << "x"; }
   const ModelConfig config = tiny_config(Architecture::AsyncT);
   expect_error([&] { write_random_checkpoint(config, 1, s.file("taken")); }, "is not a directory");
@@ -149,7 +136,7 @@ TEST(CheckpointFiles, WritingOverAnExistingFileIsAnError) {
 }
 
 TEST(CheckpointFiles, AnIntegerTensorOfTheRightShapeIsNamed) {
-  Scratch s;
+  TempDir s;
   save_checkpoint(random_weights(tiny_config(Architecture::AsyncT), 2), s.dir());
   auto original = SafetensorsFile::open(s.file("model.safetensors"));
   std::map<std::string, Tensor> tensors;

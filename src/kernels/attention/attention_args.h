@@ -1,5 +1,5 @@
 // What the attention kernels (prefill and decode) share: the paged KV cache and the gate, as
-// device pointers. Host code fills these; the kernels read them. See SPEC §1-§2.
+// device pointers. Host code fills these; the kernels read them. See docs/DESIGN.md §2-§3.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 
 namespace asynct::kernels {
 
-// The paged cache of SPEC §2: key_cache/value_cache [num_blocks, block_size, num_kv_heads,
+// The paged cache of docs/DESIGN.md §3: key_cache/value_cache [num_blocks, block_size, num_kv_heads,
 // head_dim]; token t of sequence s is in block block_table[s * max_blocks_per_seq + t /
 // block_size], slot t % block_size. block_size is a power of two in 16..256.
 struct PagedKv {

@@ -9,9 +9,6 @@
 // every thread. Not to work already captured: a CUDA graph replays the kernels, paths and plans
 // chosen while it was captured. set_kernel_tuning() is not synchronised with concurrent
 // launches: set it before starting work on other threads (or between their launches).
-// (Before, these were read from the environment: ASYNCT_GEMM when a Gemm was constructed,
-// the others once per process at first use; the mutable overrides of prefill.h and
-// skinny_gemm.h that tests assigned to took effect at the next launch, as every field does now.)
 #pragma once
 
 #include <functional>

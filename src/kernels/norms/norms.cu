@@ -1,4 +1,4 @@
-// Fused UClipNorm / RMSNorm kernels (SPEC §3). They are memory-bound, so each makes one pass
+// Fused UClipNorm / RMSNorm kernels (docs/DESIGN.md §4). They are memory-bound, so each makes one pass
 // over memory: a thread reads its share of a row with 16-byte loads, keeps it in registers as
 // fp32 while the row's sum of squares is reduced, and writes its outputs once.
 //

@@ -1,4 +1,4 @@
-// Fused norms (SPEC §3): UClipNorm / RMSNorm and their fused forms, one pass over memory each.
+// Fused norms (docs/DESIGN.md §4): UClipNorm / RMSNorm and their fused forms, one pass over memory each.
 // All tensors are bf16 row-major; rows are normalised over `hidden` in fp32.
 #pragma once
 

@@ -23,7 +23,7 @@ CpuModelRunner::CpuModelRunner(ModelWeights weights, int num_blocks, int block_s
       weights_(to_float32(std::move(weights))), recipe_(recipe_of(weights_.config)) {
   const ModelConfig& c = weights_.config;
   check(recipe_.qk_norm, "CpuModelRunner: models without q/k norm are not supported");
-  // Qwen3 normalises with RMSNorm; AsyncT's every norm is a UClipNorm (SPEC §4).
+  // Qwen3 normalises with RMSNorm; AsyncT's every norm is a UClipNorm (docs/DESIGN.md §5).
   norm_ = recipe_.norm == NormKind::UClip ? NormConfig::uclip(recipe_.norm_eps, recipe_.norm_clip)
                                           : NormConfig::rms(recipe_.norm_eps);
   for (int l = 0; l < c.num_hidden_layers; ++l) {

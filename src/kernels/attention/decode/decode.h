@@ -1,4 +1,4 @@
-// Paged decode attention: one query token per sequence against its cached K/V (SPEC §3,
+// Paged decode attention: one query token per sequence against its cached K/V (docs/DESIGN.md §4,
 // seed 000 §1.1.2). Async and softmax gates; sparse-P for async; split-K for long contexts.
 #pragma once
 

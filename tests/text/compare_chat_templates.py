@@ -203,7 +203,13 @@ SNIPPETS = [
     ("adjacent_string_literals", "{{ 'a' 'b' \"c\" }}", V),
     ("integer_attribute", "{{ l.0 }}{{ msgs.1.role }}", V),
     ("bos_eos_like_vars", "{{ bos_token }}{% for m in messages %}{{ m.content + eos_token }}{% endfor %}", {"messages": [{"content": "a"}], "bos_token": "<s>", "eos_token": "</s>"}),
+    ("python_shapes", "{{ d.items() }} {{ d.keys() }} {{ d.values() }} {{ (1, 2) }} {{ (1,) }} {{ () }} {{ [(1, 2), (3, 4)] }} {{ (d|items|list)[0] }} {{ d.items()|length }} {{ (1, 2) == [1, 2] }} {{ l|reverse|list }} {{ 'a-b (c) x_y'|title }} {{ d.items()|list|last }}", V),
+    ("generator_truthiness", "{% if msgs|selectattr('role', 'eq', 'tool') %}always true{% endif %}|{% if msgs|selectattr('role', 'eq', 'tool')|list %}never{% endif %}|{{ msgs|selectattr('role', 'eq', 'user')|first }}", V),
+    ("generator_in_loop", "{% set tools_used = msgs|map(attribute='role') %}{% for r in tools_used %}{{ loop.index }}{{ r }} {% endfor %}|{{ 'user' in msgs|map(attribute='role') }}", V),
     # Failures: jinja2 raises, asynct must raise too.
+    ("error_generator_length", "{{ msgs|selectattr('role')|length }}", V),
+    ("error_generator_last", "{{ msgs|map(attribute='role')|last }}", V),
+    ("error_tojson_generator", "{{ msgs|map(attribute='role')|tojson }}", V),
     ("error_raise_exception", "{{ raise_exception('Only user and assistant roles are supported!') }}", V),
     ("error_undefined_attribute", "{{ missing.attr }}", V),
     ("error_undefined_plus", "{{ missing + 'x' }}", V),
@@ -217,6 +223,25 @@ SNIPPETS = [
     ("error_unknown_filter", "{{ s|nosuchfilter }}", V),
     ("error_messages_empty", "{{ messages[0].role }}", {"messages": []}),
 ]
+
+
+# Constructs asynct refuses: jinja2 renders them, asynct must fail with an "unsupported" error
+# rather than render something else.
+REFUSED = [
+    ("macro", "{% macro f(x) %}[{{ x }}]{% endmacro %}{{ f(1) }}", V),
+    ("generator_used_twice", "{% set g = msgs|map(attribute='role') %}{{ g|join }}|{{ g|join }}", V),
+    ("printing_a_generator", "{{ msgs|map(attribute='role') }}", V),
+    ("string_format", "{{ '%s!' % s }}", V),
+    ("non_ascii_case", "{{ 'Émile'|lower }}", V),
+    ("dict_method_as_attribute", "{{ d.items is defined }}", V),
+    ("chained_comparison", "{{ 1 < n < 10 }}", V),
+    ("loop_cycle", "{% for x in l %}{{ loop.cycle('a', 'b') }}{% endfor %}", V),
+]
+
+
+def refused_cases():
+    return [{"name": f"refused/{name}", "template": template, "variables": variables, "refused": True}
+            for name, template, variables in REFUSED]
 
 
 def snippet_cases():
@@ -246,12 +271,12 @@ def main():
     qwen3 = load_assets()
     with open(os.path.join(HERE, "data", "smollm2_tokenizer_config.json"), encoding="utf-8") as f:
         smollm2 = json.load(f)
-    cases = chat_cases("qwen3", qwen3) + chat_cases("smollm2", smollm2) + snippet_cases()
+    cases = chat_cases("qwen3", qwen3) + chat_cases("smollm2", smollm2) + snippet_cases() + refused_cases()
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "cases.json")
         with open(path, "w", encoding="utf-8") as f:
-            json.dump([{k: v for k, v in c.items() if k != "name"} for c in cases], f, ensure_ascii=False)
+            json.dump([{k: v for k, v in c.items() if k not in ("name", "refused")} for c in cases], f, ensure_ascii=False)
         run = subprocess.run([args.renderer, path], capture_output=True, text=True, encoding="utf-8")
     if run.returncode != 0:
         print(run.stderr, file=sys.stderr)
@@ -261,9 +286,19 @@ def main():
 
     env = hf_environment()
     failures = 0
-    counts = {"identical": 0, "both_failed": 0}
+    counts = {"identical": 0, "both_failed": 0, "refused": 0}
     for case, got in zip(cases, results):
         ok, expected = render_jinja(env, case, None)
+        if case.get("refused"):
+            if ok and not got["ok"] and ("unsupported" in got["error"] or "not supported" in got["error"]):
+                counts["refused"] += 1
+                if args.verbose:
+                    print(f"refused: {case['name']}\n  asynct: {got['error']}")
+            else:
+                failures += 1
+                print(f"NOT REFUSED {case['name']}: jinja2 {'ok' if ok else 'error'}, asynct "
+                      f"{repr(got['text']) if got['ok'] else got['error']}")
+            continue
         if ok and got["ok"] and got["text"] == expected:
             counts["identical"] += 1
             continue
@@ -277,7 +312,7 @@ def main():
         print(f"  jinja2: {'ok ' + repr(expected) if ok else 'error ' + expected}")
         print(f"  asynct: {'ok ' + repr(got['text']) if got['ok'] else 'error ' + got['error']}")
     print(f"{len(cases)} cases: {counts['identical']} rendered identically, {counts['both_failed']} failed in both "
-          f"(as they should), {failures} mismatched")
+          f"(as they should), {counts['refused']} refused as unsupported (as they should), {failures} mismatched")
     sys.exit(1 if failures else 0)
 
 

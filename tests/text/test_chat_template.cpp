@@ -54,7 +54,13 @@ TEST(ChatTemplateFilters, StringsListsAndDefaults) {
   EXPECT_EQ(render("{{ m|selectattr('role', 'equalto', 'user')|list|length }} {{ m|map(attribute='role')|join('+') }}", v),
             "1 system+user");
   EXPECT_EQ(render("{{ missing|default('d') }} {{ ''|default('e', true) }} {{ ' x '|trim }} {{ 'ab'|upper }}"), "d e x AB");
-  EXPECT_EQ(render("{{ {'a': 1}|items|list }} {{ 'abc'|list|first }}{{ [1, 2]|last }}"), "[['a', 1]] a2");
+  EXPECT_EQ(render("{{ {'a': 1}|items|list }} {{ 'abc'|list|first }}{{ [1, 2]|last }}"), "[('a', 1)] a2");
+  // Python's shapes: tuples, dict views, and generators, which are true even when empty.
+  EXPECT_EQ(render("{{ (1,) }} {{ {'a': 1}.items() }} {{ {'a': 1}.keys() }} {{ (1, 2) == [1, 2] }}"),
+            "(1,) dict_items([('a', 1)]) dict_keys(['a']) False");
+  EXPECT_EQ(render("{% if []|selectattr('x') %}true{% endif %}"), "true");
+  expect_error([] { render("{{ [1]|map('string')|length }}"); }, "object of type 'generator' has no len()");
+  expect_error([] { render("{% set g = [1]|map('string') %}{{ g|join }}{{ g|join }}"); }, "using a generator");
 }
 
 TEST(ChatTemplateStatements, LoopsScopesAndNamespaces) {

@@ -16,7 +16,9 @@ using Optional = std::optional<Value>;
 [[noreturn]] void type_error(const std::string& message) { throw Error(message); }
 
 std::string describe_undefined(const Value& v) {
-  return v.what().empty() ? std::string("an undefined value") : "'" + v.what() + "' (undefined)";
+  if (v.what().empty()) return "an undefined value";
+  if (v.what()[0] == '[') return "the undefined value of " + v.what();  // an index out of range
+  return "'" + v.what() + "' (undefined)";
 }
 
 void require_defined(const Value& v, const std::string& use) {
@@ -89,6 +91,23 @@ std::string title(const std::string& s) {
     char32_t mapped = change_case(c, !previous_cased);
     previous_cased = is_ascii_letter(c);
     c = mapped;
+  }
+  return utf8_encode(t);
+}
+
+// jinja2's title filter (not str.title()): pieces between runs of whitespace and -({[<
+// start upper-case and continue lower-case.
+std::string title_filter(const std::string& s) {
+  std::u32string t = utf8_decode(s);
+  auto separator = [](char32_t c) { return py_isspace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<'; };
+  bool start = true;
+  for (auto& c : t) {
+    if (separator(c)) {
+      start = true;
+      continue;
+    }
+    c = change_case(c, start);
+    start = false;
   }
   return utf8_encode(t);
 }
@@ -216,7 +235,8 @@ Value attribute_path(const Value& v, const std::string& path) {
 }
 
 Json to_json(const Value& v, const std::string& what) {
-  if (v.is_data()) return v.json();
+  if (v.is_data() && (v.shape() == Value::Shape::Plain || v.shape() == Value::Shape::Tuple)) return v.json();
+  if (v.is_data()) throw Error("Object of type " + type_name(v) + " is not JSON serializable (in " + what + ")");
   if (v.is_undefined()) throw Error(describe_undefined(v) + " cannot be used in " + what);
   throw Error("a " + type_name(v) + " object cannot be used in " + what);
 }
@@ -243,9 +263,9 @@ Value select_or_reject(const Value& input, const Args& args, bool select, const 
   for (const Value& item : iterate(input)) {
     Value field = attribute_path(item, attribute);
     bool ok = test.empty() ? truthy(field) : apply_test(test, field, test_args);
-    if (ok == select) out.push_back(to_json(item, name));
+    if (ok == select) out.push_back(item.json());
   }
-  return Value::of(std::move(out));
+  return Value::of(std::move(out)).with_shape(Value::Shape::Generator, input.tuple_items());
 }
 
 }  // namespace
@@ -282,7 +302,7 @@ Value get_attribute(const Value& object, const std::string& name) {
   if (j.is_object()) {
     // jinja2 tries Python's getattr first: `d.items` is the dict method, not d['items'].
     if (kDictMethods.count(name))
-      throw Error("'." + name + "' on a mapping is the dict method in Jinja; call it, or write ['" + name + "'] for the key");
+      throw Error("'." + name + "' on a mapping is the dict method in Jinja, which is not supported; call it, or write ['" + name + "'] for the key");
     auto it = j.find(name);
     return it == j.end() ? Value::undefined(name) : object.child(*it);
   }
@@ -295,6 +315,7 @@ Value get_item(const Value& object, const Value& key) {
     if (key.is_string()) return get_attribute(object, key.str());
     throw Error("a " + type_name(object) + " object cannot be subscripted with " + type_name(key));
   }
+  if (object.shape() != Value::Shape::Plain && object.shape() != Value::Shape::Tuple) return Value::undefined();
   const Json& j = object.json();
   if (j.is_object()) {
     if (!key.is_string()) return Value::undefined();
@@ -308,19 +329,21 @@ Value get_item(const Value& object, const Value& key) {
     if (j.is_array()) {
       std::int64_t n = std::int64_t(j.size());
       if (i < 0) i += n;
-      if (i < 0 || i >= n) return Value::undefined("index " + std::to_string(i));
+      if (i < 0 || i >= n) return Value::undefined("[" + std::to_string(i) + "] (out of range)");
       return object.child(j[std::size_t(i)]);
     }
     std::u32string t = utf8_decode(j.get_ref<const std::string&>());
     std::int64_t n = std::int64_t(t.size());
     if (i < 0) i += n;
-    if (i < 0 || i >= n) return Value::undefined("index " + std::to_string(i));
+    if (i < 0 || i >= n) return Value::undefined("[" + std::to_string(i) + "] (out of range)");
     return str_value(utf8_encode(t.substr(std::size_t(i), 1)));
   }
   return Value::undefined();
 }
 
 Value get_slice(const Value& object, const Value& start_v, const Value& stop_v, const Value& step_v) {
+  if (object.is_list() && object.shape() != Value::Shape::Plain && object.shape() != Value::Shape::Tuple)
+    return Value::undefined();
   if (!object.is_list() && !object.is_string())
     throw Error("slicing a " + type_name(object) + " is not supported");
   auto bound = [](const Value& v, const char* what) -> std::optional<std::int64_t> {
@@ -354,12 +377,14 @@ Value get_slice(const Value& object, const Value& start_v, const Value& stop_v, 
   }
   Json out = Json::array();
   for (std::int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(object.json()[std::size_t(i)]);
-  return Value::of(std::move(out));
+  return Value::of(std::move(out)).with_shape(object.shape(), object.tuple_items());
 }
 
 std::vector<Value> iterate(const Value& v) {
   std::vector<Value> out;
   if (v.is_undefined()) return out;
+  if (v.is_generator() && v.use_generator())
+    throw Error("unsupported: using a generator (from selectattr, rejectattr, map, items or reverse) twice; Python's would be empty the second time");
   if (v.is_list()) {
     for (const auto& item : v.json()) out.push_back(v.child(item));
     return out;
@@ -386,6 +411,8 @@ bool contains(const Value& container, const Value& item) {
     return container.str().find(item.str()) != std::string::npos;
   }
   if (container.is_list()) {
+    if (container.is_generator() && container.use_generator())
+      throw Error("unsupported: using a generator (from selectattr, rejectattr, map, items or reverse) twice");
     for (const auto& x : container.json())
       if (py_equal(item, container.child(x))) return true;
     return false;
@@ -432,10 +459,12 @@ Value repeat(const Value& seq, std::int64_t times) {
     for (std::int64_t i = 0; i < times; ++i) out += seq.str();
     return str_value(std::move(out));
   }
+  if (seq.shape() != Value::Shape::Plain && seq.shape() != Value::Shape::Tuple)
+    throw Error("unsupported operand types for *: '" + type_name(seq) + "' and 'int'");
   Json out = Json::array();
   for (std::int64_t i = 0; i < times; ++i)
     for (const auto& x : seq.json()) out.push_back(x);
-  return Value::of(std::move(out));
+  return Value::of(std::move(out)).with_shape(seq.shape(), seq.tuple_items());
 }
 
 }  // namespace
@@ -455,10 +484,11 @@ Value binary_operation(const std::string& op, const Value& a, const Value& b) {
     if (ints) return int_value(add(x, y));
     if (nums) return float_value(as_double(a.json()) + as_double(b.json()));
     if (a.is_string() && b.is_string()) return str_value(a.str() + b.str());
-    if (a.is_list() && b.is_list()) {
+    if (a.is_list() && b.is_list() && a.shape() == b.shape() &&
+        (a.shape() == Value::Shape::Plain || a.shape() == Value::Shape::Tuple)) {
       Json out = a.json();
       for (const auto& item : b.json()) out.push_back(item);
-      return Value::of(std::move(out));
+      return Value::of(std::move(out)).with_shape(a.shape(), a.tuple_items() && b.tuple_items());
     }
     return unsupported();
   }
@@ -551,6 +581,7 @@ Value apply_filter(const std::string& name, const Value& input, const Args& args
   if (name == "length" || name == "count") {
     bind(args, {}, what);
     if (input.is_undefined()) return int_value(0);
+    if (input.is_generator()) throw Error("object of type 'generator' has no len(); add |list before |" + name);
     if (input.is_string()) return int_value(std::int64_t(utf8_decode(input.str()).size()));
     if (input.is_list() || input.is_dict()) return int_value(std::int64_t(input.json().size()));
     throw Error("object of type '" + type_name(input) + "' has no len()");
@@ -578,7 +609,7 @@ Value apply_filter(const std::string& name, const Value& input, const Args& args
     return str_value(strip(py_str(input), a[0], true, true));
   }
   if (name == "lower" || name == "upper") return bind(args, {}, what), str_value(to_case(py_str(input), name == "upper"));
-  if (name == "title") return bind(args, {}, what), str_value(title(py_str(input)));
+  if (name == "title") return bind(args, {}, what), str_value(title_filter(py_str(input)));
   if (name == "capitalize") return bind(args, {}, what), str_value(capitalize(py_str(input)));
   if (name == "default" || name == "d") {
     auto a = bind(args, {"default_value", "boolean"}, what);
@@ -600,6 +631,7 @@ Value apply_filter(const std::string& name, const Value& input, const Args& args
   }
   if (name == "first" || name == "last") {
     bind(args, {}, what);
+    if (name == "last" && input.is_generator()) throw Error("'generator' object is not reversible; add |list before |last");
     std::vector<Value> items = iterate(input);
     if (items.empty()) return Value::undefined("no " + name + " item");
     return name == "first" ? items.front() : items.back();
@@ -608,7 +640,7 @@ Value apply_filter(const std::string& name, const Value& input, const Args& args
     bind(args, {}, what);
     if (input.is_undefined()) return Value::of(Json::array());
     if (!input.is_dict()) throw Error("filter 'items' needs a mapping, got " + type_name(input));
-    return Value::of(items_of(input.json()));
+    return Value::of(items_of(input.json())).with_shape(Value::Shape::Generator, true);
   }
   if (name == "list" || name == "reverse") {
     bind(args, {}, what);
@@ -619,7 +651,8 @@ Value apply_filter(const std::string& name, const Value& input, const Args& args
     Json out = Json::array();
     for (const Value& item : iterate(input)) out.push_back(to_json(item, what));
     if (name == "reverse") std::reverse(out.begin(), out.end());
-    return Value::of(std::move(out));
+    bool tuples = input.is_list() && input.tuple_items();
+    return Value::of(std::move(out)).with_shape(name == "reverse" ? Value::Shape::Generator : Value::Shape::Plain, tuples);
   }
   if (name == "selectattr" || name == "rejectattr") return select_or_reject(input, args, name == "selectattr", what);
   if (name == "map") {
@@ -637,7 +670,7 @@ Value apply_filter(const std::string& name, const Value& input, const Args& args
       Args rest{{args.positional.begin() + 1, args.positional.end()}, args.named};
       for (const Value& item : iterate(input)) out.push_back(to_json(apply_filter(args.positional[0].str(), item, rest), what));
     }
-    return Value::of(std::move(out));
+    return Value::of(std::move(out)).with_shape(Value::Shape::Generator, false);
   }
   if (name == "replace") {
     auto a = bind(args, {"old", "new", "count"}, what);
@@ -719,7 +752,9 @@ bool apply_test(const std::string& name, const Value& v, const Args& args) {
   // Undefined counts as iterable (it iterates as empty) and, by jinja2's check, a sequence.
   if (name == "iterable")
     return none(), v.is_undefined() || v.kind() == Value::Kind::Loop || v.is_string() || v.is_list() || v.is_dict();
-  if (name == "sequence") return none(), v.is_undefined() || v.is_string() || v.is_list() || v.is_dict();
+  if (name == "sequence")
+    return none(), v.is_undefined() || v.is_string() || v.is_dict() ||
+                       (v.is_list() && (v.shape() == Value::Shape::Plain || v.shape() == Value::Shape::Tuple));
   if (name == "eq" || name == "equalto" || name == "==") return py_equal(v, one());
   if (name == "ne" || name == "!=") return !py_equal(v, one());
   if (name == "lt" || name == "lessthan" || name == "<") return py_less(v, one());
@@ -802,12 +837,12 @@ Value call_method(const Value& object, const std::string& name, const Args& args
   }
   if (object.is_dict()) {
     const Json& d = object.json();
-    if (name == "items") return bind(args, {}, what), Value::of(items_of(d));
+    if (name == "items") return bind(args, {}, what), Value::of(items_of(d)).with_shape(Value::Shape::DictItems, true);
     if (name == "keys" || name == "values") {
       bind(args, {}, what);
       Json out = Json::array();
       for (const auto& [key, item] : d.items()) out.push_back(name == "keys" ? Json(key) : item);
-      return Value::of(std::move(out));
+      return Value::of(std::move(out)).with_shape(name == "keys" ? Value::Shape::DictKeys : Value::Shape::DictValues, false);
     }
     if (name == "get") {
       auto a = bind(args, {"key", "default"}, what);

@@ -84,8 +84,14 @@ class Interpreter {
       case Expr::Kind::List:
       case Expr::Kind::Tuple: {
         Json list = Json::array();
-        for (const auto& item : e.items) list.push_back(data(eval(*item), item->pos, "a list"));
-        return Value::of(std::move(list));
+        bool all_tuples = !e.items.empty();
+        for (const auto& item : e.items) {
+          Value v = eval(*item);
+          all_tuples = all_tuples && v.is_data() && v.shape() == Value::Shape::Tuple;
+          list.push_back(data(v, item->pos, "a list"));
+        }
+        auto shape = e.kind == Expr::Kind::Tuple ? Value::Shape::Tuple : Value::Shape::Plain;
+        return Value::of(std::move(list)).with_shape(shape, all_tuples);
       }
       case Expr::Kind::Dict: {
         Json dict = Json::object();
@@ -150,7 +156,8 @@ class Interpreter {
   }
 
   static Json data(const Value& v, Pos pos, const char* where) {
-    if (v.is_data()) return v.json();
+    if (v.is_data() && (v.shape() == Value::Shape::Plain || v.shape() == Value::Shape::Tuple)) return v.json();
+    if (v.is_data()) fail(pos, "a " + type_name(v) + " cannot be put in " + std::string(where) + " here; add |list");
     if (v.is_undefined()) fail(pos, "an undefined value cannot be put in " + std::string(where));
     fail(pos, "a " + type_name(v) + " object cannot be put in " + std::string(where));
   }

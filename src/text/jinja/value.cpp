@@ -16,6 +16,14 @@ std::string type_name(const Value& v) {
     case Value::Kind::Loop: return "loop";
     case Value::Kind::Data: break;
   }
+  switch (v.shape()) {
+    case Value::Shape::Tuple: return "tuple";
+    case Value::Shape::Generator: return "generator";
+    case Value::Shape::DictItems: return "dict_items";
+    case Value::Shape::DictKeys: return "dict_keys";
+    case Value::Shape::DictValues: return "dict_values";
+    case Value::Shape::Plain: break;
+  }
   const Json& j = v.json();
   if (j.is_null()) return "NoneType";
   if (j.is_boolean()) return "bool";
@@ -33,6 +41,7 @@ bool truthy(const Value& v) {
     case Value::Kind::Loop: return true;
     case Value::Kind::Data: break;
   }
+  if (v.is_generator()) return true;  // a generator object is true even when it yields nothing
   const Json& j = v.json();
   if (j.is_null()) return false;
   if (j.is_boolean()) return j.get<bool>();
@@ -185,10 +194,35 @@ std::string py_str(const Json& j) {
   return py_repr(j);
 }
 
+namespace {
+std::string sequence_repr(const Json& list, bool tuple_items, bool as_tuple) {
+  std::string out = as_tuple ? "(" : "[";
+  bool first = true;
+  for (const auto& item : list) {
+    if (!first) out += ", ";
+    first = false;
+    out += tuple_items && item.is_array() ? sequence_repr(item, false, true) : py_repr(item);
+  }
+  if (as_tuple && list.size() == 1) out += ",";
+  return out + (as_tuple ? ")" : "]");
+}
+}  // namespace
+
 std::string py_str(const Value& v) {
   switch (v.kind()) {
     case Value::Kind::Undefined: return "";
-    case Value::Kind::Data: return py_str(v.json());
+    case Value::Kind::Data:
+      switch (v.shape()) {
+        case Value::Shape::Plain:
+          return v.tuple_items() && v.json().is_array() ? sequence_repr(v.json(), true, false) : py_str(v.json());
+        case Value::Shape::Tuple: return sequence_repr(v.json(), v.tuple_items(), true);
+        case Value::Shape::Generator:
+          throw Error("printing a generator (what selectattr, rejectattr, map, items and reverse return) is not supported; add |list");
+        case Value::Shape::DictItems: return "dict_items(" + sequence_repr(v.json(), true, false) + ")";
+        case Value::Shape::DictKeys: return "dict_keys(" + sequence_repr(v.json(), false, false) + ")";
+        case Value::Shape::DictValues: return "dict_values(" + sequence_repr(v.json(), false, false) + ")";
+      }
+      return "";
     case Value::Kind::Namespace: throw Error("printing a namespace() object is not supported");
     case Value::Kind::Loop: throw Error("printing the loop object is not supported");
   }
@@ -225,6 +259,12 @@ bool py_equal(const Value& a, const Value& b) {
   if (a.kind() == Value::Kind::Namespace || b.kind() == Value::Kind::Namespace)
     return a.kind() == b.kind() && a.ns_ptr() == b.ns_ptr();
   if (a.kind() == Value::Kind::Loop || b.kind() == Value::Kind::Loop) return false;
+  if (a.json().is_array() && b.json().is_array()) {
+    // A tuple never equals a list; generators and views compare by identity in Python.
+    using S = Value::Shape;
+    if (a.shape() != b.shape() || (a.shape() != S::Plain && a.shape() != S::Tuple))
+      return a.shape() == b.shape() && a.shape() != S::Generator && &a.json() == &b.json();
+  }
   return py_equal(a.json(), b.json());
 }
 

@@ -37,6 +37,11 @@ struct LoopState {
 class Value {
  public:
   enum class Kind { Undefined, Data, Namespace, Loop };
+  // What Python type a JSON list stands for. jinja2's selectattr/map/items/reverse filters
+  // return generators (always true, no len(), not printable), dict.items()/keys()/values()
+  // return views, and a tuple prints as (a, b). tuple_items: the elements are tuples (pairs
+  // from items()).
+  enum class Shape { Plain, Tuple, Generator, DictItems, DictKeys, DictValues };
 
   Value() = default;  // Undefined
   static Value undefined(std::string what = {}) {
@@ -70,8 +75,26 @@ class Value {
     v.kind_ = Kind::Data;
     v.owner_ = owner_;
     v.json_ = &inside;
+    if (tuple_items_) v.shape_ = Shape::Tuple;
     return v;
   }
+  Value with_shape(Shape shape, bool tuple_items) const {
+    Value v = *this;
+    v.shape_ = shape;
+    v.tuple_items_ = tuple_items;
+    if (shape == Shape::Generator) v.generator_used_ = std::make_shared<bool>(false);
+    return v;
+  }
+  // A Python generator runs once; a second use would see nothing. Marks this one used and
+  // tells whether it already was (copies share the mark).
+  bool use_generator() const {
+    bool was = *generator_used_;
+    *generator_used_ = true;
+    return was;
+  }
+  Shape shape() const { return shape_; }
+  bool tuple_items() const { return tuple_items_; }
+  bool is_generator() const { return is_data() && shape_ == Shape::Generator; }
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::Undefined; }
@@ -99,6 +122,9 @@ class Value {
   std::shared_ptr<Namespace> ns_;
   std::shared_ptr<const LoopState> loop_;
   std::string what_;
+  Shape shape_ = Shape::Plain;
+  bool tuple_items_ = false;
+  std::shared_ptr<bool> generator_used_;
 };
 
 // Python's type name of a value, for messages ("str", "dict", "undefined", ...).

@@ -1,3 +1,5 @@
+// Over 500 lines: every filter, test, string/dict method and global the chat templates use,
+// each a few lines, beside the one dispatch that names them; the string helpers come first.
 #include "text/jinja/builtins.h"
 
 #include <algorithm>

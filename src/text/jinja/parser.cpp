@@ -1,3 +1,4 @@
+// Over 500 lines: the whole of jinja2's grammar that templates use, one function per rule.
 // A recursive-descent parser with jinja2's grammar and operator precedence (lowest first):
 // `x if c else y`, or, and, not, comparisons and `in`, + -, ~, * / // %, **, unary - +,
 // then primaries with their postfixes (.attr, [index], [a:b:c], (call)) and filters/tests.

@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 source scripts/env.sh
 jobs=$(nproc)
+# The text tests compare with HuggingFace tokenizers and Python's jinja2 on the real Qwen3
+# tokenizer files: fetched (hash-checked) into a cache outside the repository.
+ASYNCT_TEXT_ASSETS="$(scripts/fetch_text_assets.sh)"
+export ASYNCT_TEXT_ASSETS
 
 echo "== release build (CUDA when nvcc is found) =="
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null

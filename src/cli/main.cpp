@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
       ->check(integer_in(std::uint64_t(0), kSeedMax));
   gen_cmd->add_option("--block-size", gen.block_size, "KV cache block size")->check(integer_in(1, 4096));
   gen_cmd->add_option("--num-blocks", gen.num_blocks,
-                      "KV cache blocks (0: enough for the requests, up to --max-cache-mib; when fewer, they take turns)")
+                      "KV cache blocks (0: enough for all the requests at once, up to --max-cache-mib; with fewer they take turns)")
       ->check(integer_in(0, kIntMax));
   gen_cmd->add_option("--max-cache-mib", gen.max_cache_mib,
                       "most memory the KV cache may take, in MiB (a larger --num-blocks is an error)")

@@ -57,15 +57,24 @@ int main(int argc, char** argv) {
   gen_cmd->add_option("--temperature", gen.temperature, "0 is greedy")->check(number_in(0.0, 100.0));
   gen_cmd->add_option("--top-k", gen.top_k, "0 is off")->check(integer_in(0, kIntMax));
   gen_cmd->add_option("--top-p", gen.top_p, "nucleus mass in (0, 1]")->check(number_in(0.0, 1.0));
-  gen_cmd->add_option("--seed", gen.seed, "sampling seed")->check(integer_in(std::uint64_t(0), kSeedMax));
+  gen_cmd->add_option("--seed", gen.seed, "sampling seed: request i (in --prompt order, from 0) draws with seed + i")
+      ->check(integer_in(std::uint64_t(0), kSeedMax));
   gen_cmd->add_option("--block-size", gen.block_size, "KV cache block size")->check(integer_in(1, 4096));
-  gen_cmd->add_option("--num-blocks", gen.num_blocks, "KV cache blocks (0: enough for the requests)")
+  gen_cmd->add_option("--num-blocks", gen.num_blocks,
+                      "KV cache blocks (0: enough for all the requests at once, up to --max-cache-mib; with fewer they take turns)")
       ->check(integer_in(0, kIntMax));
+  gen_cmd->add_option("--max-cache-mib", gen.max_cache_mib,
+                      "most memory the KV cache may take, in MiB (a larger --num-blocks is an error)")
+      ->check(integer_in(std::int64_t(1), std::int64_t(1) << 30));
   gen_cmd->add_option("--max-batched-tokens", gen.max_batched_tokens, "chunked-prefill token budget per step")
       ->check(integer_in(1, 1 << 20));
-  gen_cmd->add_option("--eos", gen.eos_token, "stop at this token id (with --no-ignore-eos; -1: none)")
-      ->check(integer_in(-1, kIntMax));
-  gen_cmd->add_flag("!--no-ignore-eos", gen.ignore_eos, "stop at --eos");
+  CLI::Option* eos = gen_cmd->add_option(
+      "--eos", gen.eos_tokens,
+      "end-of-sequence token id, repeatable (default: the checkpoint's generation_config.json or config.json "
+      "eos_token_id; the built-in models have none)")
+      ->check(integer_in(0, kIntMax));
+  gen_cmd->add_flag("--ignore-eos", gen.ignore_eos, "run every request to --max-tokens, ignoring end-of-sequence tokens")
+      ->excludes(eos);
   gen_cmd->add_flag("!--no-cuda-graphs", gen.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
   gen_cmd->add_flag("!--no-pipeline", gen.pipeline, "read each step's tokens before queuing the next step");
   gen_cmd->add_option("--device", gen.device, "auto (a GPU when there is one), cpu or cuda")

@@ -12,13 +12,12 @@ BlockManager::BlockManager(int num_blocks, int block_size)
 }
 
 bool BlockManager::can_grow(const std::vector<int>& table, int tokens) const {
-  const int needed = blocks_for(tokens) - int(table.size());
-  return needed <= int(free_.size());
+  return blocks_for(tokens) - std::int64_t(table.size()) <= std::int64_t(free_.size());
 }
 
 void BlockManager::grow(std::vector<int>& table, int tokens) {
   check(can_grow(table, tokens), "BlockManager: out of KV blocks (", free_.size(), " free)");
-  while (int(table.size()) < blocks_for(tokens)) {
+  while (std::int64_t(table.size()) < blocks_for(tokens)) {
     table.push_back(free_.back());
     free_.pop_back();
   }

@@ -2,6 +2,7 @@
 // block table. It holds no K/V itself (the model runner does).
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 namespace asynct {
@@ -13,7 +14,8 @@ class BlockManager {
   int block_size() const { return block_size_; }
   int num_free_blocks() const { return int(free_.size()); }
   int num_blocks() const { return num_blocks_; }
-  int blocks_for(int tokens) const { return (tokens + block_size_ - 1) / block_size_; }
+  // Blocks that hold `tokens` tokens (in 64 bits: a count near INT_MAX does not wrap).
+  std::int64_t blocks_for(std::int64_t tokens) const { return (tokens + block_size_ - 1) / block_size_; }
 
   // Whether `table` can grow to hold `tokens` tokens.
   bool can_grow(const std::vector<int>& table, int tokens) const;

@@ -27,9 +27,12 @@ std::int64_t Engine::add_request(const Request& r) {
   const std::int64_t total = std::int64_t(r.prompt.size()) + r.max_tokens;
   check(total <= options_.max_model_len, "request: prompt (", r.prompt.size(), ") + max_tokens (",
         r.max_tokens, ") = ", total, " tokens is over max_model_len ", options_.max_model_len);
-  check(blocks_.blocks_for(int(total)) <= blocks_.num_blocks(), "request: ", total,
-        " tokens need ", blocks_.blocks_for(int(total)), " KV blocks but the cache has ",
+  check(blocks_.blocks_for(total) <= blocks_.num_blocks(), "request: ", total,
+        " tokens need ", blocks_.blocks_for(total), " KV blocks but the cache has ",
         blocks_.num_blocks());
+  for (const std::int32_t eos : r.eos_token_ids)
+    check(eos >= 0 && eos < vocab_size_, "request: end-of-sequence token ", eos, " is outside the vocabulary [0, ",
+          vocab_size_, ")");
   validate_sampling(r.sampling);
   auto seq = std::make_unique<Sequence>();
   seq->id = next_id_++;
@@ -95,7 +98,8 @@ void Engine::schedule(StepState& s) {
 
 bool Engine::finished(const Sequence& seq, std::string* reason) const {
   const std::int32_t last = seq.tokens.back();
-  if (!seq.request.ignore_eos && seq.request.eos_token >= 0 && last == seq.request.eos_token) {
+  const std::vector<std::int32_t>& eos = seq.request.eos_token_ids;
+  if (std::find(eos.begin(), eos.end(), last) != eos.end()) {
     *reason = "eos";
     return true;
   }
@@ -119,6 +123,11 @@ void Engine::build_batch(StepState& s) {
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
     const Sequence& seq = *scheduled[i].seq;
     const int begin = seq.num_computed, end = begin + scheduled[i].num_tokens;
+    // Only the newest token past the prompt is a decode token (EngineStats).
+    const int newest = int(seq.tokens.size()) - 1;
+    const bool decodes = end - 1 == newest && newest >= int(seq.request.prompt.size());
+    stats_.decode_tokens += decodes ? 1 : 0;
+    stats_.prefill_tokens += scheduled[i].num_tokens - (decodes ? 1 : 0);
     for (int pos = begin; pos < end; ++pos) {
       b.tokens.push_back(seq.tokens[std::size_t(pos)]);
       b.positions.push_back(pos);
@@ -134,15 +143,13 @@ void Engine::build_batch(StepState& s) {
       const bool record = options_.record_first_logits && seq.num_generated == 0;
       b.full_logits.push_back(seq.request.sampling.temperature > 0.0f || record ? 1 : 0);
     }
-    (scheduled[i].num_tokens == 1 && begin > 0 ? stats_.decode_tokens : stats_.prefill_tokens) +=
-        scheduled[i].num_tokens;
   }
 }
 
 bool Engine::can_chain(const StepState& s) const {
   // Every running sequence is in the step, and nothing waits: scheduling again would pick them all.
   if (!waiting_.empty() || s.scheduled.size() != running_.size()) return false;
-  int new_blocks = 0;
+  std::int64_t new_blocks = 0;
   for (std::size_t i = 0; i < s.scheduled.size(); ++i) {
     const Sequence* seq = s.scheduled[i].seq;
     if (seq == nullptr || s.scheduled[i].num_tokens != 1 || s.sample_row[i] < 0) return false;
@@ -150,7 +157,7 @@ bool Engine::can_chain(const StepState& s) const {
     // next step's row for it is then dropped).
     if (s.batch.full_logits[std::size_t(s.sample_row[i])]) return false;
     if (seq->num_generated + 1 >= seq->request.max_tokens) return false;
-    new_blocks += std::max(0, blocks_.blocks_for(seq->num_computed + 2) - int(seq->block_table.size()));
+    new_blocks += std::max<std::int64_t>(0, blocks_.blocks_for(seq->num_computed + 2) - std::int64_t(seq->block_table.size()));
   }
   return new_blocks <= blocks_.num_free_blocks();  // no preemption
 }
@@ -190,6 +197,7 @@ std::vector<RequestOutput> Engine::step() {
     std::swap(current_, next_);
     next_queued_ = false;
   } else {
+    const auto start = t;
     schedule(current_);
     check(!current_.scheduled.empty() || !has_unfinished(), "engine: no request could be scheduled");
     if (current_.scheduled.empty()) return {};
@@ -198,24 +206,31 @@ std::vector<RequestOutput> Engine::step() {
     t = Clock::now();
     runner_->submit(current_.batch);
     stats_.forward_ms += ms_since(t);
+    current_.submit_ms = ms_since(start);
   }
   // The step after this one, queued now when it is already known: the GPU runs it while the
   // host reads this one's tokens.
   t = Clock::now();
   if (options_.pipeline_steps && runner_->pipelines_steps() && can_chain(current_)) {
+    const auto start = t;
     build_chained_batch(current_, next_);
     stats_.schedule_ms += ms_since(t);
     t = Clock::now();
     runner_->submit(next_.batch);
+    stats_.forward_ms += ms_since(t);
+    next_.submit_ms = ms_since(start);
     next_queued_ = true;
     ++stats_.pipelined_steps;
   }
 
+  t = Clock::now();
   const StepOutput& out = runner_->collect();
   stats_.forward_ms += ms_since(t);
   ++stats_.steps;
   try {
-    return apply(current_, out);
+    std::vector<RequestOutput> done = apply(current_, out);
+    stats_.last_step_ms = current_.submit_ms + ms_since(t);  // + collect() and apply()
+    return done;
   } catch (...) {
     // The step's output is bad (e.g. a non-finite logit): the sequences are as they were, and
     // the step queued behind it, built on its tokens, is dropped.

@@ -31,8 +31,9 @@ struct Request {
   std::vector<std::int32_t> prompt;
   int max_tokens = 16;
   SamplingParams sampling;
-  bool ignore_eos = false;
-  std::int32_t eos_token = -1;  // -1: none
+  // The request ends when it generates any of these (each in the vocabulary); empty: it runs
+  // to max_tokens.
+  std::vector<std::int32_t> eos_token_ids;
 };
 
 struct RequestOutput {
@@ -44,12 +45,25 @@ struct RequestOutput {
 };
 
 struct EngineStats {
-  std::int64_t steps = 0, prefill_tokens = 0, decode_tokens = 0, preemptions = 0;
+  std::int64_t steps = 0, preemptions = 0;
+  // Tokens the model computed: a decode token is a generated token fed to the model for the
+  // first time (the newest token of a sequence past its prompt); prefill tokens are the rest,
+  // the prompts and the output a preempted sequence recomputes. Whatever the chunking, a
+  // request that runs without preemption adds its prompt length to prefill_tokens and
+  // (generated - 1) to decode_tokens.
+  std::int64_t prefill_tokens = 0, decode_tokens = 0;
   std::int64_t pipelined_steps = 0;  // steps queued before the step they continue was read
   // Host wall-clock time of the parts of step(), in milliseconds: scheduling and building the
   // batches; the runner's submit() and collect() (the wait for the GPU); sampling and
   // bookkeeping after it.
   double schedule_ms = 0, forward_ms = 0, sample_ms = 0;
+  // Host wall-clock time, in ms, of the step step() collected last: building and submitting
+  // it, waiting for it in collect() and reading its output. A step queued ahead (pipelining)
+  // was built and submitted during the step() before; its time counts here, with its own
+  // step, not in the interval between the two step() calls. (On the CPU backend submit() runs
+  // the whole forward pass, so that interval would hold the next step's work; on the GPU, in
+  // a steady decode loop, this time and the interval agree.)
+  double last_step_ms = 0;
 };
 
 class Engine {
@@ -91,6 +105,7 @@ class Engine {
     StepBatch batch;
     std::vector<int> sample_row;  // [scheduled] row of batch.logit_rows, or -1
     bool chained = false;         // its tokens come from the step before (pipelining)
+    double submit_ms = 0;         // host time building and submitting it (EngineStats::last_step_ms)
   };
 
   void schedule(StepState& s);     // fills s.scheduled

@@ -41,9 +41,16 @@ struct Run {
   double seconds = 0;
   std::int64_t tokens = 0;  // prompt + generated
   std::int64_t steps = 0;
-  // Steps in which every sequence decoded one token (no prompt tokens) and their median wall
-  // time: the decode step's own time, which the mean over all steps mixes with the prefill
-  // steps' (and the median keeps apart from the few steps that capture a CUDA graph).
+  // Steps in which every sequence decoded one token (no prompt tokens) and their median time:
+  // the decode step's own time, which the mean over all steps mixes with the prefill steps'
+  // (and the median keeps apart from the few steps that capture a CUDA graph). A step's time
+  // is the engine's EngineStats::last_step_ms, the host time spent building, submitting,
+  // waiting for and reading that step. It is not the interval between two step() calls: a
+  // pipelined step is submitted during the step() before, so that interval holds the next
+  // step's submit instead of its own (on the CPU backend, where submit() runs the forward
+  // pass, a whole step: the first decode step after a prefill took ~0 ms and the prefill step
+  // two steps' time). In a steady GPU decode loop the two agree: each step() submits one step
+  // and waits for one, so both are the time between consecutive decode steps.
   std::int64_t decode_steps = 0;
   double decode_step_ms = 0;
   std::int64_t pipelined_steps = 0;  // queued before the step they continue was read
@@ -79,7 +86,6 @@ void warm_up(Engine& engine, const Scenario& s, int prompt_min, int output, cons
     Request r;
     for (int t = 0; t < prompt; ++t) r.prompt.push_back((i * 31 + t * 7 + 1) % vocab);
     r.max_tokens = std::min(output, 4);  // the first decode step of a shape runs eagerly, the second captures it
-    r.ignore_eos = true;
     engine.add_request(r);
   }
   engine.run_to_completion();
@@ -124,8 +130,7 @@ Run run_scenario(const Scenario& s, Architecture arch, const ScenarioOptions& o)
     Request r;
     const int len = std::uniform_int_distribution<int>(prompt_min, prompt_max)(rng);
     for (int t = 0; t < len; ++t) r.prompt.push_back(std::uniform_int_distribution<int>(0, config.vocab_size - 1)(rng));
-    r.max_tokens = output;
-    r.ignore_eos = true;
+    r.max_tokens = output;  // no end-of-sequence tokens: every request generates `output`
     blocks += (len + output + o.block_size - 1) / o.block_size;
     longest = std::max(longest, len + output);
     requests.push_back(std::move(r));
@@ -164,14 +169,12 @@ Run run_scenario(const Scenario& s, Architecture arch, const ScenarioOptions& o)
                  terminal ? "" : "\n");
   };
   std::vector<double> decode_step_ms;
-  auto step_start = t0;
   EngineStats before;
   engine.run_to_completion([&](const EngineStats& st) {  // a few lines a second, not one per step
-    const auto now = Clock::now();
     if (st.steps == before.steps + 1 && st.prefill_tokens == before.prefill_tokens)
-      decode_step_ms.push_back(std::chrono::duration<double, std::milli>(now - step_start).count());
-    step_start = now;
+      decode_step_ms.push_back(st.last_step_ms);
     before = st;
+    const auto now = Clock::now();
     if (now - shown < interval) return;
     shown = now;
     show(st);

@@ -1,6 +1,7 @@
 #include "models/config.h"
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <map>
 
@@ -32,6 +33,8 @@ void ModelConfig::validate() const {
   check(rope_theta > 0 && std::isfinite(rope_theta), who, "rope_theta must be positive");
   check(rms_norm_eps > 0 && std::isfinite(rms_norm_eps), who, "rms_norm_eps must be positive");
   check(max_position_embeddings >= 1, who, "max_position_embeddings must be >= 1");
+  for (const std::int32_t eos : eos_token_ids)
+    check(eos >= 0 && eos < vocab_size, who, "eos_token_id ", eos, " is outside the vocabulary [0, ", vocab_size, ")");
   if (is_async()) {
     check(attn_pool_window >= 1 && attn_pool_window <= 8, who, "attn_pool_window must be in 1..8, got ", attn_pool_window);
     check(uclip_value > 0 && std::isfinite(uclip_value), who, "uclip_value must be positive, got ", uclip_value);
@@ -136,6 +139,22 @@ class ConfigReader {
     *value = j_[key].get<bool>();
   }
 
+  // Token ids: an integer or a list of integers (null or absent: leaves *ids as it is), each
+  // in [0, vocab_size).
+  void token_ids(const char* key, int vocab_size, std::vector<std::int32_t>* ids) const {
+    if (!present(key, false)) return;
+    const json& v = j_[key];
+    std::vector<std::int32_t> out;
+    for (const json& e : v.is_array() ? v : json::array({v})) {
+      check(e.is_number_integer(), path_, ": '", key, "' must be a token id or a list of token ids, got ", v.dump());
+      const bool in_vocab = e.is_number_unsigned() ? e.get<std::uint64_t>() < std::uint64_t(vocab_size)
+                                                   : e.get<std::int64_t>() >= 0 && e.get<std::int64_t>() < vocab_size;
+      check(in_vocab, path_, ": '", key, "' token ", e.dump(), " is outside the vocabulary [0, ", vocab_size, ")");
+      out.push_back(std::int32_t(e.get<std::int64_t>()));
+    }
+    *ids = std::move(out);
+  }
+
  private:
   const json& j_;
   const std::string& path_;
@@ -178,7 +197,22 @@ ModelConfig load_config(const std::string& path) {
   r.real("uclip_value", &c.uclip_value, c.is_async());
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
     throw Error(path + ": rope_scaling is not supported");
+  if (c.vocab_size >= 1) r.token_ids("eos_token_id", c.vocab_size, &c.eos_token_ids);
   c.validate();
+  return c;
+}
+
+ModelConfig load_checkpoint_config(const std::string& directory) {
+  namespace fs = std::filesystem;
+  ModelConfig c = load_config((fs::path(directory) / "config.json").string());
+  const std::string path = (fs::path(directory) / "generation_config.json").string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return c;
+  const std::string text = read_checkpoint_text(path);
+  const json j = json::parse(text, nullptr, false);
+  check(!j.is_discarded() && j.is_object(), path, ": not a JSON object");
+  const ConfigReader r(j, path, {});
+  r.token_ids("eos_token_id", c.vocab_size, &c.eos_token_ids);
   return c;
 }
 
@@ -202,6 +236,8 @@ std::string config_to_json(const ModelConfig& c) {
     j["attn_pool_window"] = c.attn_pool_window;
     j["uclip_value"] = c.uclip_value;
   }
+  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
+  if (c.eos_token_ids.size() > 1) j["eos_token_id"] = c.eos_token_ids;
   return j.dump(2);
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace asynct {
 
@@ -25,6 +26,10 @@ struct ModelConfig {
   // AsyncT only.
   int attn_pool_window = 3;
   float uclip_value = 0.0f;
+  // The tokens that end a generation by default (HF's eos_token_id, an int or a list): from
+  // the checkpoint's generation_config.json when it names them, else from config.json; each
+  // in [0, vocab_size). Empty: none (the built-in random models).
+  std::vector<std::int32_t> eos_token_ids;
 
   bool is_async() const { return architecture == Architecture::AsyncT; }
   std::string architecture_name() const;
@@ -35,6 +40,10 @@ struct ModelConfig {
 };
 
 ModelConfig load_config(const std::string& config_json_path);
+// A checkpoint directory's config.json, with eos_token_ids from its generation_config.json when
+// that file is there and has eos_token_id (a missing file is fine; one that is not valid JSON,
+// or whose eos_token_id is not an int or a list of ints in the vocabulary, is an Error naming it).
+ModelConfig load_checkpoint_config(const std::string& directory);
 std::string config_to_json(const ModelConfig& config);
 
 // Small configurations for tests and the default run; same shape rules as the real ones.

@@ -27,6 +27,11 @@ void require_device(const std::string& device) {
 #endif
 }
 
+std::int64_t kv_cache_bytes_per_token(const ModelConfig& c, const std::string& device) {
+  const std::int64_t element_bytes = device == "cuda" ? 2 : 4;
+  return 2 * std::int64_t(c.num_hidden_layers) * c.num_key_value_heads * c.head_dim * element_bytes;
+}
+
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& o, std::string* chosen) {
   *chosen = resolve_device(o.device);
   require_device(*chosen);

@@ -2,6 +2,7 @@
 // visible (or when asked for), the CPU reference runner otherwise.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -17,6 +18,10 @@ std::string resolve_device(const std::string& device);
 // Throws an Error when the device ("cpu" or "cuda", as resolve_device returns) cannot run here:
 // "cuda" in a build without CUDA or with no GPU visible. Cheap: call it before making weights.
 void require_device(const std::string& device);
+
+// Bytes of KV cache one token takes on a backend ("cpu" or "cuda"): the keys and values of
+// every layer, float32 on the CPU backend, bf16 on the CUDA backend.
+std::int64_t kv_cache_bytes_per_token(const ModelConfig& config, const std::string& device);
 
 struct RunnerOptions {
   std::string device = "auto";   // auto, cpu or cuda

@@ -167,8 +167,7 @@ ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed) {
 }
 
 ModelWeights load_weights(const std::string& directory) {
-  const std::string config_path = (std::filesystem::path(directory) / "config.json").string();
-  ModelWeights w = empty_model(load_config(config_path));
+  ModelWeights w = empty_model(load_checkpoint_config(directory));
   const Checkpoint ckpt = Checkpoint::open(directory);
   const std::map<std::string, Shape> shapes = expected_tensors(w.config);
   for (const std::string& name : ckpt.names()) {

@@ -45,7 +45,8 @@ std::map<std::string, Shape> expected_tensors(const ModelConfig& config);
 // Deterministic random weights for any config (the same seed gives the same model).
 ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed);
 
-// Loads config.json and the safetensors weights of a checkpoint directory.
+// Loads the configuration (load_checkpoint_config) and the safetensors weights of a checkpoint
+// directory.
 ModelWeights load_weights(const std::string& directory);
 
 // The same weights with every tensor float32 (the CPU backend's precision).

@@ -67,6 +67,43 @@ TEST(ConfigIntegers, ValuesPastIntOrWithAFractionAreErrorsQuotingTheText) {
   EXPECT_EQ(load_config(s.file("config.json")).hidden_size, 128);
 }
 
+// The end-of-sequence tokens, as HF reads them: generation_config.json's eos_token_id (an int
+// or a list of ints) when it has one, else config.json's; a missing generation_config.json is
+// fine, a malformed one an error naming it.
+TEST(EosTokens, FromGenerationConfigElseConfigJson) {
+  Scratch s;
+  save_checkpoint(random_weights(tiny_config(Architecture::AsyncT), 1), s.dir());
+  EXPECT_TRUE(load_checkpoint_config(s.dir()).eos_token_ids.empty());  // neither file names one
+  write_config_with(s, "eos_token_id", "7");
+  EXPECT_EQ(load_checkpoint_config(s.dir()).eos_token_ids, std::vector<std::int32_t>({7}));
+  EXPECT_EQ(load_weights(s.dir()).config.eos_token_ids, std::vector<std::int32_t>({7}));
+  write_config_with(s, "eos_token_id", "[9, 3]");
+  EXPECT_EQ(load_checkpoint_config(s.dir()).eos_token_ids, std::vector<std::int32_t>({9, 3}));
+  std::ofstream(s.file("generation_config.json")) << R"({"bos_token_id": 1, "eos_token_id": [255, 0, 4]})";
+  EXPECT_EQ(load_checkpoint_config(s.dir()).eos_token_ids, std::vector<std::int32_t>({255, 0, 4}));
+  std::ofstream(s.file("generation_config.json")) << R"({"eos_token_id": 5})";
+  EXPECT_EQ(load_weights(s.dir()).config.eos_token_ids, std::vector<std::int32_t>({5}));
+  std::ofstream(s.file("generation_config.json")) << R"({"do_sample": true})";  // none here: config.json's
+  EXPECT_EQ(load_checkpoint_config(s.dir()).eos_token_ids, std::vector<std::int32_t>({9, 3}));
+
+  const std::string gen = s.file("generation_config.json");
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"eos_token_id\": 5", gen + ": not a JSON object"},
+           {"[5]", gen + ": not a JSON object"},
+           {R"({"eos_token_id": 256})", gen + ": 'eos_token_id' token 256 is outside the vocabulary [0, 256)"},
+           {R"({"eos_token_id": [1, -1]})", gen + ": 'eos_token_id' token -1 is outside the vocabulary [0, 256)"},
+           {R"({"eos_token_id": "2"})", gen + ": 'eos_token_id' must be a token id or a list of token ids, got \"2\""},
+           {R"({"eos_token_id": [1, 2.5]})", gen + ": 'eos_token_id' must be a token id or a list of token ids"},
+           {R"({"eos_token_id": 18446744073709551615})", gen + ": 'eos_token_id' token 18446744073709551615 is outside"}}) {
+    std::ofstream(gen) << text;
+    SCOPED_TRACE(text);
+    expect_error([&] { load_checkpoint_config(s.dir()); }, message);
+  }
+  fs::remove(gen);
+  write_config_with(s, "eos_token_id", "[1, 300]");
+  expect_error([&] { load_checkpoint_config(s.dir()); }, "config.json: 'eos_token_id' token 300 is outside the vocabulary");
+}
+
 TEST(CheckpointFiles, ADirectoryAsConfigJsonIsAnError) {
   TempDir s;
   save_checkpoint(random_weights(tiny_config(Architecture::Qwen3), 1), s.dir());

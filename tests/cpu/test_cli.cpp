@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #ifndef ASYNCT_BINARY
 #error "ASYNCT_BINARY must name the asynct executable"
@@ -38,6 +40,7 @@ struct Outcome {
   bool timed_out = false;
   std::string out, err;
   double seconds = 0;
+  long max_rss_mb = 0;  // the child's peak resident memory
   std::string describe() const {
     std::string s = timed_out ? "timed out" : signal ? "signal " + std::to_string(signal) : "exit " + std::to_string(code);
     return s + "\n--- stdout ---\n" + out.substr(0, 2000) + "\n--- stderr ---\n" + err.substr(0, 2000);
@@ -101,7 +104,9 @@ Outcome run_asynct(const std::vector<std::string>& args, const std::string& cwd,
   for (const pollfd& f : fds)
     if (f.fd >= 0) close(f.fd);
   int status = 0;
-  waitpid(pid, &status, 0);
+  rusage usage{};
+  wait4(pid, &status, 0, &usage);
+  o.max_rss_mb = usage.ru_maxrss / 1024;
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (WIFEXITED(status)) o.code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) o.signal = WTERMSIG(status);
@@ -166,7 +171,10 @@ TEST(Cli, OutOfRangeAndMalformedNumbersGiveReadableErrors) {
       {"generate", "--top-k", "-1"},       {"generate", "--num-blocks", "-1"},
       {"generate", "--max-tokens", "abc"}, {"generate", "--max-tokens", "0"},
       {"generate", "--temperature", "x"},  {"demo", "--q-heads", "1.5"},
-      {"bench", "--repeat", "-3"},         {"generate", "--seed", "-1"}};
+      {"bench", "--repeat", "-3"},         {"generate", "--seed", "-1"},
+      {"generate", "--seed", "18446744073709551616"}, {"generate", "--seed", "1e23"},
+      {"bench", "--seed", "-1"},           {"init-checkpoint", "--seed", "-1"},
+      {"generate", "--eos", "-1"},         {"generate", "--max-cache-mib", "0"}};
   for (const auto& args : cases) {
     const Outcome o = run_asynct(args, s.dir());
     SCOPED_TRACE(args[1] + " " + args[2]);
@@ -195,7 +203,7 @@ TEST(Cli, HelpShowsEveryDefault) {
       if (!std::regex_search(line, m, std::regex("^\\s+(--[a-z-]+) ((INT|UINT|FLOAT|TEXT)\\S*)"))) continue;
       ++options;
       // Options whose absence is the default: their descriptions say what that means.
-      static const std::set<std::string> unset = {"--model", "--prompt", "--logits", "--out", "--scenario", "--json"};
+      static const std::set<std::string> unset = {"--model", "--prompt", "--logits", "--out", "--scenario", "--json", "--eos"};
       if (unset.count(m[1])) continue;
       EXPECT_NE(m[2].str().find('='), std::string::npos) << command << ": no default shown in\n" << line;
     }
@@ -203,6 +211,7 @@ TEST(Cli, HelpShowsEveryDefault) {
   }
   const Outcome gen = run_asynct({"generate", "--help"}, s.dir());
   EXPECT_TRUE(std::regex_search(gen.out, std::regex("--max-tokens [^ \n]*=16\\s"))) << gen.out;
+  EXPECT_TRUE(std::regex_search(gen.out, std::regex("--max-cache-mib [^ \n]*=8192\\s"))) << gen.out;
   const Outcome bench = run_asynct({"bench", "--help"}, s.dir());
   EXPECT_TRUE(std::regex_search(bench.out, std::regex("--device [^ \n]*=auto\\s"))) << bench.out;
 }
@@ -228,6 +237,236 @@ TEST(Cli, CommandLineErrorsExitWithOne) {
     const Outcome o = run_asynct(args, s.dir());
     EXPECT_EQ(o.code, 1) << args[0] << "\n" << o.describe();
     EXPECT_FALSE(o.err.empty()) << o.describe();
+  }
+}
+
+// The tokens of each request that `asynct generate` printed, and how each ended.
+struct Generated {
+  std::vector<std::vector<int>> tokens;
+  std::vector<std::string> reasons;
+};
+
+Generated generated(const std::string& out) {
+  Generated g;
+  std::istringstream lines(out);
+  std::string line;
+  const std::regex request("^request [0-9]+: prompt [0-9]+ tokens -> ([0-9,]*)  \\((\\w+)\\)$");
+  while (std::getline(lines, line)) {
+    std::smatch m;
+    if (!std::regex_match(line, m, request)) continue;
+    std::vector<int> ids;
+    std::istringstream list(m[1].str());
+    std::string id;
+    while (std::getline(list, id, ',')) ids.push_back(std::stoi(id));
+    g.tokens.push_back(ids);
+    g.reasons.push_back(m[2].str());
+  }
+  return g;
+}
+
+std::vector<std::string> repeated(const std::vector<std::string>& args, int times) {
+  std::vector<std::string> all;
+  for (int i = 0; i < times; ++i) all.insert(all.end(), args.begin(), args.end());
+  return all;
+}
+
+std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A request past the model's context is an error before the weights or the KV cache are made
+// (it used to size the cache from --max-tokens first: 2.2 GB and 18 s per prompt).
+TEST(CliLimits, TheContextIsCheckedBeforeAnythingIsAllocated) {
+  Scratch s;
+  for (const int prompts : {1, 12}) {
+    const Outcome o = run_asynct(joined({"generate", "--max-tokens", "1048576"}, repeated({"--prompt", "1"}, prompts)), s.dir());
+    SCOPED_TRACE(std::to_string(prompts) + " prompts");
+    EXPECT_EQ(o.code, 2) << o.describe();
+    EXPECT_TRUE(contains(o.err, "1048577 tokens is over the model's context of 4096 tokens (max_position_embeddings)"))
+        << o.describe();
+    EXPECT_LT(o.max_rss_mb, 400) << o.describe();
+    EXPECT_LT(o.seconds, 10.0) << o.describe();
+  }
+}
+
+// The KV cache takes no more than --max-cache-mib: an automatic size is capped (the requests
+// then take turns), a larger --num-blocks or a request that cannot fit is an error before the
+// cache is made. (The tiny model on the CPU: 2 KiB per token, 32 blocks of 16 tokens per MiB.)
+TEST(CliLimits, TheKvCacheIsBoundedByMaxCacheMib) {
+  Scratch s;
+  // Three requests of 200 + 2 tokens need 13 blocks each: 39 together, 32 under the cap; they
+  // take turns (long prompts and short outputs: few steps). That taking turns changes no token
+  // is Engine's PreemptionAndRecomputeChangeNothing.
+  std::string prompt;
+  for (int t = 0; t < 200; ++t) prompt += (t ? "," : "") + std::to_string((t * 37 + 11) % 256);
+  const std::vector<std::string> three = repeated({"--prompt", prompt}, 3);
+  const Outcome capped = run_asynct(joined({"generate", "--max-tokens", "2", "--max-cache-mib", "1"}, three), s.dir());
+  ASSERT_EQ(capped.code, 0) << capped.describe();
+  EXPECT_TRUE(contains(capped.out, "KV cache 32 blocks of 16 tokens (1.00 MiB)")) << capped.describe();
+  const Generated g = generated(capped.out);
+  ASSERT_EQ(g.tokens.size(), 3u) << capped.describe();
+  for (const auto& t : g.tokens) EXPECT_EQ(t.size(), 2u) << capped.describe();
+
+  // Under the cap: enough for every request at once (20 + 1 tokens in 2 blocks, 1 + 1 in 1).
+  const Outcome roomy = run_asynct({"generate", "--max-tokens", "1", "--prompt", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20",
+                                    "--prompt", "1"},
+                                   s.dir());
+  ASSERT_EQ(roomy.code, 0) << roomy.describe();
+  EXPECT_TRUE(contains(roomy.out, "KV cache 3 blocks of 16 tokens")) << roomy.describe();
+
+  const Outcome too_long = run_asynct({"generate", "--prompt", "1", "--max-tokens", "1000", "--max-cache-mib", "1"}, s.dir());
+  EXPECT_EQ(too_long.code, 2) << too_long.describe();
+  EXPECT_TRUE(contains(too_long.err, "needs 63 KV blocks of 16 tokens")) << too_long.describe();
+  EXPECT_TRUE(contains(too_long.err, "the cache has 32 (the most --max-cache-mib 1 allows)")) << too_long.describe();
+
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"generate", "--num-blocks", "33", "--max-cache-mib", "1"},
+        {"generate", "--num-blocks", "2000000000", "--block-size", "4096"}}) {
+    const Outcome o = run_asynct(args, s.dir());
+    EXPECT_EQ(o.code, 2) << o.describe();
+    EXPECT_TRUE(contains(o.err, "MiB of KV cache on the cpu backend, over --max-cache-mib")) << o.describe();
+    EXPECT_LT(o.max_rss_mb, 400) << o.describe();
+  }
+}
+
+// Block counts in 64 bits: 2048 requests of a million tokens in one-token blocks are 2^31
+// blocks (the count wrapped to a negative int: "need at least one block").
+TEST(CliLimits, BlockCountsDoNotOverflow) {
+  Scratch s;
+  ASSERT_EQ(run_asynct({"init-checkpoint", "--out", "ckpt"}, s.dir()).code, 0);
+  std::ifstream in(s.file("ckpt/config.json"));
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["max_position_embeddings"] = 4 << 20;
+  std::ofstream(s.file("ckpt/config.json")) << config.dump();
+  const Outcome o = run_asynct(joined({"generate", "--model", "ckpt", "--max-tokens", "1048576", "--block-size", "1",
+                                       "--max-cache-mib", "64"},
+                                      repeated({"--prompt", "1"}, 2048)),
+                               s.dir());
+  EXPECT_EQ(o.code, 2) << o.describe();
+  EXPECT_TRUE(contains(o.err, "needs 1048577 KV blocks of 1 tokens (2048.00 MiB) but the cache has 32768")) << o.describe();
+  EXPECT_LT(o.max_rss_mb, 400) << o.describe();
+}
+
+// A 1-token chunk of the prompt is prefill, not decode.
+TEST(CliGenerate, CountsPrefillAndDecodeTokensByPosition) {
+  Scratch s;
+  for (const char* budget : {"1", "2048"}) {
+    const Outcome o = run_asynct({"generate", "--prompt", "1,2,3", "--max-tokens", "4", "--max-batched-tokens", budget}, s.dir());
+    ASSERT_EQ(o.code, 0) << o.describe();
+    EXPECT_TRUE(contains(o.out, " 3 prefill + 3 decode tokens")) << budget << "\n" << o.describe();
+  }
+}
+
+// Every request draws from its own stream, seed + its index: identical prompts sample
+// differently, and request 1 at seed 5 is request 0 at seed 6.
+TEST(CliGenerate, EachRequestSamplesFromItsOwnStream) {
+  Scratch s;
+  const std::vector<std::string> sampled = {"generate", "--temperature", "1", "--max-tokens", "16"};
+  const Outcome two = run_asynct(joined(sampled, {"--seed", "5", "--prompt", "5,6", "--prompt", "5,6"}), s.dir());
+  const Outcome one = run_asynct(joined(sampled, {"--seed", "6", "--prompt", "5,6"}), s.dir());
+  ASSERT_EQ(two.code, 0) << two.describe();
+  ASSERT_EQ(one.code, 0) << one.describe();
+  const Generated a = generated(two.out), b = generated(one.out);
+  ASSERT_EQ(a.tokens.size(), 2u) << two.describe();
+  ASSERT_EQ(b.tokens.size(), 1u) << one.describe();
+  EXPECT_NE(a.tokens[0], a.tokens[1]) << two.describe();
+  EXPECT_EQ(a.tokens[1], b.tokens[0]);
+  const Outcome help = run_asynct({"generate", "--help"}, s.dir());
+  EXPECT_TRUE(contains(help.out, "seed + i")) << help.out;
+}
+
+// End-of-sequence tokens: none for the built-in models; --eos (repeatable) sets them, ids
+// outside the vocabulary are errors, --ignore-eos and --eos together are a command-line error.
+TEST(CliEos, EosOptions) {
+  Scratch s;
+  const std::vector<std::string> base = {"generate", "--prompt", "1,2,3", "--max-tokens", "12"};
+  const Outcome full = run_asynct(base, s.dir());
+  ASSERT_EQ(full.code, 0) << full.describe();
+  const Generated f = generated(full.out);
+  ASSERT_EQ(f.tokens.size(), 1u);
+  ASSERT_EQ(f.tokens[0].size(), 12u);
+  EXPECT_EQ(f.reasons[0], "length");
+  EXPECT_TRUE(contains(full.out, "no end-of-sequence token")) << full.describe();
+
+  const int stop = f.tokens[0][4];
+  const auto first = std::find(f.tokens[0].begin(), f.tokens[0].end(), stop) - f.tokens[0].begin();
+  const Outcome eos = run_asynct(joined(base, {"--eos", std::to_string(stop), "--eos", "255"}), s.dir());
+  ASSERT_EQ(eos.code, 0) << eos.describe();
+  const Generated e = generated(eos.out);
+  ASSERT_EQ(e.tokens.size(), 1u) << eos.describe();
+  EXPECT_EQ(e.reasons[0], "eos") << eos.describe();
+  EXPECT_EQ(std::ptrdiff_t(e.tokens[0].size()), first + 1) << eos.describe();
+
+  const Outcome outside = run_asynct(joined(base, {"--eos", "256"}), s.dir());
+  EXPECT_EQ(outside.code, 2) << outside.describe();
+  EXPECT_TRUE(contains(outside.err, "--eos 256 is outside the vocabulary [0, 256)")) << outside.describe();
+  const Outcome both = run_asynct(joined(base, {"--eos", "3", "--ignore-eos"}), s.dir());
+  EXPECT_EQ(both.code, 1) << both.describe();
+  EXPECT_TRUE(contains(both.err, "--ignore-eos")) << both.describe();
+}
+
+// A checkpoint's end-of-sequence tokens: generation_config.json's eos_token_id, else
+// config.json's, as HuggingFace reads them; --ignore-eos turns them off, --eos overrides them.
+TEST(CliEos, TheCheckpointSaysWhereToStop) {
+  Scratch s;
+  ASSERT_EQ(run_asynct({"init-checkpoint", "--out", "ckpt"}, s.dir()).code, 0);
+  const std::vector<std::string> base = {"generate", "--model", "ckpt", "--prompt", "1,2,3", "--max-tokens", "12"};
+  const Outcome full = run_asynct(base, s.dir());
+  ASSERT_EQ(full.code, 0) << full.describe();
+  const std::vector<int> tokens = generated(full.out).tokens.at(0);
+  ASSERT_EQ(tokens.size(), 12u);
+  const auto ends_at = [&](int id) { return std::size_t(std::find(tokens.begin(), tokens.end(), id) - tokens.begin()) + 1; };
+  const auto expect_run = [&](const std::vector<std::string>& extra, const std::string& reason, std::size_t length) {
+    const Outcome o = run_asynct(joined(base, extra), s.dir());
+    ASSERT_EQ(o.code, 0) << o.describe();
+    const Generated g = generated(o.out);
+    ASSERT_EQ(g.tokens.size(), 1u) << o.describe();
+    EXPECT_EQ(g.reasons[0], reason) << o.describe();
+    EXPECT_EQ(g.tokens[0].size(), length) << o.describe();
+  };
+
+  std::ofstream(s.file("ckpt/generation_config.json")) << "{\"eos_token_id\": [" << tokens[6] << ", " << tokens[3] << "]}";
+  expect_run({}, "eos", std::min(ends_at(tokens[6]), ends_at(tokens[3])));
+  expect_run({"--ignore-eos"}, "length", 12);
+  expect_run({"--eos", std::to_string(tokens[8])}, "eos", ends_at(tokens[8]));
+
+  std::filesystem::remove(s.file("ckpt/generation_config.json"));
+  std::ifstream in(s.file("ckpt/config.json"));
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["eos_token_id"] = tokens[5];
+  std::ofstream(s.file("ckpt/config.json")) << config.dump();
+  expect_run({}, "eos", ends_at(tokens[5]));
+
+  std::ofstream(s.file("ckpt/generation_config.json")) << "{\"eos_token_id\": [1,";
+  const Outcome bad = run_asynct(base, s.dir());
+  EXPECT_EQ(bad.code, 2) << bad.describe();
+  EXPECT_TRUE(contains(bad.err, "generation_config.json: not a JSON object")) << bad.describe();
+}
+
+// A decode step's time in bench is its own: at 1/256 of the lengths decode_heavy_b32 has one
+// prefill step and one decode step of 32 tokens each, so the decode step takes about the mean
+// step time (a pipelined decode step used to show ~0.015 ms: it had been run during the
+// prefill step's call).
+TEST(CliBench, DecodeStepTimesArePipelinedStepsOwn) {
+  Scratch s;
+  for (const bool pipeline : {true, false}) {
+    std::vector<std::string> args = {"bench", "--scale", "256", "--scenario", "decode_heavy_b32", "--no-warmup", "--json", "r.json"};
+    if (!pipeline) args.push_back("--no-pipeline");
+    const Outcome o = run_asynct(args, s.dir(), 120);
+    ASSERT_EQ(o.code, 0) << o.describe();
+    std::ifstream in(s.file("r.json"));
+    const nlohmann::json r = nlohmann::json::parse(in)["results"][0];
+    SCOPED_TRACE(pipeline ? "pipelined" : "not pipelined");
+    for (const char* model : {"asynct", "qwen3"}) {
+      const std::string m = model;
+      EXPECT_EQ(r[m + "_steps"].get<int>(), 2) << r.dump(1);
+      EXPECT_EQ(r[m + "_decode_steps"].get<int>(), 1) << r.dump(1);
+      EXPECT_EQ(r[m + "_pipelined_steps"].get<int>(), pipeline ? 1 : 0) << r.dump(1);
+      const double decode = r[m + "_decode_step_ms"].get<double>(), step = r[m + "_step_ms"].get<double>();
+      EXPECT_GT(decode, 0.3 * step) << r.dump(1);
+      EXPECT_LT(decode, 1.7 * step) << r.dump(1);
+    }
   }
 }
 
@@ -262,8 +501,9 @@ TEST(CliFuzz, RandomArgumentsExitWithZeroOneOrTwo) {
         {"--block-size", {"1", "16", "4096", "0", "-5", "abc"}},
         {"--num-blocks", {"0", "2", "64", "-1", "abc"}},
         {"--max-batched-tokens", {"1", "2", "64", "0", "abc"}},
-        {"--eos", {"-1", "0", "3", "abc", "99999"}},
-        {"--no-ignore-eos", {}},
+        {"--eos", {"-1", "0", "3", "abc", "99999", "255", "256"}},
+        {"--ignore-eos", {}},
+        {"--max-cache-mib", {"1", "64", "0", "-1", "abc", "99999999999"}},
         {"--no-cuda-graphs", {}},
         {"--no-pipeline", {}},
         {"--device", {"auto", "cpu", "cuda", "gpu"}},

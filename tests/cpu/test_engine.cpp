@@ -124,7 +124,7 @@ TEST(Engine, PipelinedStepsEqualUnpipelined) {
   for (Architecture arch : {Architecture::AsyncT, Architecture::Qwen3}) {
     std::vector<Request> rs = requests(0.0f);
     const auto full = generate({arch}, rs);
-    for (std::size_t i = 0; i < rs.size(); i += 2) rs[i].eos_token = full[i][3 + i];  // requests 0 and 2 stop early
+    for (std::size_t i = 0; i < rs.size(); i += 2) rs[i].eos_token_ids = {full[i][3 + i]};  // requests 0 and 2 stop early
     for (const std::vector<Request>& batch : {rs, std::vector<Request>{rs[0]}}) {
       EngineStats pipelined, plain;
       const auto a = run({arch}, batch, &pipelined);
@@ -236,18 +236,46 @@ TEST(Engine, SeededSamplingIsDeterministicAndSeedsDiffer) {
   EXPECT_NE(generate({Architecture::AsyncT}, rs), generate({Architecture::AsyncT}, other));
 }
 
-TEST(Engine, StopsAtEosUnlessIgnored) {
+// A request ends at the first of its end-of-sequence tokens it generates; with none it runs to
+// max_tokens.
+TEST(Engine, StopsAtAnyOfItsEosTokens) {
   std::vector<Request> rs = requests(0.0f);
   auto full = generate({Architecture::Qwen3}, {rs[0]})[0];
+  ASSERT_EQ(int(full.size()), rs[0].max_tokens);
+  const auto first_of = [&](std::int32_t id) { return std::find(full.begin(), full.end(), id) - full.begin(); };
+  // Two ids, neither of them the last token: the request ends at whichever comes first.
   Request r = rs[0];
-  r.eos_token = full[3];
-  r.ignore_eos = false;
+  r.eos_token_ids = {full[5], full[3]};
   Engine e = make_engine({Architecture::Qwen3});
   e.add_request(r);
   auto out = e.run_to_completion();
-  const auto first = std::find(full.begin(), full.end(), full[3]) - full.begin();
   EXPECT_EQ(out[0].finish_reason, "eos");
-  EXPECT_EQ(std::int64_t(out[0].tokens.size()), first + 1);
+  EXPECT_EQ(std::int64_t(out[0].tokens.size()), std::min(first_of(full[5]), first_of(full[3])) + 1);
+  EXPECT_EQ(std::vector<std::int32_t>(full.begin(), full.begin() + std::ptrdiff_t(out[0].tokens.size())), out[0].tokens);
+
+  r.eos_token_ids = {};
+  Engine plain = make_engine({Architecture::Qwen3});
+  plain.add_request(r);
+  out = plain.run_to_completion();
+  EXPECT_EQ(out[0].finish_reason, "length");
+  EXPECT_EQ(out[0].tokens, full);
+}
+
+// Prefill tokens are the prompt's, decode tokens the generated ones fed back, however the
+// prompt is chunked: a 1-token chunk of the prompt is not a decode token.
+TEST(Engine, CountsPrefillAndDecodeTokensByPosition) {
+  for (const int budget : {1, 2, 2048}) {
+    for (const bool pipeline : {true, false}) {
+      Request r;
+      r.prompt = {1, 2, 3};
+      r.max_tokens = 4;
+      EngineStats stats;
+      generate({Architecture::AsyncT, 64, 16, budget, 64, pipeline}, {r}, &stats);
+      SCOPED_TRACE("budget " + std::to_string(budget) + (pipeline ? ", pipelined" : ""));
+      EXPECT_EQ(stats.prefill_tokens, 3);
+      EXPECT_EQ(stats.decode_tokens, 3);  // the 4th token is sampled, never fed back
+    }
+  }
 }
 
 // Greedy rows come back from the runner as their argmax only; rows that record their logits
@@ -299,6 +327,11 @@ TEST(Engine, BadRequestsGiveClearErrors) {
   r.max_tokens = 100;  // 101 tokens > 4 blocks x 16
   expect_error([&] { e.add_request(r); }, "need 7 KV blocks but the cache has 4");
   r.max_tokens = 4;
+  r.eos_token_ids = {3, 256};
+  expect_error([&] { e.add_request(r); }, "end-of-sequence token 256 is outside the vocabulary [0, 256)");
+  r.eos_token_ids = {-1};
+  expect_error([&] { e.add_request(r); }, "end-of-sequence token -1 is outside the vocabulary [0, 256)");
+  r.eos_token_ids = {};
   r.sampling.top_p = 2.0f;
   expect_error([&] { e.add_request(r); }, "top_p must be in (0, 1]");
   EXPECT_FALSE(e.has_unfinished());

@@ -183,7 +183,7 @@ TEST_P(CudaModel, PipelinedStepsEqualUnpipelined) {
   };
   EngineStats plain_stats, pipelined_stats;
   const auto full = generate(false, &plain_stats);
-  requests[1].eos_token = full[1].tokens[9];  // request 1 ends early
+  requests[1].eos_token_ids = {full[1].tokens[9]};  // request 1 ends early
   const auto plain = generate(false, &plain_stats), pipelined = generate(true, &pipelined_stats);
   ASSERT_EQ(plain.size(), pipelined.size());
   for (std::size_t i = 0; i < plain.size(); ++i) {

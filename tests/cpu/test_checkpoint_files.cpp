@@ -71,7 +71,7 @@ TEST(ConfigIntegers, ValuesPastIntOrWithAFractionAreErrorsQuotingTheText) {
 // or a list of ints) when it has one, else config.json's; a missing generation_config.json is
 // fine, a malformed one an error naming it.
 TEST(EosTokens, FromGenerationConfigElseConfigJson) {
-  Scratch s;
+  TempDir s;
   save_checkpoint(random_weights(tiny_config(Architecture::AsyncT), 1), s.dir());
   EXPECT_TRUE(load_checkpoint_config(s.dir()).eos_token_ids.empty());  // neither file names one
   write_config_with(s, "eos_token_id", "7");

@@ -26,6 +26,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "support/temp_dir.h"
+
 #ifndef ASYNCT_BINARY
 #error "ASYNCT_BINARY must name the asynct executable"
 #endif
@@ -113,25 +115,15 @@ Outcome run_asynct(const std::vector<std::string>& args, const std::string& cwd,
   return o;
 }
 
-class Scratch {
+// A temporary directory that can also list what a command left in it.
+class Scratch : public asynct::testing::TempDir {
  public:
-  Scratch() {
-    path_ = fs::temp_directory_path() / ("asynct_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~Scratch() { fs::remove_all(path_); }
-  std::string dir() const { return path_.string(); }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  Scratch() : TempDir("asynct_cli") {}
   std::vector<std::string> entries() const {
     std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(path_)) names.push_back(e.path().filename().string());
+    for (const auto& e : fs::directory_iterator(path())) names.push_back(e.path().filename().string());
     return names;
   }
-
- private:
-  static inline int counter_ = 0;
-  fs::path path_;
 };
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }

@@ -7,6 +7,13 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 source scripts/env.sh
 jobs=$(nproc)
+# The tokenizer's golden test compares with HuggingFace tokenizers on the Qwen3 tokenizer.json:
+# both are fetched into a cache outside the repository (tests/CMakeLists.txt reads ASYNCT_CACHE).
+ASYNCT_CACHE="$(scripts/fetch_text_assets.sh)" || {
+  echo "scripts/test.sh: scripts/fetch_text_assets.sh failed: the tokenizer tests need its files" >&2
+  exit 1
+}
+export ASYNCT_CACHE
 
 echo "== release build (CUDA when nvcc is found) =="
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -139,9 +139,33 @@ def check_file(tokenizers, tool, name, path, texts, round_trips, normalizes, fai
           f"{len(lists) - bad_lists}/{len(lists)} id lists decode alike")
 
 
+def check_cli(asynct, reference, qwen_path, failures):
+    """`asynct tokenize` (--tokenizer and --model) against the reference, and --decode back."""
+    # Each run loads the 7 MB file (~0.7 s): two texts, the second in one run through --model.
+    texts = ["Hello <|im_start|>wörld 你好\n  x\r\n\te\u0301 👨\u200d👩\u200d👧 ", golden_corpus.PYTHON_CODE]
+    for k, text in enumerate(texts):
+        expected = reference.encode(text).ids
+        flag, where = ("--tokenizer", qwen_path) if k == 0 else ("--model", os.path.dirname(qwen_path))
+        run = subprocess.run([asynct, "tokenize", flag, where], input=text.encode(), capture_output=True)
+        ours = run.stdout.decode().split()
+        if run.returncode != 0 or ours != [str(i) for i in expected] or not run.stdout.endswith(b"\n"):
+            failures.append(f"asynct tokenize {flag}: {text[:40]!r}: exit {run.returncode}, "
+                            f"{run.stdout[:200]!r} {run.stderr[:200]!r}, reference {expected[:20]}")
+        back = subprocess.run([asynct, "tokenize", "--decode", "--tokenizer", qwen_path],
+                              input=" ".join(map(str, expected)).encode(), capture_output=True)
+        if back.returncode != 0 or back.stdout.decode() != unicodedata.normalize("NFC", text):
+            failures.append(f"asynct tokenize --decode: {text[:40]!r}: exit {back.returncode}, {back.stdout[:200]!r}")
+    skip = subprocess.run([asynct, "tokenize", "--decode", "--skip-special", "--tokenizer", qwen_path],
+                          input=b"151644 9707\n151645", capture_output=True)
+    if skip.stdout != b"Hello":
+        failures.append(f"asynct tokenize --decode --skip-special gave {skip.stdout!r}")
+    print(f"asynct tokenize: {len(texts)} texts checked")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tool", required=True, help="the asynct_tokenizer_tool binary")
+    parser.add_argument("--asynct", help="the asynct binary: also check `asynct tokenize`")
     parser.add_argument("--cache", required=True, help="scripts/fetch_text_assets.sh's cache directory")
     args = parser.parse_args()
     tokenizers, qwen_path = load_reference(args.cache)
@@ -167,6 +191,8 @@ def main():
             extra = ["word here", "a word", "sword words", "[MASK] x  [MASK]", "x<rs>  y", "Ωmega Ωmegas",
                      "é<x>", "zoe\u0308 zoë", "Ωé Ωe\u0301"]
             check_file(tokenizers, args.tool, name, path, texts + extra, round_trips, normalizes, failures)
+    if args.asynct:
+        check_cli(args.asynct, tokenizers.Tokenizer.from_file(qwen_path), qwen_path, failures)
     if failures:
         for line in failures[:40]:
             print(line, file=sys.stderr)

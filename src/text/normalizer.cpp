@@ -45,6 +45,8 @@ Normalizer Normalizer::from_json(const nlohmann::json& spec) {
 
 bool Normalizer::normalize(std::string_view text, std::string& out) const {
   if (!nfc_ || is_ascii(text)) return false;
+  check(text.size() < 0x7fffffffu, "NFC normalization: a text of ", text.size(),
+        " bytes is past ICU's 2 GB limit");
   const icu::Normalizer2& nfc = nfc_instance();
   UErrorCode status = U_ZERO_ERROR;
   const icu::StringPiece piece(text.data(), int32_t(text.size()));

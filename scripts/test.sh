@@ -8,9 +8,13 @@ scripts/setup.sh
 source scripts/env.sh
 jobs=$(nproc)
 # The text tests compare with HuggingFace tokenizers and Python's jinja2 on the real Qwen3
-# tokenizer files: fetched (hash-checked) into a cache outside the repository.
-ASYNCT_TEXT_ASSETS="$(scripts/fetch_text_assets.sh)"
-export ASYNCT_TEXT_ASSETS
+# tokenizer files: fetched (hash-checked) into a cache outside the repository
+# (tests/text/CMakeLists.txt reads ASYNCT_CACHE).
+ASYNCT_CACHE="$(scripts/fetch_text_assets.sh)" || {
+  echo "scripts/test.sh: scripts/fetch_text_assets.sh failed: the text tests need its files" >&2
+  exit 1
+}
+export ASYNCT_CACHE
 
 echo "== release build (CUDA when nvcc is found) =="
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -1,4 +1,5 @@
-// The asynct command line: `generate` (the default job), `bench`, `init-checkpoint` and `demo`.
+// The asynct command line: `generate` (the default job), `bench`, `init-checkpoint`, `demo` and
+// `tokenize`.
 // It parses the arguments and calls the jobs (src/jobs/) and models/ (init-checkpoint).
 //
 // Exit codes: 0 done (or --help), 1 a bad command line (CLI11's parse errors, whose own codes
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <iostream>
 #include <limits>
 
 #include <CLI/CLI.hpp>
@@ -18,6 +20,7 @@
 #include "core/error.h"
 #include "models/weights.h"
 #include "jobs/scenarios.h"
+#include "jobs/tokenize.h"
 #ifdef ASYNCT_WITH_CUDA
 #include "kernels/common/tuning.h"
 #endif
@@ -108,6 +111,16 @@ int main(int argc, char** argv) {
       ->check(integer_in(1, 100));
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
+  asynct::TokenizeOptions tok;
+  CLI::App* tok_cmd = app.add_subcommand(
+      "tokenize", "Text on stdin to token ids (space-separated), or ids to text with --decode");
+  auto* tok_file = tok_cmd->add_option("--tokenizer", tok.tokenizer_path, "a HuggingFace tokenizer.json");
+  auto* tok_model = tok_cmd->add_option("--model", tok.model_dir, "a checkpoint directory: reads DIR/tokenizer.json");
+  tok_file->excludes(tok_model);
+  tok_model->excludes(tok_file);
+  tok_cmd->add_flag("--decode", tok.decode, "read whitespace-separated ids and write their text");
+  tok_cmd->add_flag("--skip-special", tok.skip_special, "with --decode, leave special tokens out");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -121,6 +134,7 @@ int main(int argc, char** argv) {
         asynct::kernels::parse_kernel_tuning([](const char* name) { return std::getenv(name); }));
 #endif
     if (*demo_cmd) return asynct::run_attention_demo(demo);
+    if (*tok_cmd) return asynct::run_tokenize(tok, std::cin, std::cout);
     if (*bench_cmd) return asynct::run_scenarios(bench);
     if (*init_cmd) {
       const auto config = asynct::builtin_config(asynct::architecture_from_name(init_arch), init_size);

@@ -4,7 +4,7 @@ sets it up for chat templates, and with asynct (tests/text/render_chat_template.
 compares the outputs byte for byte. A case where jinja2 raises must fail in asynct too.
 
 Cases: the official Qwen3 template (tokenizer_config.json from scripts/fetch_text_assets.sh's
-cache, named by $ASYNCT_TEXT_ASSETS), SmolLM2-Instruct's template (tests/text/data/), and small
+cache, --cache), SmolLM2-Instruct's template (tests/text/data/), and small
 templates that exercise the interpreter's pieces one at a time.
 """
 import argparse
@@ -20,18 +20,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def fail_setup(message):
     print(f"compare_chat_templates: {message}", file=sys.stderr)
-    print("Run scripts/fetch_text_assets.sh and export ASYNCT_TEXT_ASSETS=<the path it prints>.", file=sys.stderr)
+    print("Run scripts/fetch_text_assets.sh (with ASYNCT_CACHE set to the cache to use).", file=sys.stderr)
     sys.exit(1)
 
 
-def load_assets():
-    assets = os.environ.get("ASYNCT_TEXT_ASSETS")
-    if not assets:
-        fail_setup("ASYNCT_TEXT_ASSETS is not set.")
+def load_assets(assets):
     config_path = os.path.join(assets, "qwen3", "tokenizer_config.json")
     python_dir = os.path.join(assets, "python")
     if not os.path.isfile(config_path) or not os.path.isdir(python_dir):
-        fail_setup(f"ASYNCT_TEXT_ASSETS={assets} lacks qwen3/tokenizer_config.json or python/.")
+        fail_setup(f"the cache {assets} lacks qwen3/tokenizer_config.json or python/.")
     sys.path.insert(0, python_dir)
     import jinja2  # noqa: E402  (from the cache)
 
@@ -265,10 +262,12 @@ def render_jinja(env, case, configs):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--renderer", required=True, help="the render_chat_template binary")
+    parser.add_argument("--cache", default=os.environ.get("ASYNCT_CACHE", os.path.expanduser("~/.cache/asynct")),
+                        help="scripts/fetch_text_assets.sh's cache")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
 
-    qwen3 = load_assets()
+    qwen3 = load_assets(args.cache)
     with open(os.path.join(HERE, "data", "smollm2_tokenizer_config.json"), encoding="utf-8") as f:
         smollm2 = json.load(f)
     cases = chat_cases("qwen3", qwen3) + chat_cases("smollm2", smollm2) + snippet_cases() + refused_cases()

@@ -17,12 +17,12 @@ ASYNCT_CACHE="$(scripts/fetch_text_assets.sh)" || {
 export ASYNCT_CACHE
 
 echo "== release build (CUDA when nvcc is found) =="
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DASYNCT_TEXT=ON >/dev/null
 cmake --build build/release -j "$jobs"
 ctest --test-dir build/release -LE 'gpu|torch' --output-on-failure -j "$jobs"
 
 echo "== debug build with AddressSanitizer + UBSan (CPU) =="
-cmake -S . -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DASYNCT_SANITIZE=ON -DASYNCT_CUDA=OFF >/dev/null
+cmake -S . -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DASYNCT_SANITIZE=ON -DASYNCT_CUDA=OFF -DASYNCT_TEXT=ON >/dev/null
 cmake --build build/sanitize -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build/sanitize -LE 'gpu|torch' --output-on-failure -j "$jobs"

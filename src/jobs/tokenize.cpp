@@ -7,9 +7,19 @@
 #include <vector>
 
 #include "core/error.h"
+#ifdef ASYNCT_WITH_TEXT
 #include "text/tokenizer.h"
+#endif
 
 namespace asynct {
+
+#ifndef ASYNCT_WITH_TEXT
+int run_tokenize(const TokenizeOptions&, std::istream&, std::ostream&) {
+  check(false, "tokenize: this build of asynct has no text support (PCRE2 and ICU were not found when it was "
+        "configured; scripts/setup.sh installs them)");
+  return 2;
+}
+#else
 
 namespace {
 
@@ -61,5 +71,7 @@ int run_tokenize(const TokenizeOptions& o, std::istream& in, std::ostream& out) 
   out.flush();
   return 0;
 }
+
+#endif  // ASYNCT_WITH_TEXT
 
 }  // namespace asynct

@@ -101,6 +101,21 @@ void append_utf8(std::string& out, char32_t cp) {
   }
 }
 
+std::u32string decode_utf8(std::string_view s) {
+  std::u32string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const int extra = b < 0x80 ? 0 : b < 0xE0 ? 1 : b < 0xF0 ? 2 : 3;
+    char32_t cp = extra == 0 ? b : extra == 1 ? (b & 0x1F) : extra == 2 ? (b & 0x0F) : (b & 0x07);
+    for (int k = 1; k <= extra && i + std::size_t(k) < s.size(); ++k)
+      cp = (cp << 6) | (static_cast<unsigned char>(s[i + std::size_t(k)]) & 0x3F);
+    out.push_back(cp);
+    i += std::size_t(extra) + 1;
+  }
+  return out;
+}
+
 const std::array<char32_t, 256>& byte_to_char() {
   static const std::array<char32_t, 256> table = [] {
     std::array<char32_t, 256> t{};

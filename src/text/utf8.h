@@ -22,6 +22,9 @@ bool is_ascii(std::string_view s);
 // Appends code point `cp` to `out` as UTF-8.
 void append_utf8(std::string& out, char32_t cp);
 
+// The code points of `s`, which must be valid UTF-8 (check with find_invalid_utf8 first).
+std::u32string decode_utf8(std::string_view s);
+
 // The byte-level alphabet: byte b <-> code point byte_to_char()[b]. Printable Latin-1 bytes map
 // to themselves, the other 68 to U+0100 upwards, in byte order.
 const std::array<char32_t, 256>& byte_to_char();

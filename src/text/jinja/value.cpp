@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "text/utf8.h"
 
 namespace asynct::jinja {
 
@@ -394,47 +395,17 @@ std::string py_json_dumps(const Json& j, const DumpOptions& options) {
 }
 
 std::u32string utf8_decode(const std::string& s) {
-  std::u32string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size();) {
-    auto b = static_cast<unsigned char>(s[i]);
-    int extra = b < 0x80 ? 0 : (b >> 5) == 6 ? 1 : (b >> 4) == 14 ? 2 : (b >> 3) == 30 ? 3 : -1;
-    check(extra >= 0, "invalid UTF-8 in template text or data at byte ", i);
-    check(i + std::size_t(extra) < s.size(), "truncated UTF-8 sequence at byte ", i);
-    char32_t c = extra == 0 ? b : extra == 1 ? (b & 0x1f) : extra == 2 ? (b & 0x0f) : (b & 0x07);
-    for (int k = 1; k <= extra; ++k) {
-      auto cb = static_cast<unsigned char>(s[i + std::size_t(k)]);
-      check((cb & 0xc0) == 0x80, "invalid UTF-8 in template text or data at byte ", i);
-      c = (c << 6) | (cb & 0x3f);
-    }
-    out += c;
-    i += std::size_t(extra) + 1;
-  }
-  return out;
+  const auto bad = text::find_invalid_utf8(s);
+  check(!bad, "invalid UTF-8 in template text or data at byte ", bad.value_or(0));
+  return text::decode_utf8(s);
 }
 
-void utf8_append(std::string& out, char32_t c) {
-  if (c < 0x80) {
-    out += char(c);
-  } else if (c < 0x800) {
-    out += char(0xc0 | (c >> 6));
-    out += char(0x80 | (c & 0x3f));
-  } else if (c < 0x10000) {
-    out += char(0xe0 | (c >> 12));
-    out += char(0x80 | ((c >> 6) & 0x3f));
-    out += char(0x80 | (c & 0x3f));
-  } else {
-    out += char(0xf0 | (c >> 18));
-    out += char(0x80 | ((c >> 12) & 0x3f));
-    out += char(0x80 | ((c >> 6) & 0x3f));
-    out += char(0x80 | (c & 0x3f));
-  }
-}
+void utf8_append(std::string& out, char32_t c) { text::append_utf8(out, c); }
 
 std::string utf8_encode(const std::u32string& s) {
   std::string out;
   out.reserve(s.size());
-  for (char32_t c : s) utf8_append(out, c);
+  for (char32_t c : s) text::append_utf8(out, c);
   return out;
 }
 

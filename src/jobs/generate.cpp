@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/step_batch.h"
 #include "models/runner_factory.h"
 
 namespace asynct {
@@ -56,9 +57,11 @@ int run_generate(const GenerateOptions& o) {
   for (const std::string& p : o.prompts) prompts.push_back(parse_token_list(p));
   if (prompts.empty()) prompts = {{1, 17, 42, 99, 7, 3}, {5, 6, 7}};
   check(o.max_tokens >= 1, "--max-tokens must be >= 1, got ", o.max_tokens);
-  check(o.block_size >= 1, "--block-size must be >= 1, got ", o.block_size);
   check(o.num_blocks >= 0, "--num-blocks must be >= 0, got ", o.num_blocks);
   check(o.max_cache_mib >= 1, "--max-cache-mib must be >= 1, got ", o.max_cache_mib);
+  const std::string device = resolve_device(o.device);
+  require_device(device);
+  check_block_size(o.block_size, device == "cuda" ? Backend::Cuda : Backend::Cpu);  // the runner's own rule
 
   // Each request within the model's context; 64-bit counts throughout (2048 requests of a
   // million tokens in one-token blocks are 2^31 blocks).
@@ -86,8 +89,6 @@ int run_generate(const GenerateOptions& o) {
   // The KV cache: --num-blocks, or enough blocks for every request at once; either way no more
   // than --max-cache-mib. A smaller cache than the requests need together is fine (they take
   // turns: the engine preempts and recomputes), one smaller than a single request is not.
-  const std::string device = resolve_device(o.device);
-  require_device(device);
   const std::int64_t block_bytes = kv_cache_bytes_per_token(config, device) * o.block_size;
   const std::int64_t cap_blocks =
       std::min<std::int64_t>(o.max_cache_mib * (std::int64_t(1) << 20) / block_bytes, std::numeric_limits<int>::max());

@@ -27,14 +27,15 @@
 
 namespace asynct::kernels {
 
-// Softmax's parameter: the optional logit softcap (0 = none).
-struct SoftmaxGateParams {
+// Softmax's parameter as the kernels hold it: the optional logit softcap (0 = none). (The host
+// side's parameter structs, with per-head vectors, are core/gate.h's.)
+struct SoftmaxGateDeviceParams {
   float softcap;
 };
 
 // The AsyncT gate's parameters: the pool window W and, per query head, alpha, sigma and gamma
 // (device arrays).
-struct AsyncGateParams {
+struct AsyncGateDeviceParams {
   int window;
   const float *alpha, *sigma, *gamma;
 };
@@ -43,7 +44,7 @@ struct SoftmaxGatePolicy {
   static constexpr GateKind kKind = GateKind::Softmax;
   static constexpr bool kRowStatistics = true;
   static constexpr int kMaxHalo = 0;
-  using Params = SoftmaxGateParams;
+  using Params = SoftmaxGateDeviceParams;
   __host__ __device__ static Params params_of(const GateArgs& gate) { return {gate.softcap}; }
 };
 
@@ -54,7 +55,7 @@ struct AsyncGatePolicy {
   static constexpr GateKind kKind = GateKind::Async;
   static constexpr bool kRowStatistics = false;
   static constexpr int kMaxHalo = kMaxWindow - 1;
-  using Params = AsyncGateParams;
+  using Params = AsyncGateDeviceParams;
   __host__ __device__ static Params params_of(const GateArgs& gate) {
     return {gate.pool_window, gate.alpha, gate.sigma, gate.gamma};
   }

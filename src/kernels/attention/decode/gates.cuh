@@ -12,7 +12,7 @@
 
 namespace asynct::kernels::decode {
 
-struct SoftmaxGate : SoftmaxGatePolicy, SoftmaxGateParams {
+struct SoftmaxGate : SoftmaxGatePolicy, SoftmaxGateDeviceParams {
   static constexpr bool kLoadValuesWithKeys = true;  // every V row is needed, staged with K
   // Its K+V stages would fit 3 deep in the budget; measured on H200, 3 were 2-3% slower than 2
   // on every bench_decode shape (a guess at why: the larger ring leaves less room to L1).
@@ -107,7 +107,7 @@ struct SoftmaxGate : SoftmaxGatePolicy, SoftmaxGateParams {
 };
 
 // (kMaxHalo, the pool window's bound less one, is the contract's halo.)
-struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateParams {
+struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
   static constexpr bool kLoadValuesWithKeys = false;  // V rows wait for P: only non-zero ones
   static constexpr int kMaxStages = 8;
   // A tile's listed V rows are copied into the warp's shared memory as soon as the list is
@@ -118,7 +118,7 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateParams {
   // mma.m16n8k16 against q in bf16 (the stage rows are padded for it, see StageRing).
   template <typename L>
   static constexpr bool scores_on_tensor_cores() { return L::kMmaTile; }
-  // (window, alpha, sigma, gamma: AsyncGateParams; alpha, sigma, gamma per query head, device.)
+  // (window, alpha, sigma, gamma: AsyncGateDeviceParams; alpha, sigma, gamma per query head, device.)
 
   template <int kHeadDim, int kGroup>
   struct Scratch {

@@ -129,7 +129,7 @@ struct AsyncGate : AsyncGatePolicy<kMaxW> {
   float carry[MB][2][kHalo];
 
   __device__ AsyncGate(const PrefillParams& p, int head, float s) {
-    const AsyncGateParams g = AsyncGate::params_of(p.gate);
+    const AsyncGateDeviceParams g = AsyncGate::params_of(p.gate);
     window = kExact ? kMaxW : g.window;
     alpha_scale = g.alpha[head] * s;
     sigma_over_w = g.sigma[head] / float(window);

@@ -42,6 +42,13 @@ void PreTokenizer::read(const nlohmann::json& spec) {
             "' is not supported (asynct implements Isolated and Removed)");
     }
     steps_.push_back(step);
+  } else if (type == "Digits") {
+    // The reference splits on char::is_numeric (general categories Nd, Nl, No: \p{N}), each
+    // digit Isolated, or runs of them (Contiguous) when individual_digits is false.
+    const nlohmann::json individual = spec.value("individual_digits", nlohmann::json(false));
+    check(individual.is_boolean(), "tokenizer.json: Digits' individual_digits must be true or false");
+    regexes_.emplace_back(individual.get<bool>() ? R"(\p{N})" : R"(\p{N}+)");
+    steps_.push_back(Step{Step::kSplitIsolated, &regexes_.back()});
   } else if (type == "ByteLevel") {
     Step step{Step::kByteLevel};
     step.add_prefix_space = spec.value("add_prefix_space", true);
@@ -54,7 +61,7 @@ void PreTokenizer::read(const nlohmann::json& spec) {
     if (step.add_prefix_space || step.regex) steps_.push_back(step);
   } else {
     throw Error("tokenizer.json: the pre_tokenizer type '" + type +
-                "' is not supported (asynct implements Sequence, Split and ByteLevel)");
+                "' is not supported (asynct implements Sequence, Split, Digits and ByteLevel)");
   }
 }
 

@@ -1,6 +1,7 @@
 // tokenizer.json's "pre_tokenizer": how normalized text is cut into words before BPE.
 // Implemented: Split (a Regex or String pattern, behaviour Isolated or Removed, invert false),
-// ByteLevel (add_prefix_space; use_regex with the GPT-2 pattern), and a Sequence of those.
+// Digits (individual_digits or runs of digits), ByteLevel (add_prefix_space; use_regex with the
+// GPT-2 pattern), and a Sequence of those.
 // ByteLevel's byte-to-character mapping itself is implicit: BpeModel works on raw bytes.
 // Any other type or option is an Error naming it.
 #pragma once

@@ -1,6 +1,7 @@
-// The tokenizer on small tokenizer.json files built here: BPE merges (short and long words),
-// the streaming detokenizer, lossy UTF-8 decoding in any chunks, and the errors: invalid UTF-8
-// to encode, unknown ids to decode, and every unsupported tokenizer.json feature named.
+// The tokenizer on small tokenizer.json files built here: BPE merges (short and long words), the
+// Digits pre-tokenizer, the streaming detokenizer, lossy UTF-8 decoding in any chunks, and the
+// errors: invalid UTF-8 to encode, unknown ids to decode, and every unsupported tokenizer.json
+// feature named.
 // (Agreement with HuggingFace tokenizers on real files: tokenizer_golden.py.)
 #include <random>
 #include <string>
@@ -106,6 +107,30 @@ TEST(Tokenizer, AddedTokenIdsFollowTheReference) {
   EXPECT_EQ(t.encode("hello<x>"), (std::vector<std::int32_t>{256, 257, 'o', 263}));
 }
 
+TEST(Tokenizer, DigitsPreTokenizerSplitsNumbers) {
+  // A merge 1+2 (id 262): GPT-2's split keeps "12" in one word, the Digits step (SmolLM2's
+  // tokenizer runs it before ByteLevel) cuts every digit apart, any script's (\u2460 is No).
+  json spec = tiny_spec();
+  spec["added_tokens"] = json::array();
+  spec["model"]["vocab"]["12"] = 262;
+  spec["model"]["merges"].push_back({"1", "2"});
+  const json byte_level = spec["pre_tokenizer"];
+  const std::vector<std::int32_t> bytes_x1_circled1{'x', '1', 0xE2, 0x91, 0xA0};
+  EXPECT_EQ(Tokenizer::from_json(spec).encode("x12"), (std::vector<std::int32_t>{'x', 262}));
+  for (const bool individual : {true, false}) {
+    spec["pre_tokenizer"] = {{"type", "Sequence"},
+                             {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", individual}}, byte_level}}};
+    const Tokenizer t = Tokenizer::from_json(spec);
+    if (individual) {
+      EXPECT_EQ(t.encode("x12"), (std::vector<std::int32_t>{'x', '1', '2'}));
+    } else {
+      EXPECT_EQ(t.encode("x12"), (std::vector<std::int32_t>{'x', 262}));
+    }
+    EXPECT_EQ(t.encode("x1\u2460"), bytes_x1_circled1) << individual;
+    EXPECT_EQ(t.decode(t.encode("a 12 \u2460\u2461 3x")), "a 12 \u2460\u2461 3x");
+  }
+}
+
 TEST(Tokenizer, StreamingWaitsForWholeCharacters) {
   const Tokenizer t = Tokenizer::from_json(tiny_spec());
   const auto ids = t.encode("你");  // three byte tokens
@@ -152,6 +177,7 @@ TEST(Tokenizer, NamesEveryUnsupportedFeature) {
       {"/normalizer", {{"type", "Lowercase"}}, "Lowercase"},
       {"/normalizer", {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "NFKC"}}}}}, "NFKC"},
       {"/pre_tokenizer", {{"type", "Whitespace"}}, "Whitespace"},
+      {"/pre_tokenizer", {{"type", "Digits"}, {"individual_digits", "yes"}}, "individual_digits"},
       {"/pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "\\s"}}}, {"behavior", "MergedWithNext"}}, "MergedWithNext"},
       {"/pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "\\s"}}}, {"invert", true}}, "invert"},
       {"/pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}}, "does not compile"},

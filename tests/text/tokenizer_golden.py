@@ -7,8 +7,8 @@ give x back (its NFC form where the file normalizes). Seeded random id lists, so
 multi-byte character, must decode as the reference decodes them.
 
 Files: the official Qwen3 tokenizer.json; GPT-2-style files made from its vocabulary (no
-normalizer, ByteLevel's GPT-2 pattern, with and without add_prefix_space, extra added tokens
-with lstrip / rstrip / single_word / normalized); a small BPE trained here by the reference on
+normalizer, ByteLevel's GPT-2 pattern, with and without add_prefix_space, and after a Digits
+step as SmolLM2's file has, extra added tokens with lstrip / rstrip / single_word / normalized); a small BPE trained here by the reference on
 the corpus (NFC, merges written in the older "a b" form).
 
 The reference and the Qwen3 file come from scripts/fetch_text_assets.sh's cache, named by
@@ -49,11 +49,15 @@ def load_reference(cache):
     return tokenizers, qwen
 
 
-def gpt2_style(qwen_spec, add_prefix_space):
+def gpt2_style(qwen_spec, add_prefix_space, digits=None):
+    """digits: None, or individual_digits of a Digits step before ByteLevel (as SmolLM2's file has)."""
     spec = json.loads(json.dumps(qwen_spec))
     spec["normalizer"] = None
     spec["pre_tokenizer"] = {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": True,
                              "use_regex": True}
+    if digits is not None:
+        spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": digits}, spec["pre_tokenizer"]]}
     spec["post_processor"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
     next_id = max(t["id"] for t in spec["added_tokens"]) + 1
     extra = [("[MASK]", dict(lstrip=True, special=True, normalized=False)),
@@ -183,13 +187,18 @@ def main():
             with open(path, "w", encoding="utf-8") as f:
                 json.dump(gpt2_style(qwen_spec, prefix), f)
             files.append((f"gpt2-style (add_prefix_space={prefix})", path, 0 if prefix else len(texts), False))
+        for individual in (True, False):
+            path = os.path.join(tmp, f"gpt2_digits_{individual}.json")
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(gpt2_style(qwen_spec, False, digits=individual), f)
+            files.append((f"gpt2-style with Digits (individual_digits={individual})", path, len(texts), False))
         path = os.path.join(tmp, "trained.json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(trained_bpe(tokenizers, texts), f)
         files.append(("small trained BPE", path, len(texts), True))
         for name, path, round_trips, normalizes in files:
             extra = ["word here", "a word", "sword words", "[MASK] x  [MASK]", "x<rs>  y", "Ωmega Ωmegas",
-                     "é<x>", "zoe\u0308 zoë", "Ωé Ωe\u0301"]
+                     "é<x>", "zoe\u0308 zoë", "Ωé Ωe\u0301", "Ⅻ ½ x² 12ab345 ٣4 ⑩1"]
             check_file(tokenizers, args.tool, name, path, texts + extra, round_trips, normalizes, failures)
     if args.asynct:
         check_cli(args.asynct, tokenizers.Tokenizer.from_file(qwen_path), qwen_path, failures)

@@ -188,10 +188,6 @@ class ConfigReader {
   std::map<std::string, std::string> float_texts_;
 };
 
-}  // namespace
-
-namespace {
-
 // What the engine does not implement is an error naming the key and its value, never a model
 // that runs and computes something else: scaled RoPE, biases on the projections, an activation
 // other than SiLU. transformers 5 writes RoPE's settings as rope_parameters (rope_type,

@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
   std::string init_arch = "asynct", init_size = "tiny", init_out;
   std::uint64_t init_seed = 0;
   CLI::App* init_cmd = app.add_subcommand("init-checkpoint", "Write a checkpoint with random weights");
-  init_cmd->add_option("--arch", init_arch, "asynct or qwen3")->check(CLI::IsMember({"asynct", "qwen3"}));
+  init_cmd->add_option("--arch", init_arch, "asynct, qwen3 or llama")->check(CLI::IsMember({"asynct", "qwen3", "llama"}));
   init_cmd->add_option("--config", init_size, "tiny or 1.7b")->check(CLI::IsMember({"tiny", "1.7b"}));
   init_cmd->add_option("--seed", init_seed, "weights seed")->check(integer_in(std::uint64_t(0), kSeedMax));
   init_cmd->add_option("--out", init_out, "checkpoint directory to create")->required();

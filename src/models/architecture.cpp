@@ -5,12 +5,18 @@ namespace asynct {
 ArchitectureRecipe recipe_of(const ModelConfig& c) {
   ArchitectureRecipe r;
   r.norm_eps = c.rms_norm_eps;
-  r.qk_norm = true;  // both architectures
   switch (c.architecture) {
     case Architecture::Qwen3:
       r.gate = GateKind::Softmax;
       r.norm = NormKind::Rms;
       r.peri_ln = false;
+      r.qk_norm = true;
+      break;
+    case Architecture::Llama:
+      r.gate = GateKind::Softmax;
+      r.norm = NormKind::Rms;
+      r.peri_ln = false;
+      r.qk_norm = false;
       break;
     case Architecture::AsyncT:
       r.gate = GateKind::Async;
@@ -18,6 +24,7 @@ ArchitectureRecipe recipe_of(const ModelConfig& c) {
       r.norm = NormKind::UClip;
       r.norm_clip = c.uclip_value;
       r.peri_ln = true;
+      r.qk_norm = true;
       break;
   }
   return r;

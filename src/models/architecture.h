@@ -1,4 +1,4 @@
-// What sets the two architectures apart, as one recipe both runners read (docs/DESIGN.md §5): the
+// What sets the architectures apart, as one recipe both runners read (docs/DESIGN.md §5): the
 // attention gate, the norm (Qwen3's RMSNorm or AsyncT's UClipNorm with its clip), whether the
 // attention and MLP outputs are normalised before the residual add (Peri-LN), and whether q
 // and k are normalised per head before RoPE.
@@ -21,8 +21,8 @@ struct ArchitectureRecipe {
   bool qk_norm = true;     // per-head norm of q and k before RoPE
 };
 
-// Qwen3: softmax gate, RMSNorm, no Peri-LN, q/k norm. AsyncT: async gate with the config's pool
-// window, UClipNorm with the config's clip, Peri-LN, q/k norm.
+// Qwen3: softmax gate, RMSNorm, no Peri-LN, q/k norm. Llama: Qwen3 without the q/k norm. AsyncT:
+// async gate with the config's pool window, UClipNorm with the config's clip, Peri-LN, q/k norm.
 ArchitectureRecipe recipe_of(const ModelConfig& config);
 
 }  // namespace asynct

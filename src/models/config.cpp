@@ -9,14 +9,40 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "models/architecture.h"
 
 namespace asynct {
 
 using nlohmann::json;
 
-std::string ModelConfig::architecture_name() const {
-  return is_async() ? "AsyncTForCausalLM" : "Qwen3ForCausalLM";
+namespace {
+
+// Each architecture by its HuggingFace class name (config.json's architectures[0]), its
+// model_type, and the name the command line uses.
+struct KnownArchitecture {
+  Architecture architecture;
+  const char* class_name;
+  const char* model_type;
+};
+constexpr KnownArchitecture kArchitectures[] = {{Architecture::Qwen3, "Qwen3ForCausalLM", "qwen3"},
+                                                {Architecture::AsyncT, "AsyncTForCausalLM", "asynct"},
+                                                {Architecture::Llama, "LlamaForCausalLM", "llama"}};
+
+const KnownArchitecture& known(Architecture a) {
+  for (const KnownArchitecture& k : kArchitectures)
+    if (k.architecture == a) return k;
+  throw Error("unknown architecture value " + std::to_string(int(a)));
 }
+
+std::string known_list(const char* KnownArchitecture::*field) {
+  std::string s;
+  for (const KnownArchitecture& k : kArchitectures) s += (s.empty() ? "" : ", ") + std::string(k.*field);
+  return s;
+}
+
+}  // namespace
+
+std::string ModelConfig::architecture_name() const { return known(architecture).class_name; }
 
 void ModelConfig::validate() const {
   const std::string who = architecture_name() + " config: ";
@@ -44,7 +70,8 @@ void ModelConfig::validate() const {
 std::int64_t ModelConfig::parameter_count() const {
   const std::int64_t h = hidden_size, q = std::int64_t(num_attention_heads) * head_dim,
                      kv = std::int64_t(num_key_value_heads) * head_dim;
-  std::int64_t layer = h * (q + 2 * kv) + q * h + 3 * h * intermediate_size + 2 * h + 2 * head_dim;
+  std::int64_t layer = h * (q + 2 * kv) + q * h + 3 * h * intermediate_size + 2 * h;
+  if (recipe_of(*this).qk_norm) layer += 2 * head_dim;
   if (is_async()) layer += 2 * h + 3 * num_attention_heads;
   return std::int64_t(vocab_size) * h * (tie_word_embeddings ? 1 : 2) + num_hidden_layers * layer + h;
 }
@@ -161,6 +188,36 @@ class ConfigReader {
   std::map<std::string, std::string> float_texts_;
 };
 
+// What the engine does not implement is an error naming the key and its value, never a model
+// that runs and computes something else: scaled RoPE, biases on the projections, an activation
+// other than SiLU. transformers 5 writes RoPE's settings as rope_parameters (rope_type,
+// rope_theta): only the default type is supported, and its rope_theta is the model's.
+void check_supported_features(const json& j, const ConfigReader& r, const std::string& path, ModelConfig* c) {
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    throw Error(path + ": rope_scaling " + j["rope_scaling"].dump() + " is not supported (only unscaled RoPE)");
+  if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+    const json& rope = j["rope_parameters"];
+    check(rope.is_object(), path, ": 'rope_parameters' must be an object, got ", rope.dump());
+    const std::string type = rope.contains("rope_type") && rope["rope_type"].is_string() ? rope["rope_type"].get<std::string>() : "";
+    check(type == "default", path, ": rope_parameters ", rope.dump(), " is not supported (only rope_type 'default')");
+    if (rope.contains("rope_theta")) {
+      const std::string where = path + ": rope_parameters";
+      ConfigReader(rope, where, {}).real("rope_theta", &c->rope_theta, true);
+    }
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    bool bias = false;
+    r.boolean(key, &bias, false);
+    check(!bias, path, ": ", key, " true is not supported (the engine's projections have no bias)");
+  }
+  if (r.present("hidden_act", false)) {
+    check(j["hidden_act"].is_string(), path, ": 'hidden_act' has the wrong type (", j["hidden_act"].type_name(),
+          ", not a string)");
+    const std::string act = j["hidden_act"].get<std::string>();
+    check(act == "silu", path, ": hidden_act '", act, "' is not supported (silu)");
+  }
+}
+
 }  // namespace
 
 ModelConfig load_config(const std::string& path) {
@@ -171,15 +228,30 @@ ModelConfig load_config(const std::string& path) {
   json::sax_parse(text, &float_texts);
   const ConfigReader r(j, path, std::move(float_texts.texts));
   ModelConfig c;
-  std::string arch;
+  // The architecture: architectures[0] as HF writes it, else the model_type.
+  const KnownArchitecture* arch = nullptr;
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
-      j["architectures"][0].is_string())
-    arch = j["architectures"][0].get<std::string>();
-  else if (j.contains("model_type") && j["model_type"].is_string())
-    arch = j["model_type"].get<std::string>() == "asynct" ? "AsyncTForCausalLM" : "Qwen3ForCausalLM";
-  check(arch == "Qwen3ForCausalLM" || arch == "AsyncTForCausalLM", path, ": architecture '", arch,
-        "' is not supported (Qwen3ForCausalLM, AsyncTForCausalLM)");
-  c.architecture = arch == "AsyncTForCausalLM" ? Architecture::AsyncT : Architecture::Qwen3;
+      j["architectures"][0].is_string()) {
+    const std::string name = j["architectures"][0].get<std::string>();
+    for (const KnownArchitecture& k : kArchitectures)
+      if (name == k.class_name) arch = &k;
+    check(arch != nullptr, path, ": architecture '", name, "' is not supported (", known_list(&KnownArchitecture::class_name),
+          ")");
+  } else {
+    check(j.contains("model_type") && j["model_type"].is_string(), path,
+          ": names no architecture (neither 'architectures' nor 'model_type')");
+    const std::string type = j["model_type"].get<std::string>();
+    for (const KnownArchitecture& k : kArchitectures)
+      if (type == k.model_type) arch = &k;
+    check(arch != nullptr, path, ": model_type '", type, "' is not supported (", known_list(&KnownArchitecture::model_type),
+          ")");
+  }
+  c.architecture = arch->architecture;
+  if (c.architecture == Architecture::Llama) {  // HF LlamaConfig's defaults for the keys a file may leave out
+    c.rope_theta = 10000.0;
+    c.max_position_embeddings = 2048;
+    c.tie_word_embeddings = false;
+  }
   r.integer("vocab_size", &c.vocab_size, true);
   r.integer("hidden_size", &c.hidden_size, true);
   r.integer("intermediate_size", &c.intermediate_size, true);
@@ -195,8 +267,7 @@ ModelConfig load_config(const std::string& path) {
   r.boolean("tie_word_embeddings", &c.tie_word_embeddings, false);
   r.integer("attn_pool_window", &c.attn_pool_window, false);
   r.real("uclip_value", &c.uclip_value, c.is_async());
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    throw Error(path + ": rope_scaling is not supported");
+  check_supported_features(j, r, path, &c);
   if (c.vocab_size >= 1) r.token_ids("eos_token_id", c.vocab_size, &c.eos_token_ids);
   c.validate();
   return c;
@@ -218,7 +289,7 @@ ModelConfig load_checkpoint_config(const std::string& directory) {
 
 std::string config_to_json(const ModelConfig& c) {
   json j = {{"architectures", {c.architecture_name()}},
-            {"model_type", c.is_async() ? "asynct" : "qwen3"},
+            {"model_type", known(c.architecture).model_type},
             {"vocab_size", c.vocab_size},
             {"hidden_size", c.hidden_size},
             {"intermediate_size", c.intermediate_size},
@@ -232,6 +303,11 @@ std::string config_to_json(const ModelConfig& c) {
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"torch_dtype", "bfloat16"},
             {"hidden_act", "silu"}};
+  if (c.architecture == Architecture::Llama) {  // as HF's LlamaConfig writes them
+    j["rope_scaling"] = nullptr;
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+  }
   if (c.is_async()) {
     j["attn_pool_window"] = c.attn_pool_window;
     j["uclip_value"] = c.uclip_value;
@@ -256,6 +332,12 @@ ModelConfig tiny_config(Architecture architecture) {
   // Untied: a small random model with a tied head mostly echoes its last input token.
   c.tie_word_embeddings = false;
   c.uclip_value = architecture == Architecture::AsyncT ? 4.0f : 0.0f;
+  if (architecture == Architecture::Llama) {
+    // 3 query heads per KV head, as SmolLM2-135M has (9 / 3): a group that is not a power of
+    // two, and a q width (384) other than the hidden size.
+    c.num_attention_heads = 6;
+    c.num_key_value_heads = 2;
+  }
   return c;
 }
 
@@ -277,8 +359,9 @@ ModelConfig reference_1p7b_config(Architecture architecture) {
 }
 
 Architecture architecture_from_name(const std::string& name) {
-  check(name == "asynct" || name == "qwen3", "architecture '", name, "' is not one of asynct, qwen3");
-  return name == "qwen3" ? Architecture::Qwen3 : Architecture::AsyncT;
+  for (const KnownArchitecture& k : kArchitectures)
+    if (name == k.model_type) return k.architecture;
+  throw Error("architecture '" + name + "' is not one of " + known_list(&KnownArchitecture::model_type));
 }
 
 ModelConfig builtin_config(Architecture architecture, const std::string& size) {

@@ -1,5 +1,6 @@
-// Model configurations: HuggingFace config.json for Qwen3ForCausalLM and AsyncTForCausalLM
-// (docs/DESIGN.md §5), validated, plus the built-in tiny configurations and the 1.7B reference size.
+// Model configurations: HuggingFace config.json for Qwen3ForCausalLM, AsyncTForCausalLM and
+// LlamaForCausalLM (docs/DESIGN.md §5), validated, plus the built-in tiny configurations and the
+// 1.7B reference size.
 #pragma once
 
 #include <cstdint>
@@ -8,7 +9,7 @@
 
 namespace asynct {
 
-enum class Architecture { Qwen3, AsyncT };
+enum class Architecture { Qwen3, AsyncT, Llama };
 
 struct ModelConfig {
   Architecture architecture = Architecture::Qwen3;
@@ -46,12 +47,13 @@ ModelConfig load_config(const std::string& config_json_path);
 ModelConfig load_checkpoint_config(const std::string& directory);
 std::string config_to_json(const ModelConfig& config);
 
-// Small configurations for tests and the default run; same shape rules as the real ones.
+// Small configurations for tests and the default run; same shape rules as the real ones. The
+// tiny Llama has 3 query heads per KV head (a group size that is not a power of two).
 ModelConfig tiny_config(Architecture architecture);
 // The Qwen3-1.7B size (hidden 2048, 28 layers, 16/8 heads, head_dim 128, vocab 151936).
 ModelConfig reference_1p7b_config(Architecture architecture);
 
-// The names the command line uses: "asynct" or "qwen3"; an Error otherwise.
+// The names the command line uses: "asynct", "qwen3" or "llama"; an Error otherwise.
 Architecture architecture_from_name(const std::string& name);
 // A built-in size by name: "tiny" (tiny_config) or "1.7b" (reference_1p7b_config); an Error
 // otherwise.

@@ -11,6 +11,7 @@
 
 #include "core/parallel.h"
 #include "io/safetensors.h"
+#include "models/architecture.h"
 
 namespace asynct {
 namespace {
@@ -20,6 +21,7 @@ std::string layer_prefix(int i) { return "model.layers." + std::to_string(i) + "
 // Visits each (name, tensor slot) of the model, in a fixed order.
 void for_each_tensor(ModelWeights& w, const std::function<void(const std::string&, Tensor&)>& f) {
   const ModelConfig& c = w.config;
+  const bool qk_norm = recipe_of(c).qk_norm;  // Llama has none
   f("model.embed_tokens.weight", w.embed_tokens);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     LayerWeights& l = w.layers[std::size_t(i)];
@@ -29,8 +31,10 @@ void for_each_tensor(ModelWeights& w, const std::function<void(const std::string
     f(p + "self_attn.k_proj.weight", l.k_proj);
     f(p + "self_attn.v_proj.weight", l.v_proj);
     f(p + "self_attn.o_proj.weight", l.o_proj);
-    f(p + "self_attn.q_norm.weight", l.q_norm);
-    f(p + "self_attn.k_norm.weight", l.k_norm);
+    if (qk_norm) {
+      f(p + "self_attn.q_norm.weight", l.q_norm);
+      f(p + "self_attn.k_norm.weight", l.k_norm);
+    }
     f(p + "post_attention_layernorm.weight", l.post_attention_layernorm);
     f(p + "mlp.gate_proj.weight", l.gate_proj);
     f(p + "mlp.up_proj.weight", l.up_proj);

@@ -1,4 +1,4 @@
-// The weights of a Qwen3 or AsyncT model, by HuggingFace tensor name, on the host. The
+// The weights of a Qwen3, AsyncT or Llama model, by HuggingFace tensor name, on the host. The
 // embeddings, projections and norms are bf16, the engine's precision, when made here or loaded
 // from a bf16 checkpoint (then as views of the mapped files: the GPU backend uploads them with
 // no host copy); loaded from a float32 or float16 checkpoint they are float32 (the GPU backend
@@ -21,7 +21,7 @@ struct LayerWeights {
   Tensor input_layernorm;           // [H]
   Tensor q_proj, k_proj, v_proj;    // [Hq*D, H], [Hkv*D, H], [Hkv*D, H]
   Tensor o_proj;                    // [H, Hq*D]
-  Tensor q_norm, k_norm;            // [D]
+  Tensor q_norm, k_norm;            // [D]; not defined() without a q/k norm (Llama)
   Tensor post_attention_layernorm;  // [H], the norm in front of the MLP
   Tensor gate_proj, up_proj;        // [I, H]
   Tensor down_proj;                 // [H, I]

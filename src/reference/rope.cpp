@@ -55,6 +55,21 @@ void write_kv_cache(Tensor& key_cache, Tensor& value_cache, const Tensor& k, con
   }
 }
 
+QkNormRopeOutput rope_cache_write(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const std::vector<std::int64_t>& positions, double rope_theta,
+                                  Tensor& key_cache, Tensor& value_cache,
+                                  const std::vector<std::int64_t>& slot_mapping) {
+  expect_shape(q, {std::int64_t(positions.size()), any, any}, "qk_rope: q");
+  expect_shape(k, {q.size(0), any, q.size(2)}, "qk_rope: k");
+  check(slot_mapping.size() == positions.size(), "qk_rope: ", slot_mapping.size(),
+        " slots for ", positions.size(), " tokens");
+  QkNormRopeOutput r;
+  r.q = rope_neox(q, positions, rope_theta);
+  r.k = rope_neox(k, positions, rope_theta);
+  write_kv_cache(key_cache, value_cache, r.k, v, slot_mapping);
+  return r;
+}
+
 QkNormRopeOutput qk_norm_rope_cache_write(const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& q_weight, const Tensor& k_weight,
                                           const NormConfig& norm_config,
@@ -62,15 +77,8 @@ QkNormRopeOutput qk_norm_rope_cache_write(const Tensor& q, const Tensor& k, cons
                                           double rope_theta, Tensor& key_cache,
                                           Tensor& value_cache,
                                           const std::vector<std::int64_t>& slot_mapping) {
-  expect_shape(q, {std::int64_t(positions.size()), any, any}, "qk_norm_rope: q");
-  expect_shape(k, {q.size(0), any, q.size(2)}, "qk_norm_rope: k");
-  check(slot_mapping.size() == positions.size(), "qk_norm_rope: ", slot_mapping.size(),
-        " slots for ", positions.size(), " tokens");
-  QkNormRopeOutput r;
-  r.q = rope_neox(norm(q, q_weight, norm_config), positions, rope_theta);
-  r.k = rope_neox(norm(k, k_weight, norm_config), positions, rope_theta);
-  write_kv_cache(key_cache, value_cache, r.k, v, slot_mapping);
-  return r;
+  return rope_cache_write(norm(q, q_weight, norm_config), norm(k, k_weight, norm_config), v, positions,
+                          rope_theta, key_cache, value_cache, slot_mapping);
 }
 
 }  // namespace asynct

@@ -228,8 +228,8 @@ TEST(Checkpoint, BadConfigsAreNamed) {
   expect_error([&] { load_weights(dir.path().string()); }, "attn_pool_window must be in 1..8");
   edit([](nlohmann::json& j) { j["attn_pool_window"] = 3; j.erase("uclip_value"); });
   expect_error([&] { load_weights(dir.path().string()); }, "missing 'uclip_value'");
-  edit([](nlohmann::json& j) { j["uclip_value"] = 4.0; j["architectures"] = {"LlamaForCausalLM"}; });
-  expect_error([&] { load_weights(dir.path().string()); }, "architecture 'LlamaForCausalLM' is not supported");
+  edit([](nlohmann::json& j) { j["uclip_value"] = 4.0; j["architectures"] = {"MistralForCausalLM"}; });
+  expect_error([&] { load_weights(dir.path().string()); }, "architecture 'MistralForCausalLM' is not supported");
   edit([](nlohmann::json& j) { j["architectures"] = {"AsyncTForCausalLM"}; j["hidden_size"] = "big"; });
   expect_error([&] { load_weights(dir.path().string()); }, "'hidden_size' has the wrong type");
   { std::ofstream(dir.file("config.json")) << "{ not json"; }

@@ -1,6 +1,6 @@
-// The CUDA model runner against the CPU runner on the same tiny models and the same steps:
-// a prefill step, an all-decode step (the decode kernel) and a mixed step (the prefill kernel
-// with a cached prefix). bf16 weights and activations on the GPU against float on the CPU:
+// The CUDA model runner against the CPU runner on the same tiny models (AsyncT, Qwen3, Llama)
+// and the same steps: a prefill step, an all-decode step (the decode kernel) and a mixed step
+// (the prefill kernel with a cached prefix); and on SmolLM2-135M's shapes. bf16 weights and activations on the GPU against float on the CPU:
 // relative Frobenius error of the logits within 3e-2 (measured values are printed). The greedy
 // tokens the runner finds on the device are the host argmax of the logits it returns.
 #include <algorithm>
@@ -60,18 +60,16 @@ void expect_summaries_match(const StepOutput& out, int vocab, const char* what) 
   }
 }
 
-class CudaModel : public ::testing::TestWithParam<Architecture> {};
-
-TEST_P(CudaModel, MatchesTheCpuRunnerOnPrefillDecodeAndMixedSteps) {
-  testing::require_gpu();
+// The CUDA runner's logits against the CPU runner's on a prefill step, an all-decode step and
+// two mixed steps (chunk first; decodes first) of three sequences.
+void expect_steps_match_the_cpu_runner(const ModelWeights& w) {
   const int block_size = 16, num_blocks = 40;
-  ModelWeights w = random_weights(tiny_config(GetParam()), 21);
   CpuModelRunner cpu(w, num_blocks, block_size);
   CudaModelRunner gpu(w, num_blocks, block_size, 64);
 
   std::vector<std::vector<std::int32_t>> seqs(3);
   for (int s = 0; s < 3; ++s)
-    for (int t = 0; t < 120; ++t) seqs[std::size_t(s)].push_back((t * 37 + s * 11 + 5) % 256);
+    for (int t = 0; t < 120; ++t) seqs[std::size_t(s)].push_back((t * 37 + s * 11 + 5) % w.config.vocab_size);
   // Shuffled, disjoint block tables of 8 blocks (128 tokens) each.
   std::vector<std::vector<int>> tables = {{3, 17, 0, 22, 9, 31, 5, 12}, {1, 30, 4, 19, 26, 7, 14, 39},
                                           {2, 8, 35, 11, 24, 6, 33, 16}};
@@ -108,6 +106,31 @@ TEST_P(CudaModel, MatchesTheCpuRunnerOnPrefillDecodeAndMixedSteps) {
   add_sequence(split, seqs[2], 102, 103, tables[2], block_size);
   add_sequence(split, seqs[0], 90, 117, tables[0], block_size);
   compare_step(split, "mixed, decodes first");
+}
+
+class CudaModel : public ::testing::TestWithParam<Architecture> {};
+
+TEST_P(CudaModel, MatchesTheCpuRunnerOnPrefillDecodeAndMixedSteps) {
+  testing::require_gpu();
+  expect_steps_match_the_cpu_runner(random_weights(tiny_config(GetParam()), 21));
+}
+
+// SmolLM2-135M's shapes with random weights and 2 of its 30 layers: hidden 576, 9 query and 3
+// KV heads of 64 (q 576, k and v 192 wide), intermediate 1536, a tied vocabulary of 49152, RoPE
+// theta 1e5; every product, norm and attention kernel at those sizes.
+TEST(CudaModelShapes, SmolLm2MatchesTheCpuRunner) {
+  testing::require_gpu();
+  ModelConfig c = tiny_config(Architecture::Llama);
+  c.hidden_size = 576;
+  c.intermediate_size = 1536;
+  c.num_attention_heads = 9;
+  c.num_key_value_heads = 3;
+  c.head_dim = 64;
+  c.vocab_size = 49152;
+  c.tie_word_embeddings = true;
+  c.rope_theta = 1e5;
+  c.rms_norm_eps = 1e-5f;
+  expect_steps_match_the_cpu_runner(random_weights(c, 26));
 }
 
 TEST_P(CudaModel, EngineRunsToCompletion) {
@@ -257,7 +280,7 @@ TEST_P(CudaModel, NonFiniteLogitsGiveTheSamplingError) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, CudaModel, ::testing::Values(Architecture::AsyncT, Architecture::Qwen3));
+INSTANTIATE_TEST_SUITE_P(Models, CudaModel, ::testing::Values(Architecture::AsyncT, Architecture::Qwen3, Architecture::Llama));
 
 }  // namespace
 }  // namespace asynct

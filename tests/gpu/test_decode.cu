@@ -1,6 +1,6 @@
 // Decode kernel against the CPU reference: one query token per sequence over a paged cache
-// with shuffled blocks; and the same from the qkv projection (the kernel norms and rotates q and
-// the newest key and writes the newest K/V into the cache). Tolerance: relative Frobenius error
+// with shuffled blocks, 1 to 8 query heads per KV head; and the same from the qkv projection (the
+// kernel norms and rotates q and the newest key and writes the newest K/V into the cache). Tolerance: relative Frobenius error
 // 2e-2 (bf16 inputs and outputs land near 4e-3); outputs poisoned before every launch; NaN
 // never passes.
 #include <gtest/gtest.h>
@@ -255,10 +255,36 @@ TEST(Decode, HeadDim64Block64) { check_decode({{100, 1500}, 8, 8, 64, 64}, 5); }
 TEST(Decode, HeadDim256Block32) { check_decode({{77, 600}, 8, 1, 256, 32}, 6); }
 TEST(Decode, LongContextFewSequences) { check_decode({{20000}, 16, 8, 128, 128}, 7); }
 
+// Groups that are not a power of two run padded (3 as 4, 5 to 7 as 8): every gate, split count
+// and head size, from q and from the projection.
+TEST(Decode, GroupOfThree) {
+  check_decode({{1, 17, 300, 1000}, 9, 3, 64, 16}, 8);  // SmolLM2-135M's heads
+  check_decode({{3, 40, 2049}, 6, 2, 128, 32}, 9);
+}
+TEST(Decode, GroupsOfFiveSixAndSeven) {
+  check_decode({{5, 333}, 10, 2, 128, 16}, 10);
+  check_decode({{77, 600}, 12, 2, 64, 32}, 11);
+  check_decode({{40, 1200}, 7, 1, 256, 64}, 12);
+}
+TEST(Decode, FromProjectionGroupsOfThreeAndSix) {
+  check_decode_from_projection({{1, 17, 300}, 9, 3, 64, 16}, 0, 26);
+  check_decode_from_projection({{100, 1500}, 6, 2, 128, 64}, 3, 27);
+  check_decode_from_projection({{77, 600}, 12, 2, 64, 32}, 2, 28);
+}
+
 TEST(Decode, RejectsBadArguments) {
   kernels::DecodeParams p;
   p.kv.block_size = 24;
   EXPECT_THROW(kernels::launch_decode(p, nullptr), Error);
+}
+
+TEST(Decode, RejectsGroupsAboveEight) {
+  testing::require_gpu();
+  Random rng(4);
+  AttentionCase c(rng, {{1, 20}}, 16, 1, 64, true);
+  AttentionCase::Paged paged = c.paged(rng, 16);
+  testing::expect_error([&] { run_decode(c, paged, Gate::make_softmax(), 1); },
+                        "decode: 16 query heads per KV head; supported: 1 to 8");
 }
 
 TEST(Decode, RejectsABadProjection) {

@@ -287,6 +287,7 @@ struct QkCase {
   std::vector<std::int64_t> slots;  // one per token; -1 skips the cache write
   int num_blocks = 4, block_size = 16;
   int first_token = 0;  // tokens before it are left alone
+  bool qk_norm = true;  // false: RoPE alone (Llama), the weights not given
 };
 
 // Flat float copies (element access through Tensor::at is slow on large tensors).
@@ -335,9 +336,10 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, boo
 
   Tensor ref_key_cache = Tensor::empty(DType::F32, {c.num_blocks, c.block_size, Hkv, D});
   Tensor ref_value_cache = Tensor::empty(DType::F32, ref_key_cache.shape());
-  QkNormRopeOutput ref = qk_norm_rope_cache_write(q, k, v, q_weight, k_weight, config,
-                                                  c.positions, c.rope_theta, ref_key_cache,
-                                                  ref_value_cache, c.slots);
+  QkNormRopeOutput ref =
+      c.qk_norm ? qk_norm_rope_cache_write(q, k, v, q_weight, k_weight, config, c.positions, c.rope_theta,
+                                           ref_key_cache, ref_value_cache, c.slots)
+                : rope_cache_write(q, k, v, c.positions, c.rope_theta, ref_key_cache, ref_value_cache, c.slots);
 
   DeviceBuffer dq = to_device(q), dk = to_device(k), dv = to_device(v);
   DeviceBuffer dqkv = fused && splits == 0 ? to_device(concat_heads(q, k, v)) : DeviceBuffer(DType::BF16, {1});
@@ -362,8 +364,9 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, boo
     args.qkv = splits > 0 ? kernels::LinearOutput{nullptr, dparts.as<float>(), splits, split_stride}
                           : kernels::LinearOutput::of(dqkv.as<bf16>());
   args.v_out = fused ? dv.as<bf16>() : nullptr;
-  args.q_weight = dqw.as<bf16>();
-  args.k_weight = dkw.as<bf16>();
+  args.qk_norm = c.qk_norm;
+  args.q_weight = c.qk_norm ? dqw.as<bf16>() : nullptr;
+  args.k_weight = c.qk_norm ? dkw.as<bf16>() : nullptr;
   args.positions = dpos.as<std::int64_t>();
   args.slot_mapping = dslots.as<std::int64_t>();
   args.key_cache = with_cache ? dkc.as<bf16>() : nullptr;
@@ -397,8 +400,9 @@ std::vector<std::int64_t> shuffled_slots(Random& rng, const QkCase& c, int skipp
 // dense v of the written tokens too.
 void check_qk(const QkCase& c, std::uint64_t seed, bool fused = false, int splits = 0) {
   SCOPED_TRACE(::testing::Message() << "tokens " << c.tokens << ", head_dim " << c.head_dim
-                                    << (c.uclip ? ", UClip" : ", RMS") << (fused ? ", fused qkv" : "")
-                                    << ", splits " << splits);
+                                    << (c.qk_norm ? (c.uclip ? ", UClip" : ", RMS") : ", no norm")
+                                    << (fused ? ", fused qkv" : "") << ", splits " << splits << ", heads "
+                                    << c.num_q_heads << "/" << c.num_kv_heads);
   QkResult r = run_qk(c, seed, /*with_cache=*/true, fused, splits);
   EXPECT_TRUE(close_to(r.q, r.ref_q, kTolerance)) << "q";
 
@@ -478,6 +482,23 @@ TEST(QkNormRopeKernel, SmallSplitQkvInput) {
   Random rng(13);
   check_qk(make_qk_case(rng, 3, 128, true), 13, /*fused=*/true, /*splits=*/3);
   check_qk(make_qk_case(rng, 2, 64, false), 14, /*fused=*/true, /*splits=*/1);
+}
+
+// Models without a q/k norm (Llama): RoPE and the cache write alone, the weights never read
+// (null), in every input form; SmolLM2-135M's 9 query and 3 KV heads of 64, and others.
+TEST(QkNormRopeKernel, RopeWithoutNormMatchesReference) {
+  testing::require_gpu();
+  Random rng(41);
+  for (int head_dim : {64, 128, 256}) {
+    for (int form = 0; form < 3; ++form) {  // separate q, k, v; fused dense; fused split
+      QkCase c = make_qk_case(rng, form == 2 ? 5 : 1100, head_dim, false);  // 1100: several tokens per block
+      c.qk_norm = false;
+      c.num_q_heads = head_dim == 64 ? 9 : 6;
+      c.num_kv_heads = head_dim == 64 ? 3 : 2;
+      c.rope_theta = head_dim == 64 ? 1e5f : 1e4f;
+      check_qk(c, 42 + std::uint64_t(form), /*fused=*/form > 0, /*splits=*/form == 2 ? 3 : 0);
+    }
+  }
 }
 
 TEST(QkNormRopeKernel, SmallWithoutCacheRewritesQAndKOnly) {
@@ -641,6 +662,10 @@ TEST(NormKernel, SmallBadArgumentsThrow) {
   qk.tokens = 1;
   qk.num_q_heads = 1;
   qk.num_kv_heads = 1;
+  qk.head_dim = 64;
+  qk.q_weight = nullptr;
+  expect_error([&] { kernels::launch_qk_norm_rope_cache_write(qk, nullptr); }, "q_weight is null");
+  qk.q_weight = pw;
   qk.head_dim = 96;
   expect_error([&] { kernels::launch_qk_norm_rope_cache_write(qk, nullptr); }, "head_dim");
   qk.head_dim = 64;

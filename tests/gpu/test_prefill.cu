@@ -322,6 +322,24 @@ TEST(Prefill, SoftmaxLongSequences) {
 
 // On a Hopper GPU the wgmma kernel must be there (a build without sm_90a code would quietly test
 // the portable kernel twice).
+// ---- Query heads per KV head that are not a power of two -----------------------------------
+
+// SmolLM2-135M's 9 query heads over 3 KV heads of 64, and groups of 3 and 5 at head_dim 128
+// (both kernels): each query head reads its group's KV head, each group's first head writes it.
+TEST(Prefill, GroupsOfThreeAndFiveBothGates) {
+  testing::require_gpu();
+  const struct {
+    int hq, hkv, dim;
+  } shapes[] = {{9, 3, 64}, {6, 2, 128}, {10, 2, 128}};
+  for (const auto& shape : shapes) {
+    SCOPED_TRACE(::testing::Message() << shape.hq << " query heads, " << shape.hkv << " KV heads of " << shape.dim);
+    Random rng(std::uint64_t(40 + shape.hq + shape.dim));
+    AttentionCase c(rng, kAwkward, shape.hq, shape.hkv, shape.dim, /*bf16_exact=*/true);
+    for (const Gate& gate : {Gate::make_softmax(), random_async_gate(rng, shape.hq, 3)})
+      run_and_check(c, gate, reference_output(c, gate), 16, rng);
+  }
+}
+
 TEST(Prefill, HopperKernelRunsOnHopper) {
   testing::require_gpu();
   int device = 0, major = 0;

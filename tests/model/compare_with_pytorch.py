@@ -1,11 +1,11 @@
 """The engine against independent PyTorch implementations on the same random checkpoints:
-Qwen3 against HuggingFace transformers' Qwen3ForCausalLM, AsyncT against
-python/asynct_reference. Compares the first generated token's logits (relative Frobenius error)
+Qwen3 and Llama (3 query heads per KV head) against HuggingFace transformers' Qwen3ForCausalLM
+and LlamaForCausalLM, AsyncT against python/asynct_reference. Compares the first generated token's logits (relative Frobenius error)
 and the greedy tokens of several prompts for 32 steps.
 - CPU engine against PyTorch in float32 on the CPU: logits within 1e-4 (both compute in float32
   or better from the same bf16-exact weights).
 - CUDA engine (when PyTorch sees a GPU, bf16 activations) against the same float32 PyTorch on the
-  GPU: logits within 1e-2 for Qwen3. For AsyncT within max(1e-2, 2.5 x the error of PyTorch's own
+  GPU: logits within 1e-2 for Qwen3 and Llama. For AsyncT within max(1e-2, 2.5 x the error of PyTorch's own
   bf16 run of that prompt): AsyncT's Peri-LN output norms rescale rows whose gated attention
   output is nearly empty, so the model amplifies bf16 rounding to about the 1% level wherever it
   happens. PyTorch's own bf16 run misses 1e-2 on 16 of 20 prompts of the seed 11-14 test models
@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [200, 17], [9] * 20 + [31, 64, 5], [255, 0, 128, 64], list(range(40, 100, 3))]
 STEPS = 32
+ARCHITECTURES = ("qwen3", "asynct", "llama")
 LOGIT_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-2}
 BF16_FACTOR = 2.5  # AsyncT on the GPU: times PyTorch's own bf16 error on the prompt (see above)
 TIE_FACTOR = 4.0
@@ -56,6 +57,9 @@ def load_pytorch(arch, checkpoint, device, dtype=torch.float32):
     if arch == "qwen3":
         from transformers import Qwen3ForCausalLM
         return Qwen3ForCausalLM.from_pretrained(checkpoint, torch_dtype=dtype).to(device).eval()
+    if arch == "llama":
+        from transformers import LlamaForCausalLM
+        return LlamaForCausalLM.from_pretrained(checkpoint, torch_dtype=dtype).to(device).eval()
     from asynct_reference import load_asynct
     return load_asynct(checkpoint, dtype=dtype, device=device)
 
@@ -114,8 +118,8 @@ def main():
     args = parser.parse_args()
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     with tempfile.TemporaryDirectory() as workdir:
-        failures = sum(compare(args.asynct, arch, workdir, device) for device in devices for arch in ("qwen3", "asynct"))
-    total = len(PROMPTS) * 2 * len(devices)
+        failures = sum(compare(args.asynct, arch, workdir, device) for device in devices for arch in ARCHITECTURES)
+    total = len(PROMPTS) * len(ARCHITECTURES) * len(devices)
     print(f"{total - failures} passed, {failures} failed")
     sys.exit(1 if failures else 0)
 

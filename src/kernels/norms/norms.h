@@ -46,6 +46,8 @@ void launch_post_attn_pre_mlp(const LinearOutput& attn_out, bf16* residual, cons
 //   k[t, h]            = rope(norm(k[t, h], k_weight), positions[t])      (in place)
 //   key_cache[slot]    = k[t, h]
 //   value_cache[slot]  = v[t, h]
+// With qk_norm false (models without a q/k norm, Llama) there is no norm: q = rope(q), k =
+// rope(k), and q_weight, k_weight and norm are unused.
 // k is rewritten too so that the prefill kernel can read the new keys from it; a token whose
 // slot is negative is skipped entirely (its k stays as it was). With key_cache and value_cache
 // null only q and k are rewritten: the prefill kernel writes the cache itself, and a second
@@ -77,6 +79,7 @@ struct QkNormRopeArgs {
   int first_token = 0;
   float rope_theta = 1e6f;
   NormArgs norm;
+  bool qk_norm = true;
 };
 void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t stream);
 

@@ -1,6 +1,6 @@
 // Per-head q/k norm + neox RoPE + KV-cache write (launch_qk_norm_rope_cache_write, norms.h): the
 // prefill step's q/k norm, and the decode step's when the decode kernel does not take the qkv
-// projection itself.
+// projection itself; or, for models without a q/k norm (Llama), RoPE and the cache write alone.
 #include <algorithm>
 #include <cstdint>
 
@@ -36,7 +36,8 @@ struct QkParams {
 
 // Grid (group of tokens, group of heads): a head is held by HEAD_DIM/8 lanes, 8 values each as
 // RoPE pairs (load_pairs, head_norm_rope.cuh); q heads come first, then k heads, whose lanes also
-// copy v into the cache.
+// copy v into the cache. NORM: the per-head norm before RoPE (false: RoPE alone, the weights
+// unread).
 // A block takes up to kQkTokens consecutive tokens and issues all their loads before it uses
 // any (a token's heads are only 4 KB per block). Measured on H200 at 8192 tokens
 // (bench/RESULTS.md): with lanes holding 8 consecutive values the kernel was
@@ -46,7 +47,7 @@ struct QkParams {
 // of partials would hold 8 floats per token in registers.)
 constexpr int kQkTokens = 4;
 
-template <int HEAD_DIM, bool SPLIT>
+template <int HEAD_DIM, bool SPLIT, bool NORM>
 __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p, int tokens_per_block, int end_token) {
   constexpr int kLanes = HEAD_DIM / 8, kHalf = HEAD_DIM / 2;
   constexpr int kTokens = SPLIT ? 1 : kQkTokens;
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p, i
   __syncthreads();
 
   // 3. Per token: norm, rotate, store.
-  const Bf16x8 weight = load_pairs<HEAD_DIM>(is_q ? p.q_weight : p.k_weight, lane);
+  const Bf16x8 weight = NORM ? load_pairs<HEAD_DIM>(is_q ? p.q_weight : p.k_weight, lane) : Bf16x8{};
 #pragma unroll
   for (int t = 0; t < kTokens; ++t) {
     if (t >= count) break;  // block-uniform
@@ -119,7 +120,7 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p, i
     } else {
       to_float8(loaded[t], x);
     }
-    head_norm8<HEAD_DIM>(x, weight, p.eps, p.clip);
+    if constexpr (NORM) head_norm8<HEAD_DIM>(x, weight, p.eps, p.clip);
     float2 lane_rotation[4];  // frequencies 4 lane .. + 3, two 16-byte reads
     *reinterpret_cast<float4*>(&lane_rotation[0]) = *reinterpret_cast<const float4*>(&rotation[t][4 * lane]);
     *reinterpret_cast<float4*>(&lane_rotation[2]) = *reinterpret_cast<const float4*>(&rotation[t][4 * lane + 2]);
@@ -141,7 +142,7 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p, i
   }
 }
 
-template <int HEAD_DIM>
+template <int HEAD_DIM, bool NORM>
 void launch_qk(const QkParams& p, bool split, int tokens, cudaStream_t stream) {  // tokens from first_token
   constexpr int kLanes = HEAD_DIM / 8;
   const int heads = p.num_q_heads + p.num_kv_heads;
@@ -154,11 +155,19 @@ void launch_qk(const QkParams& p, bool split, int tokens, cudaStream_t stream) {
   const int tokens_per_block = !split && count >= 1024 ? kQkTokens : 1;
   const dim3 grid((count + tokens_per_block - 1) / tokens_per_block, (heads + heads_per_block - 1) / heads_per_block);
   if (split)
-    launch_dependent(qk_norm_rope_kernel<HEAD_DIM, true>, grid, threads, 0, stream, "qk_norm_rope", p, tokens_per_block,
-                     tokens);
+    launch_dependent(qk_norm_rope_kernel<HEAD_DIM, true, NORM>, grid, threads, 0, stream, "qk_norm_rope", p,
+                     tokens_per_block, tokens);
   else
-    launch_dependent(qk_norm_rope_kernel<HEAD_DIM, false>, grid, threads, 0, stream, "qk_norm_rope", p, tokens_per_block,
-                     tokens);
+    launch_dependent(qk_norm_rope_kernel<HEAD_DIM, false, NORM>, grid, threads, 0, stream, "qk_norm_rope", p,
+                     tokens_per_block, tokens);
+}
+
+template <int HEAD_DIM>
+void launch_qk(const QkParams& p, bool norm, bool split, int tokens, cudaStream_t stream) {
+  if (norm)
+    launch_qk<HEAD_DIM, true>(p, split, tokens, stream);
+  else
+    launch_qk<HEAD_DIM, false>(p, split, tokens, stream);
 }
 
 }  // namespace
@@ -173,19 +182,17 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
         ": head_dim must be 64, 128 or 256, got ", args.head_dim);
   check(std::isfinite(args.rope_theta) && args.rope_theta > 0, who,
         ": rope_theta must be finite and > 0, got ", args.rope_theta);
-  check_norm_args(who, args.norm);
+  if (args.qk_norm) check_norm_args(who, args.norm);
   const bool split = args.qkv.is_split();
   if (split) {
-    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.v_out, "v_out"}, {args.q_weight, "q_weight"},
-                         {args.k_weight, "k_weight"}});
+    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.v_out, "v_out"}});
     check_split_output(who, "qkv partials", args.qkv,
                 std::int64_t(args.tokens) * (args.num_q_heads + 2 * args.num_kv_heads) * args.head_dim);
   } else if (args.qkv.dense)
-    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.qkv.dense, "qkv"}, {args.v_out, "v_out"},
-                         {args.q_weight, "q_weight"}, {args.k_weight, "k_weight"}});
+    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.qkv.dense, "qkv"}, {args.v_out, "v_out"}});
   else
-    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.v, "v"}, {args.q_weight, "q_weight"},
-                         {args.k_weight, "k_weight"}});
+    check_pointers(who, {{args.q, "q"}, {args.k, "k"}, {args.v, "v"}});
+  if (args.qk_norm) check_pointers(who, {{args.q_weight, "q_weight"}, {args.k_weight, "k_weight"}});
   check(args.positions != nullptr, who, ": positions is null");
   check((args.key_cache == nullptr) == (args.value_cache == nullptr), who,
         ": key_cache and value_cache must both be given or both be null");
@@ -200,9 +207,9 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
                    args.slot_mapping, args.key_cache, args.value_cache, args.num_q_heads, args.num_kv_heads,
                    args.norm.eps, args.norm.clip, RopeTurns::of(args.head_dim, args.rope_theta), args.first_token};
   switch (args.head_dim) {
-    case 64: return launch_qk<64>(p, split, args.tokens, stream);
-    case 128: return launch_qk<128>(p, split, args.tokens, stream);
-    default: return launch_qk<256>(p, split, args.tokens, stream);
+    case 64: return launch_qk<64>(p, args.qk_norm, split, args.tokens, stream);
+    case 128: return launch_qk<128>(p, args.qk_norm, split, args.tokens, stream);
+    default: return launch_qk<256>(p, args.qk_norm, split, args.tokens, stream);
   }
 }
 

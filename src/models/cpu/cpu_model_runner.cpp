@@ -22,7 +22,6 @@ CpuModelRunner::CpuModelRunner(ModelWeights weights, int num_blocks, int block_s
     : num_blocks_(checked_num_blocks(num_blocks, block_size)), block_size_(block_size),
       weights_(to_float32(std::move(weights))), recipe_(recipe_of(weights_.config)) {
   const ModelConfig& c = weights_.config;
-  check(recipe_.qk_norm, "CpuModelRunner: models without q/k norm are not supported");
   // Qwen3 normalises with RMSNorm; AsyncT's every norm is a UClipNorm (docs/DESIGN.md §5).
   norm_ = recipe_.norm == NormKind::UClip ? NormConfig::uclip(recipe_.norm_eps, recipe_.norm_clip)
                                           : NormConfig::rms(recipe_.norm_eps);
@@ -50,10 +49,15 @@ Tensor CpuModelRunner::attention_block(int layer, const Tensor& x, const StepBat
   Tensor q = linear(x, w.q_proj).reshape({t, c.num_attention_heads, c.head_dim});
   Tensor k = linear(x, w.k_proj).reshape({t, c.num_key_value_heads, c.head_dim});
   Tensor v = linear(x, w.v_proj).reshape({t, c.num_key_value_heads, c.head_dim});
-  QkNormRopeOutput qk = qk_norm_rope_cache_write(q, k, v, w.q_norm, w.k_norm, norm_, batch.positions,
-                                                 c.rope_theta, key_cache_[std::size_t(layer)],
-                                                 value_cache_[std::size_t(layer)], batch.slot_mapping);
-  KvCache cache = KvCache::paged(key_cache_[std::size_t(layer)], value_cache_[std::size_t(layer)], table);
+  Tensor& key_cache = key_cache_[std::size_t(layer)];
+  Tensor& value_cache = value_cache_[std::size_t(layer)];
+  // RoPE and the cache write, after the per-head q/k norm when the model has one (not Llama).
+  QkNormRopeOutput qk =
+      recipe_.qk_norm ? qk_norm_rope_cache_write(q, k, v, w.q_norm, w.k_norm, norm_, batch.positions, c.rope_theta,
+                                                 key_cache, value_cache, batch.slot_mapping)
+                      : rope_cache_write(q, k, v, batch.positions, c.rope_theta, key_cache, value_cache,
+                                         batch.slot_mapping);
+  KvCache cache = KvCache::paged(key_cache, value_cache, table);
   AttentionBatch ab{qk.q, batch.cu_seqlens_q, batch.kv_lens, &cache, 0.0f};
   Tensor o = attention(ab, gates_[std::size_t(layer)]);
   return linear(o.reshape({t, std::int64_t(c.num_attention_heads) * c.head_dim}), w.o_proj);

@@ -132,8 +132,10 @@ DeviceWeights upload_weights(const ModelWeights& w, const ArchitectureRecipe& re
     dl.input_layernorm = upload(l.input_layernorm);
     dl.qkv_proj = upload.rows({&l.q_proj, &l.k_proj, &l.v_proj});
     dl.o_proj = upload(l.o_proj);
-    dl.q_norm = upload(l.q_norm);
-    dl.k_norm = upload(l.k_norm);
+    if (recipe.qk_norm) {
+      dl.q_norm = upload(l.q_norm);
+      dl.k_norm = upload(l.k_norm);
+    }
     dl.post_attention_layernorm = upload(l.post_attention_layernorm);
     // The merged gate/up projection [2I, H] in blocks of gate and up rows (gated_linear).
     dl.gate_up_proj = upload.gate_up_rows(l.gate_proj, l.up_proj);

@@ -42,7 +42,6 @@ ModelForward::ModelForward(const ModelWeights& w, const ArchitectureRecipe& reci
                            cudaStream_t stream)
     : c_(w.config), recipe_(recipe), num_blocks_(num_blocks), block_size_(block_size),
       sm_count_(kernels::current_device_info().sm_count) {
-  check(recipe_.qk_norm, "CudaModelRunner: models without q/k norm are not supported");
   norm_.eps = recipe_.norm_eps;
   norm_.clip = recipe_.norm == NormKind::UClip ? recipe_.norm_clip : INFINITY;
   const std::size_t cache = std::size_t(num_blocks) * block_size * c_.num_key_value_heads * c_.head_dim;
@@ -69,20 +68,29 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
         gemm_.linear_for_reader(act.hidden.get(), layer.qkv_proj.get(), act.qkv.get(), act.linear_partials.get(),
                                 partial_floats, t, h, qd + 2 * kvd, stream);
     timer.mark("gemm");
-    // The decode tokens' q/k norm, RoPE and cache write happen in the decode kernel (it reads the
-    // projection); the prefill tokens' here, into dense q, k, v (the prefill kernel writes the
-    // cache itself).
-    if (shape.decodes < t) {
+    // With a q/k norm, the decode tokens' norm, RoPE and cache write happen in the decode kernel
+    // (it reads the projection); the prefill tokens' here, into dense q, k, v (the prefill kernel
+    // writes the cache itself). Without one (Llama) this kernel rotates every token and writes
+    // the cache for the decode kernel, which reads q (the prefill tokens' K/V are written again
+    // by the prefill kernel, the same values).
+    const bool decode_reads_projection = recipe_.qk_norm;
+    if (shape.decodes < t || !decode_reads_projection) {
       kernels::QkNormRopeArgs qk;
       qk.qkv = qkv_proj;
       qk.q = act.q.get();
       qk.k = act.k.get();
       qk.v_out = act.v.get();
+      qk.qk_norm = recipe_.qk_norm;
       qk.q_weight = layer.q_norm.get();
       qk.k_weight = layer.k_norm.get();
       qk.positions = step.positions;
       qk.tokens = t;
-      qk.first_token = shape.decodes;
+      qk.first_token = decode_reads_projection ? shape.decodes : 0;
+      if (!decode_reads_projection && shape.decodes > 0) {
+        qk.slot_mapping = step.slots;
+        qk.key_cache = layer.key_cache.get();
+        qk.value_cache = layer.value_cache.get();
+      }
       qk.num_q_heads = c_.num_attention_heads;
       qk.num_kv_heads = c_.num_key_value_heads;
       qk.head_dim = c_.head_dim;
@@ -181,14 +189,18 @@ void ModelForward::attention(DeviceLayer& l, const StepShape& shape, const StepP
                              const kernels::LinearOutput& qkv_proj, cudaStream_t stream) {
   if (shape.decodes > 0) {
     kernels::DecodeParams p = decode_params(l, step, shape.decodes, shape.max_blocks, shape.decode_kv_len);
-    kernels::DecodeProjection& pr = p.projection;  // the decode rows lead the projection
-    pr.qkv = qkv_proj;
-    pr.q_weight = l.q_norm.get();
-    pr.k_weight = l.k_norm.get();
-    pr.positions = step.positions;
-    pr.slot_mapping = step.slots;
-    pr.rope_theta = float(c_.rope_theta);
-    pr.norm = norm_;
+    if (recipe_.qk_norm) {
+      kernels::DecodeProjection& pr = p.projection;  // the decode rows lead the projection
+      pr.qkv = qkv_proj;
+      pr.q_weight = l.q_norm.get();
+      pr.k_weight = l.k_norm.get();
+      pr.positions = step.positions;
+      pr.slot_mapping = step.slots;
+      pr.rope_theta = float(c_.rope_theta);
+      pr.norm = norm_;
+    } else {
+      p.query = act.q.get();  // rotated, and the newest K/V cached, by the qk kernel (run)
+    }
     act.decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(p, p.num_splits)));
     p.workspace = act.decode_workspace.get();
     kernels::launch_decode(p, stream);

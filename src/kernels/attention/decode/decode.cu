@@ -11,7 +11,9 @@
 //     how long their math takes (bench/kv_read_probe.cu: warps loading 256-byte head rows
 //     themselves, 3 CTAs of 4 warps per SM, read 3.3 TB/s; bulk copies 4.3 TB/s);
 //   * the query heads that share a KV head are computed by its warp together, so each K/V row
-//     is read once for all of them (GQA);
+//     is read once for all of them (GQA). The warp's arithmetic is laid out for a power of two
+//     of heads (kGroup: 1, 2, 4 or 8); a group of 3, 5, 6 or 7 (kHeads) runs padded to the next
+//     power of two, the padding heads' q zero and their outputs never stored (decode_stage1);
 //   * a consumer warp reads its head's rows of a tile from the stage: a key's head_dim is spread
 //     over kLanesPerKey lanes (8 bf16 = 16 bytes each), kKeysPerLoad keys per warp read, kUnroll
 //     reads per tile. The dot products finish with a reduce-scatter inside the lane group, so
@@ -68,8 +70,12 @@ using namespace decode;  // the layout, the stage ring, the gates, the projectio
 constexpr int kMaxSplitCounters = 1 << 18;
 __device__ unsigned g_split_counters[kMaxSplitCounters];
 
-template <int kHeadDim, int kGroup, typename Gate>
+// kGroup: the query heads a consumer warp computes (a power of two); kHeads <= kGroup: those
+// that exist (the query heads per KV head). Heads kHeads .. kGroup - 1 are padding: q zero, the
+// async gate's parameters zero (P is 0), never stored.
+template <int kHeadDim, int kGroup, typename Gate, int kHeads>
 __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate gate) {
+  static_assert(kHeads >= 1 && kHeads <= kGroup && kGroup <= 2 * kHeads, "kGroup pads kHeads to a power of two");
   using L = Layout<kHeadDim, kGroup>;
   constexpr bool kSoftmax = is_softmax_gate<Gate>;
   using Ring = StageRing<kHeadDim, kGroup, Gate>;
@@ -122,23 +128,28 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   wait_for_prior_grids();  // q (or the projection), and the newest key the halo or V gathers may read
   allow_next_grid();
 
-  // A consumer warp: this lane's 8 elements of each query head, pre-scaled.
-  const int first_head = kv_head * kGroup;
+  // A consumer warp: this lane's 8 elements of each query head, pre-scaled (padding heads zero).
+  const int first_head = kv_head * kHeads;
   float q[kGroup][8];
   Bf16x8 newest_k{}, newest_v{};  // with writes_newest: the newest key's row, as written
   if (p.projection.enabled()) {
-    project_new_token<kHeadDim, kGroup>(a, seq, kv_head, writes_newest, q, newest_k, newest_v);
+    project_new_token<kHeadDim, kGroup, kHeads>(a, seq, kv_head, writes_newest, q, newest_k, newest_v);
   } else {
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h)
-      to_float8(load_bf16x8(p.query + ((long long)seq * p.num_q_heads + first_head + h) * kHeadDim + slice * 8), q[h]);
+    for (int h = 0; h < kGroup; ++h) {
+      if (h < kHeads)
+        to_float8(load_bf16x8(p.query + ((long long)seq * p.num_q_heads + first_head + h) * kHeadDim + slice * 8), q[h]);
+      else
+#pragma unroll
+        for (int e = 0; e < 8; ++e) q[h][e] = 0.0f;
+    }
   }
 #pragma unroll
   for (int h = 0; h < kGroup; ++h)
 #pragma unroll
     for (int e = 0; e < 8; ++e) q[h][e] *= a.scale;
   typename Gate::template State<kHeadDim, kGroup> state;
-  gate.template start<kHeadDim, kGroup>(state, first_head);
+  gate.template start<kHeadDim, kGroup, kHeads>(state, first_head);
   float o[kGroup][8] = {};
   unsigned long long counts[2] = {0, 0};  // non-zero P entries, V rows loaded
 
@@ -157,15 +168,17 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
     }
     gate.template finish<kHeadDim, kGroup>(state, scratch(warp), o);
   }
+  // Softmax counts every key once per computed head: the padding heads' share is not P.
+  if constexpr (kSoftmax && kHeads < kGroup) counts[0] = counts[0] / kGroup * kHeads;
   if (p.counters) {  // counts live in the lanes that own a key (non-zero P) and in lane 0
     if (counts[0]) atomicAdd(p.counters, counts[0]);
     if (counts[1]) atomicAdd(p.counters + 1, counts[1]);
   }
 
   // The warp's output: the lane groups that served different keys add up; then the lanes of
-  // the first group hold 8 elements each of every query head.
+  // the first group hold 8 elements each of every query head (the padding heads are dropped).
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
+  for (int h = 0; h < kHeads; ++h) {
 #pragma unroll
     for (int off = L::kLanesPerKey; off < 32; off <<= 1) {
 #pragma unroll
@@ -175,7 +188,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   }
   const long long first_row = (long long)seq * p.num_q_heads + first_head;
 #pragma unroll
-  for (int h = 0; h < kGroup && key_lane == 0; ++h) {
+  for (int h = 0; h < kHeads && key_lane == 0; ++h) {
     const long long row = first_row + h;
     if (a.partial_out == nullptr) {  // one split: finish here
       float out[8];
@@ -202,34 +215,40 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   // Several splits: the last CTA of the (head group, sequence) to arrive combines them.
   unsigned* counter = g_split_counters + (long long)seq * gridDim.x + blockIdx.x;
   if (!last_to_arrive(counter, unsigned(splits), [heads] { consumer_barrier(heads); })) return;
-  combine_splits<kHeadDim, kGroup, kSoftmax>(a, splits, first_row);
+  combine_splits<kHeadDim, kHeads, kSoftmax>(a, splits, first_row);
 }
 
-template <int kHeadDim, int kGroup, typename Gate>
+template <int kHeadDim, int kGroup, int kHeads, typename Gate>
 void launch_with(const Stage1Args& a, const Gate& gate, int splits, cudaStream_t stream) {
   using Ring = StageRing<kHeadDim, kGroup, Gate>;
   static const bool big_shared_memory_allowed = [] {  // above 48 KB needs an opt-in, once
-    ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(decode_stage1<kHeadDim, kGroup, Gate>,
+    ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(decode_stage1<kHeadDim, kGroup, Gate, kHeads>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(Ring::bytes(kMaxHeadsPerCta))));
     return true;
   }();
   (void)big_shared_memory_allowed;
   dim3 grid(a.p.kv.num_kv_heads / a.heads_per_cta, a.p.num_seqs, splits);
-  launch_dependent(decode_stage1<kHeadDim, kGroup, Gate>, grid, (a.heads_per_cta + 1) * 32,
+  launch_dependent(decode_stage1<kHeadDim, kGroup, Gate, kHeads>, grid, (a.heads_per_cta + 1) * 32,
                    Ring::bytes(a.heads_per_cta), stream, "decode_stage1", a, gate);
 }
 
+// A group of query heads per KV head that is not a power of two runs padded to the next one
+// (decode_stage1): groups 3, 5, 6 and 7 compute as 4, 8, 8 and 8 heads, reading K and V once.
 template <int kHeadDim, typename Gate>
 void dispatch_group(int group, const Stage1Args& a, const Gate& gate, int splits,
                     cudaStream_t stream) {
   switch (group) {
-    case 1: return launch_with<kHeadDim, 1>(a, gate, splits, stream);
-    case 2: return launch_with<kHeadDim, 2>(a, gate, splits, stream);
-    case 4: return launch_with<kHeadDim, 4>(a, gate, splits, stream);
-    case 8: return launch_with<kHeadDim, 8>(a, gate, splits, stream);
+    case 1: return launch_with<kHeadDim, 1, 1>(a, gate, splits, stream);
+    case 2: return launch_with<kHeadDim, 2, 2>(a, gate, splits, stream);
+    case 3: return launch_with<kHeadDim, 4, 3>(a, gate, splits, stream);
+    case 4: return launch_with<kHeadDim, 4, 4>(a, gate, splits, stream);
+    case 5: return launch_with<kHeadDim, 8, 5>(a, gate, splits, stream);
+    case 6: return launch_with<kHeadDim, 8, 6>(a, gate, splits, stream);
+    case 7: return launch_with<kHeadDim, 8, 7>(a, gate, splits, stream);
+    case 8: return launch_with<kHeadDim, 8, 8>(a, gate, splits, stream);
   }
-  check(false, "decode: ", group, " query heads per KV head; supported: 1, 2, 4, 8");
+  check(false, "decode: ", group, " query heads per KV head; supported: 1 to 8");
 }
 
 template <typename Gate>

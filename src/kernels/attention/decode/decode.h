@@ -1,5 +1,6 @@
 // Paged decode attention: one query token per sequence against its cached K/V (docs/DESIGN.md §4,
-// seed 000 §1.1.2). Async and softmax gates; sparse-P for async; split-K for long contexts.
+// seed 000 §1.1.2). Async and softmax gates; sparse-P for async; split-K for long contexts; 1 to
+// 8 query heads per KV head.
 #pragma once
 
 #include <cstddef>

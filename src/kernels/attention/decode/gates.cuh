@@ -29,8 +29,9 @@ struct SoftmaxGate : SoftmaxGatePolicy, SoftmaxGateDeviceParams {
   struct State {
     float max[kGroup], sum[kGroup];
   };
-  // The state before the first key, for the query heads first_head .. first_head+kGroup-1.
-  template <int kHeadDim, int kGroup>
+  // The state before the first key, for the query heads first_head .. first_head+kGroup-1
+  // (the first kHeads of them exist; see decode_stage1).
+  template <int kHeadDim, int kGroup, int kHeads>
   __device__ void start(State<kHeadDim, kGroup>& st, int /*first_head*/) const {
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) st.max[h] = -FLT_MAX, st.sum[h] = 0.0f;
@@ -146,9 +147,19 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
     // this lane holds column lane / 4, rows 2 (lane % 4) + {0, 1} and + {8, 9} of each k16 step.
     unsigned q_operand[scores_on_tensor_cores<Layout<kHeadDim, kGroup>>() ? kHeadDim / 16 : 1][2] = {};
   };
-  template <int kHeadDim, int kGroup>
+  // The lane's query head first_head + lane % kGroup; a padding head (kHeads and up, see
+  // decode_stage1) gates with zero parameters, so its P is 0 and it lists no V row.
+  template <int kHeadDim, int kGroup, int kHeads>
   __device__ void start(State<kHeadDim, kGroup>& st, int first_head) const {
-    const int head = first_head + int(threadIdx.x & 31) % kGroup;
+    const int head_in_group = int(threadIdx.x & 31) % kGroup;
+    if constexpr (kHeads < kGroup) {
+      if (head_in_group >= kHeads) {
+        st.alpha = st.sigma = st.gamma = 0.0f;
+        st.inv_window = 1.0f / float(window);
+        return;
+      }
+    }
+    const int head = first_head + head_in_group;
     st.alpha = alpha[head];
     st.sigma = sigma[head];
     st.gamma = gamma[head];

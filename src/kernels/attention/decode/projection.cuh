@@ -17,8 +17,10 @@ namespace asynct::kernels::decode {
 // for later steps and for the V gathers (which the consumer orders after these writes when it
 // reaches the newest key's tile), and returned (this lane's 8 values, bf16 as stored) for the
 // consumer to use in place of the stage's copy of that row, which the producer may have copied
-// before the write.
-template <int kHeadDim, int kGroup>
+// before the write. The warp computes kGroup heads of which the first kHeads exist (see
+// decode_stage1): a padding head loads the last real head's row (any readable row would do)
+// and its q is zero.
+template <int kHeadDim, int kGroup, int kHeads>
 __device__ void project_new_token(const Stage1Args& a, int seq, int kv_head, bool writes_newest,
                                   float (&q)[kGroup][8], Bf16x8& newest_k, Bf16x8& newest_v) {
   using L = Layout<kHeadDim, kGroup>;
@@ -33,7 +35,7 @@ __device__ void project_new_token(const Stage1Args& a, int seq, int kv_head, boo
   constexpr int kBatch = kSets <= 4 ? kSets : 2;
   std::int64_t at[kSets];
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) at[h] = row + std::int64_t(kv_head * kGroup + h) * kHeadDim;
+  for (int h = 0; h < kGroup; ++h) at[h] = row + std::int64_t(kv_head * kHeads + (h < kHeads ? h : kHeads - 1)) * kHeadDim;
   at[kKey] = row + std::int64_t(hq + kv_head) * kHeadDim;
   at[kValue] = row + std::int64_t(hq + hkv + kv_head) * kHeadDim;
   float x[kSets][8];
@@ -58,7 +60,7 @@ __device__ void project_new_token(const Stage1Args& a, int seq, int kv_head, boo
     head_norm8<kHeadDim>(x[h], pr.q_weight + 8 * slice, pr.norm.eps, pr.norm.clip);
     head_rope8<kHeadDim>(x[h], slice, rotation);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) q[h][e] = x[h][e];
+    for (int e = 0; e < 8; ++e) q[h][e] = h < kHeads ? x[h][e] : 0.0f;
   }
   if (!writes_newest) return;
   head_norm8<kHeadDim>(x[kKey], pr.k_weight + 8 * slice, pr.norm.eps, pr.norm.clip);

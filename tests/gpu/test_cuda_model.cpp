@@ -37,6 +37,7 @@ void add_sequence(StepBatch& b, const std::vector<std::int32_t>& tokens, int beg
   b.block_tables.push_back(table);
   b.logit_rows.push_back(b.num_tokens() - 1);
   b.full_logits.push_back(1);
+  b.sampling.push_back({});  // greedy
 }
 
 // The full logits a step returned, as a [rows, vocab] tensor (all rows must have been asked for).
@@ -56,7 +57,7 @@ void expect_summaries_match(const StepOutput& out, int vocab, const char* what) 
     const LogitSummary host = summarize_logits(out.logits[r], std::size_t(vocab));
     EXPECT_EQ(host.nonfinite, -1) << what << ", row " << r;
     EXPECT_EQ(out.summaries[r].nonfinite, -1) << what << ", row " << r;
-    EXPECT_EQ(out.summaries[r].greedy, host.greedy) << what << ", row " << r;
+    EXPECT_EQ(out.summaries[r].token, host.token) << what << ", row " << r;
   }
 }
 
@@ -220,7 +221,7 @@ TEST_P(CudaModel, DeviceGreedyTokensAreTheHostArgmax) {
     expect_summaries_match(a, vocab, what.c_str());
     ASSERT_EQ(g.summaries.size(), a.summaries.size());
     for (std::size_t r = 0; r < a.summaries.size(); ++r) {
-      EXPECT_EQ(g.summaries[r].greedy, a.summaries[r].greedy) << what << ", row " << r;
+      EXPECT_EQ(g.summaries[r].token, a.summaries[r].token) << what << ", row " << r;
       EXPECT_EQ(g.summaries[r].nonfinite, -1) << what << ", row " << r;
       EXPECT_EQ(g.logits[r], nullptr) << what << ", row " << r;
     }
@@ -228,7 +229,7 @@ TEST_P(CudaModel, DeviceGreedyTokensAreTheHostArgmax) {
     StepBatch next;
     for (int s = 0; s < 3; ++s) {
       auto& seq = seqs[std::size_t(s)];
-      seq.push_back(a.summaries[std::size_t(s)].greedy);
+      seq.push_back(a.summaries[std::size_t(s)].token);
       add_sequence(next, seq, int(seq.size()) - 1, int(seq.size()), tables[std::size_t(s)], block_size);
     }
     b = next;

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/parallel.h"
 #include "kernels/common/cuda_array.h"
 #include "kernels/common/cuda_check.h"
 #include "models/architecture.h"
@@ -12,6 +13,7 @@
 #include "models/cuda/graph_cache.h"
 #include "models/cuda/phase_timer.h"
 #include "models/cuda/step_metadata.h"
+#include "reference/sampler.h"
 
 namespace asynct {
 
@@ -24,6 +26,14 @@ bool cuda_device_available() {
 }
 
 namespace {
+
+// The rows whose token the device finds (the argmax of the raw logits, which is what a greedy
+// row without penalties draws); the others are drawn on the host in collect() from their logits
+// copied back (with the reference sampler), as are the logprobs of any row that asks for them.
+bool device_samples(const RowSampling& row) {
+  return row.params.temperature == 0.0f && !row.params.has_penalties();
+}
+bool needs_host_logits(const RowSampling& row) { return !device_samples(row) || row.params.logprobs >= 0; }
 
 // The runner's streams and the events between them. The copies between host and device run
 // beside the GPU's work (pipelined steps): a step's metadata goes up while the step before
@@ -80,18 +90,23 @@ struct CudaModelRunner::Impl {
   StepPointers step;
 
   // A submitted step until it is collected: where its results land on the host (pinned buffers
-  // reused from step to step), which rows it samples, and an event after its last copy back.
-  // Two at most (pipelined steps), collected oldest first.
+  // reused from step to step), which rows it samples and how, and an event after its last copy
+  // back. Two at most (pipelined steps), collected oldest first.
   struct QueuedStep {
     PinnedArray<LogitSummary> summaries_host;
-    PinnedArray<float> logits_host;  // [rows whose full logits the engine asked for, vocab]
+    PinnedArray<float> logits_host;  // [rows copied back, vocab]
+    std::vector<std::uint8_t> copied;  // [rows] whose logits come back: full_logits or needs_host_logits
     std::vector<std::uint8_t> full_logits;
+    std::vector<RowSampling> sampling;
+    std::vector<PenaltyToken> penalty_tokens;
+    std::vector<std::int32_t> newest;  // [rows] each row's input token
     int rows = 0;
     cudaEvent_t done = nullptr;
   };
   QueuedStep queued[2];
   int first_queued = 0, num_queued = 0;
   int last_submitted_rows = -1;  // sampling rows of the last step submitted (tokens_from_rows)
+  std::vector<std::uint8_t> last_device_sampled;  // [last_submitted_rows] rows whose token the device drew
   StepOutput output;             // of the last step collected
 
   bool use_graphs = true;
@@ -108,25 +123,33 @@ struct CudaModelRunner::Impl {
   }
 
   // Queues the copies of the results to the host: the full logits of the rows the engine asked
-  // for (consecutive rows in one copy) on the step's stream, where the next step cannot
-  // overwrite them first; then, once the step is computed, every row's summary on the download
-  // stream, beside the step queued after this one.
+  // for and of the rows sampled on the host (consecutive rows in one copy) on the step's
+  // stream, where the next step cannot overwrite them first; then, once the step is computed,
+  // every row's summary on the download stream, beside the step queued after this one.
   void download_results(const StepBatch& b, int rows, QueuedStep& q) {
     const std::size_t vocab = std::size_t(c.vocab_size);
     q.rows = rows;
     q.full_logits = b.full_logits;
-    q.summaries_host.reserve(std::size_t(std::max(rows, 1)));
+    q.sampling = b.sampling;
+    q.penalty_tokens = b.penalty_tokens;
+    q.copied.assign(std::size_t(rows), 0);
+    q.newest.assign(std::size_t(rows), 0);
     std::size_t wanted = 0;
-    for (std::uint8_t f : b.full_logits) wanted += f ? 1 : 0;
+    for (std::size_t i = 0; i < std::size_t(rows); ++i) {
+      q.copied[i] = b.full_logits[i] || needs_host_logits(b.sampling[i]) ? 1 : 0;
+      q.newest[i] = b.tokens[std::size_t(b.logit_rows[i])];  // a placeholder in a chained step: unused there
+      wanted += q.copied[i];
+    }
+    q.summaries_host.reserve(std::size_t(std::max(rows, 1)));
     if (wanted > 0) q.logits_host.reserve(wanted * vocab);
     std::size_t to = 0;
     for (int i = 0; i < rows;) {
-      if (!b.full_logits[std::size_t(i)]) {
+      if (!q.copied[std::size_t(i)]) {
         ++i;
         continue;
       }
       int end = i;
-      while (end < rows && b.full_logits[std::size_t(end)]) ++end;
+      while (end < rows && q.copied[std::size_t(end)]) ++end;
       const std::size_t n = std::size_t(end - i) * vocab;
       ASYNCT_CUDA_CHECK(cudaMemcpyAsync(q.logits_host.get() + to, forward.act.logits.get() + std::size_t(i) * vocab,
                                         n * sizeof(float), cudaMemcpyDeviceToHost, streams.compute));
@@ -143,14 +166,35 @@ struct CudaModelRunner::Impl {
     ASYNCT_CUDA_CHECK(cudaEventRecord(q.done, streams.download));
   }
 
-  // After the step's copies have landed: the StepOutput over its pinned results.
+  // After the step's copies have landed: the StepOutput over its pinned results, the rows the
+  // device did not draw drawn here, and the logprobs asked for.
   void unpack_results(const QueuedStep& q) {
-    const std::size_t vocab = std::size_t(c.vocab_size);
+    const std::size_t vocab = std::size_t(c.vocab_size), rows = std::size_t(q.rows);
     output.summaries.assign(q.summaries_host.get(), q.summaries_host.get() + q.rows);
-    output.logits.assign(std::size_t(q.rows), nullptr);
+    output.logits.assign(rows, nullptr);
+    output.top_logprobs.assign(rows, {});
+    std::vector<const float*> copied(rows, nullptr);
+    std::vector<std::size_t> on_host;  // rows sampled or given logprobs here
     std::size_t next = 0;
-    for (int i = 0; i < q.rows; ++i)
-      if (q.full_logits[std::size_t(i)]) output.logits[std::size_t(i)] = q.logits_host.get() + vocab * next++;
+    for (std::size_t i = 0; i < rows; ++i) {
+      if (q.copied[i]) copied[i] = q.logits_host.get() + vocab * next++;
+      if (q.full_logits[i]) output.logits[i] = copied[i];
+      if (needs_host_logits(q.sampling[i])) on_host.push_back(i);
+    }
+    parallel_for(on_host.size(), [&](std::size_t k) {
+      const std::size_t i = on_host[k];
+      const RowSampling& s = q.sampling[i];
+      LogitSummary& summary = output.summaries[i];
+      if (device_samples(s)) {  // the device's token stands (a step queued behind may have taken it)
+        if (summary.nonfinite < 0) fill_logprobs(copied[i], vocab, s.params.logprobs, summary, &output.top_logprobs[i]);
+        return;
+      }
+      const PenaltyContext penalties{
+          std::span<const PenaltyToken>(q.penalty_tokens).subspan(std::size_t(s.penalty_begin),
+                                                                  std::size_t(s.penalty_end - s.penalty_begin)),
+          q.newest[i], s.newest_is_output != 0};
+      summary = sample_logit_row(copied[i], vocab, s, penalties, &output.top_logprobs[i]);
+    });
   }
 };
 
@@ -172,6 +216,7 @@ CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int bloc
 CudaModelRunner::~CudaModelRunner() = default;
 
 int CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
+bool CudaModelRunner::samples_on_device(const RowSampling& row) const { return device_samples(row); }
 int CudaModelRunner::block_size() const { return impl_->block_size; }
 void CudaModelRunner::set_profiling(bool on) { impl_->timer.enabled = on; }
 void CudaModelRunner::set_cuda_graphs(bool on) { impl_->use_graphs = on; }
@@ -197,6 +242,14 @@ void CudaModelRunner::submit(const StepBatch& b) {
   check_step_batch(b, {m.num_blocks, m.block_size, m.c.vocab_size, m.c.max_position_embeddings,
                        std::max(0, m.last_submitted_rows)});
   const bool chained = !b.tokens_from_rows.empty();
+  // A chained step takes its tokens from the device: only from rows the device drew, and its own
+  // rows' penalties (drawn on the host) would need the token it takes there.
+  for (std::size_t i = 0; i < b.tokens_from_rows.size(); ++i)
+    check(m.last_device_sampled[std::size_t(b.tokens_from_rows[i])], "submit: token ", i, " takes row ",
+          b.tokens_from_rows[i], " of the step before, whose token this runner draws on the host");
+  for (std::size_t r = 0; r < b.sampling.size() && chained; ++r)
+    check(!b.sampling[r].params.has_penalties(), "submit: logit row ", r,
+          " of a chained step has penalties, which this runner applies on the host, without the chained token");
 
   // Split the step: leading one-token sequences to the decode kernel, the rest to prefill.
   // All-decode steps replay CUDA graphs (graph_cache.h), at a widened block-table width.
@@ -236,6 +289,8 @@ void CudaModelRunner::submit(const StepBatch& b) {
   m.download_results(b, rows, q);
   ++m.num_queued;
   m.last_submitted_rows = rows;
+  m.last_device_sampled.resize(std::size_t(rows));
+  for (std::size_t r = 0; r < std::size_t(rows); ++r) m.last_device_sampled[r] = device_samples(b.sampling[r]) ? 1 : 0;
   lap(m.host.launch);
 }
 

@@ -13,6 +13,7 @@
 #include "gpu/device_buffer.h"
 #include "models/cpu/cpu_model_runner.h"
 #include "models/cuda/cuda_model_runner.h"
+#include "reference/sampler.h"
 #include "support/compare.h"
 #include "support/expect_error.h"
 
@@ -233,6 +234,73 @@ TEST_P(CudaModel, DeviceGreedyTokensAreTheHostArgmax) {
       add_sequence(next, seq, int(seq.size()) - 1, int(seq.size()), tables[std::size_t(s)], block_size);
     }
     b = next;
+  }
+}
+
+// For now the runner draws only greedy rows without penalties on the device: the others come
+// back and are sampled on the host, each row's token, logprob and top logprobs the reference
+// sampler's on the logits that came back (a greedy row asking for logprobs keeps the device's
+// token). A step queued behind may take tokens only from rows the device drew, and the engine
+// queues none behind sampled rows.
+TEST_P(CudaModel, RowsSampledOnTheHostFollowTheReferenceSampler) {
+  testing::require_gpu();
+  const int block_size = 16;
+  ModelWeights w = random_weights(tiny_config(GetParam()), 26);
+  const int vocab = w.config.vocab_size;
+  CudaModelRunner gpu(w, 24, block_size, 64);
+  const std::vector<std::vector<std::int32_t>> seqs = {{1, 2, 3, 4, 2}, {9}, {7, 7, 8}, {5, 6}};
+  StepBatch b;
+  for (std::size_t s = 0; s < seqs.size(); ++s) add_sequence(b, seqs[s], 0, int(seqs[s].size()), {int(s)}, block_size);
+  b.sampling[0].params = {.temperature = 0.8f, .top_k = 20, .repetition_penalty = 1.3f, .presence_penalty = 0.5f,
+                          .seed = 5, .logprobs = 3};
+  b.sampling[0].step = 4;
+  b.penalty_tokens = {{1, 0, 1}, {2, 0, 1}, {3, 0, 1}, {4, 0, 1}};  // the prompt but its newest token
+  b.sampling[0].penalty_end = 4;
+  b.sampling[1].params = {.repetition_penalty = 1.5f, .logprobs = 0};  // greedy with penalties
+  b.sampling[1].penalty_begin = b.sampling[1].penalty_end = 4;
+  b.sampling[2].params = {.logprobs = 2};                               // greedy with logprobs
+  b.sampling[3].params = {.temperature = 1.2f, .min_p = 0.1f, .seed = 9};
+  EXPECT_FALSE(gpu.samples_on_device(b.sampling[0]));
+  EXPECT_FALSE(gpu.samples_on_device(b.sampling[1]));
+  EXPECT_TRUE(gpu.samples_on_device(b.sampling[2]));
+  EXPECT_FALSE(gpu.samples_on_device(b.sampling[3]));
+  const StepOutput& out = gpu.forward(b);
+  ASSERT_EQ(out.summaries.size(), 4u);
+  for (std::size_t r = 0; r < 4; ++r) {
+    const RowSampling& s = b.sampling[r];
+    const PenaltyContext penalties{std::span<const PenaltyToken>(b.penalty_tokens)
+                                       .subspan(std::size_t(s.penalty_begin), std::size_t(s.penalty_end - s.penalty_begin)),
+                                   b.tokens[std::size_t(b.logit_rows[r])], false};
+    std::vector<TopLogprob> top;
+    const LogitSummary want = sample_logit_row(out.logits[r], std::size_t(vocab), s, penalties, &top);
+    EXPECT_EQ(out.summaries[r].token, want.token) << "row " << r;
+    EXPECT_EQ(out.summaries[r].logprob, want.logprob) << "row " << r;
+    ASSERT_EQ(out.top_logprobs[r].size(), top.size()) << "row " << r;
+    for (std::size_t k = 0; k < top.size(); ++k) EXPECT_EQ(out.top_logprobs[r][k].id, top[k].id) << "row " << r;
+  }
+  StepBatch chained;
+  add_sequence(chained, {0, 0, 0, 0, 0, 0}, 5, 6, {0}, block_size);
+  chained.tokens_from_rows = {0};
+  testing::expect_error([&] { gpu.submit(chained); }, "whose token this runner draws on the host");
+
+  for (float temperature : {0.0f, 0.8f}) {
+    Engine e(std::make_unique<CudaModelRunner>(w, 24, block_size, 64), vocab, {});
+    for (int r = 0; r < 3; ++r) {
+      Request req;
+      for (int t = 0; t < 6 + 5 * r; ++t) req.prompt.push_back((t * 17 + r) % vocab);
+      req.max_tokens = 12;
+      req.sampling = {.temperature = temperature, .top_p = 0.9f, .frequency_penalty = temperature > 0 ? 0.5f : 0.0f,
+                      .seed = std::uint64_t(r), .logprobs = r};
+      e.add_request(req);
+    }
+    for (const RequestOutput& o : e.run_to_completion()) {
+      EXPECT_EQ(o.tokens.size(), 12u);
+      EXPECT_EQ(o.logprobs.size(), 12u);
+    }
+    if (temperature > 0.0f)
+      EXPECT_EQ(e.stats().pipelined_steps, 0);
+    else
+      EXPECT_GT(e.stats().pipelined_steps, 0);
   }
 }
 

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "core/host_device.h"
+
 namespace asynct {
 
 // The order of operations is the CPU reference sampler's (reference/sampler.h):
@@ -32,7 +34,7 @@ struct SamplingParams {
   std::uint64_t seed = 0;
   int logprobs = -1;                // -1: none; 0..20: the sampled token's logprob and this many top ones
   // Any of the three penalties differs from neutral (1, 0, 0).
-  bool has_penalties() const {
+  ASYNCT_HOST_DEVICE bool has_penalties() const {
     return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
   }
 };

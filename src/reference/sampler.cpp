@@ -8,17 +8,6 @@
 
 namespace asynct {
 
-double uniform_draw(std::uint64_t seed, std::uint64_t step) {
-  auto mix = [](std::uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  const std::uint64_t bits = mix(mix(seed) ^ step);
-  return double(bits >> 11) * 0x1.0p-53;  // 53 random bits
-}
-
 LogitSummary summarize_logits(const float* logits, std::size_t vocab) {
   LogitSummary s;
   float best = 0.0f;

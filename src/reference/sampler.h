@@ -12,11 +12,10 @@
 
 #include "core/logit_summary.h"
 #include "core/sampling_params.h"
+#include "core/uniform_draw.h"
 
 namespace asynct {
 
-// A uniform number in [0, 1) that depends only on (seed, step): splitmix64 of the pair.
-double uniform_draw(std::uint64_t seed, std::uint64_t step);
 
 // The greedy summary of a row in one pass: token = the argmax (lowest id on ties), the first
 // non-finite logit. logprob is left 0.

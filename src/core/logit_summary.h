@@ -1,7 +1,8 @@
-// What greedy sampling needs from one row of logits: the argmax (lowest id on ties) and the
-// lowest id whose logit is not finite. The host computes it in engine/sampler.h
-// (summarize_logits); the CUDA runner computes the same on the device (kernels/sampling.h) so
-// that greedy rows never leave the GPU. The layout is shared between the two.
+// What a runner gives back for one logit row without moving the vocabulary-wide row: the
+// row's token (its argmax, or the token drawn with the row's sampling parameters), the lowest id
+// whose raw logit is not finite, and the token's logprob when the row asks for logprobs. The
+// host computes it with the reference sampler (reference/sampler.h); the CUDA runner computes
+// the same on the device (kernels/sampling.h). The layout is shared between the two.
 #pragma once
 
 #include <cstdint>
@@ -9,9 +10,18 @@
 namespace asynct {
 
 struct LogitSummary {
-  std::int32_t greedy = 0;         // argmax, lowest id on ties (meaningless when nonfinite >= 0)
-  std::int32_t nonfinite = -1;     // lowest id with a NaN or infinite logit; -1: all finite
+  std::int32_t token = 0;          // the row's next token: the argmax (temperature 0) or the draw
+                                   // (meaningless when nonfinite >= 0)
+  std::int32_t nonfinite = -1;     // lowest id with a NaN or infinite RAW logit; -1: all finite
   float nonfinite_value = 0.0f;    // that logit
+  float logprob = 0.0f;            // log-probability of `token` under the raw logits (when the row
+                                   // asks for logprobs >= 0)
+};
+
+// One of a row's most likely tokens under the raw logits.
+struct TopLogprob {
+  std::int32_t id;
+  float logprob;
 };
 
 }  // namespace asynct

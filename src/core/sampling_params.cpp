@@ -11,6 +11,15 @@ void validate_sampling(const SamplingParams& p) {
         "sampling: temperature must be finite and >= 0, got ", p.temperature);
   check(p.top_k >= 0, "sampling: top_k must be >= 0, got ", p.top_k);
   check(p.top_p > 0.0f && p.top_p <= 1.0f, "sampling: top_p must be in (0, 1], got ", p.top_p);
+  check(p.min_p >= 0.0f && p.min_p <= 1.0f, "sampling: min_p must be in [0, 1], got ", p.min_p);
+  check(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0.0f,
+        "sampling: repetition_penalty must be finite and > 0, got ", p.repetition_penalty);
+  check(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f,
+        "sampling: presence_penalty must be in [-2, 2], got ", p.presence_penalty);
+  check(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f,
+        "sampling: frequency_penalty must be in [-2, 2], got ", p.frequency_penalty);
+  check(p.logprobs >= -1 && p.logprobs <= kMaxTopLogprobs, "sampling: logprobs must be in -1..", kMaxTopLogprobs,
+        " (-1: none), got ", p.logprobs);
 }
 
 }  // namespace asynct

@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
-#include "core/parallel.h"
+#include "reference/sampler.h"
 
 namespace asynct {
 
@@ -33,11 +34,15 @@ std::int64_t Engine::add_request(const Request& r) {
   for (const std::int32_t eos : r.eos_token_ids)
     check(eos >= 0 && eos < vocab_size_, "request: end-of-sequence token ", eos, " is outside the vocabulary [0, ",
           vocab_size_, ")");
+  for (const std::int32_t stop : r.stop_token_ids)
+    check(stop >= 0 && stop < vocab_size_, "request: stop token ", stop, " is outside the vocabulary [0, ", vocab_size_,
+          ")");
   validate_sampling(r.sampling);
   auto seq = std::make_unique<Sequence>();
   seq->id = next_id_++;
   seq->request = r;
   seq->tokens = r.prompt;
+  if (r.sampling.has_penalties()) seq->penalties.emplace(seq->tokens, r.prompt.size());
   waiting_.push_back(std::move(seq));
   return waiting_.back()->id;
 }
@@ -96,11 +101,21 @@ void Engine::schedule(StepState& s) {
   std::stable_partition(out.begin(), out.end(), [](const Scheduled& s) { return s.num_tokens == 1; });
 }
 
-bool Engine::finished(const Sequence& seq, std::string* reason) const {
+void Engine::append_token(Sequence& seq, std::int32_t token) {
+  if (seq.penalties) seq.penalties->add(seq.tokens.back(), seq.num_generated > 0);
+  seq.tokens.push_back(token);
+  ++seq.num_generated;
+}
+
+bool Engine::finished(const Sequence& seq, bool go_on, std::string* reason) const {
   const std::int32_t last = seq.tokens.back();
-  const std::vector<std::int32_t>& eos = seq.request.eos_token_ids;
-  if (std::find(eos.begin(), eos.end(), last) != eos.end()) {
+  const auto holds = [&](const std::vector<std::int32_t>& ids) { return std::find(ids.begin(), ids.end(), last) != ids.end(); };
+  if (holds(seq.request.eos_token_ids)) {
     *reason = "eos";
+    return true;
+  }
+  if (holds(seq.request.stop_token_ids) || !go_on) {
+    *reason = "stop";
     return true;
   }
   if (seq.num_generated >= seq.request.max_tokens) {
@@ -139,11 +154,36 @@ void Engine::build_batch(StepState& s) {
     if (end == int(seq.tokens.size())) {  // the whole sequence is in the cache: sample
       sample_row[i] = int(b.logit_rows.size());
       b.logit_rows.push_back(b.num_tokens() - 1);
-      // Greedy rows need only their argmax, which the runner gives for every row.
+      // The runner samples every row; only recorded logits need to come back whole.
       const bool record = options_.record_first_logits && seq.num_generated == 0;
-      b.full_logits.push_back(seq.request.sampling.temperature > 0.0f || record ? 1 : 0);
+      b.full_logits.push_back(record ? 1 : 0);
+      add_row_sampling(b, seq, /*chained=*/false);
     }
   }
+}
+
+void Engine::add_row_sampling(StepBatch& b, const Sequence& seq, bool chained) const {
+  RowSampling row;
+  row.params = seq.request.sampling;
+  row.step = std::uint64_t(seq.num_generated) + (chained ? 1 : 0);
+  row.newest_is_output = chained || seq.num_generated > 0 ? 1 : 0;
+  row.penalty_begin = row.penalty_end = int(b.penalty_tokens.size());
+  if (seq.penalties) {
+    const std::vector<PenaltyToken>& history = seq.penalties->tokens();
+    b.penalty_tokens.insert(b.penalty_tokens.end(), history.begin(), history.end());
+    if (chained) {  // the sequence's newest token is not the row's newest: it joins the history
+      const std::int32_t newest = seq.tokens.back();
+      const int at = seq.penalties->find(newest);
+      if (at < 0) b.penalty_tokens.push_back({newest, 0, 0});
+      PenaltyToken& t = at < 0 ? b.penalty_tokens.back() : b.penalty_tokens[std::size_t(row.penalty_begin + at)];
+      if (seq.num_generated > 0)
+        ++t.output_count;
+      else
+        t.in_prompt = 1;
+    }
+    row.penalty_end = int(b.penalty_tokens.size());
+  }
+  b.sampling.push_back(row);
 }
 
 bool Engine::can_chain(const StepState& s) const {
@@ -153,9 +193,9 @@ bool Engine::can_chain(const StepState& s) const {
   for (std::size_t i = 0; i < s.scheduled.size(); ++i) {
     const Sequence* seq = s.scheduled[i].seq;
     if (seq == nullptr || s.scheduled[i].num_tokens != 1 || s.sample_row[i] < 0) return false;
-    // Greedy, and not ended by length by this step's token (an end of sequence still may: the
-    // next step's row for it is then dropped).
-    if (s.batch.full_logits[std::size_t(s.sample_row[i])]) return false;
+    // Its token drawn where the step runs, and not ended by length by it (an end of sequence,
+    // a stop token or on_token still may: the next step's row for it is then dropped).
+    if (!runner_->samples_on_device(s.batch.sampling[std::size_t(s.sample_row[i])])) return false;
     if (seq->num_generated + 1 >= seq->request.max_tokens) return false;
     new_blocks += std::max<std::int64_t>(0, blocks_.blocks_for(seq->num_computed + 2) - std::int64_t(seq->block_table.size()));
   }
@@ -163,7 +203,7 @@ bool Engine::can_chain(const StepState& s) const {
 }
 
 // The step after `s` (not yet collected): each sequence's next position, one past the one `s`
-// computes, its token the greedy token of the sequence's row in `s`.
+// computes, its token the one the runner draws for the sequence's row in `s`.
 void Engine::build_chained_batch(const StepState& s, StepState& next) {
   next.chained = true;
   next.scheduled = s.scheduled;
@@ -186,12 +226,14 @@ void Engine::build_chained_batch(const StepState& s, StepState& next) {
     b.block_tables[i].assign(seq.block_table.begin(), seq.block_table.end());
     next.sample_row[i] = int(i);
     b.logit_rows.push_back(int(i));
+    add_row_sampling(b, seq, /*chained=*/true);
   }
 }
 
 std::vector<RequestOutput> Engine::step() {
   using Clock = std::chrono::steady_clock;
   const auto ms_since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
+  if (!unreported_.empty()) return std::exchange(unreported_, {});  // an on_token threw in the step before
   auto t = Clock::now();
   if (next_queued_) {  // the step queued behind the last one is this one
     std::swap(current_, next_);
@@ -227,10 +269,9 @@ std::vector<RequestOutput> Engine::step() {
   const StepOutput& out = runner_->collect();
   stats_.forward_ms += ms_since(t);
   ++stats_.steps;
+  std::vector<RequestOutput> done;
   try {
-    std::vector<RequestOutput> done = apply(current_, out);
-    stats_.last_step_ms = current_.submit_ms + ms_since(t);  // + collect() and apply()
-    return done;
+    done = apply(current_, out);
   } catch (...) {
     // The step's output is bad (e.g. a non-finite logit): the sequences are as they were, and
     // the step queued behind it, built on its tokens, is dropped.
@@ -240,35 +281,37 @@ std::vector<RequestOutput> Engine::step() {
     }
     throw;
   }
+  stats_.last_step_ms = current_.submit_ms + ms_since(t);  // + collect() and apply()
+  if (callback_error_) {  // the step is applied: the error goes to the caller, the outputs to the next step()
+    unreported_ = std::move(done);
+    std::rethrow_exception(std::exchange(callback_error_, nullptr));
+  }
+  return done;
 }
 
 std::vector<RequestOutput> Engine::apply(const StepState& s, const StepOutput& out) {
   using Clock = std::chrono::steady_clock;
   const auto t = Clock::now();
   const std::vector<Scheduled>& scheduled = s.scheduled;
-  check(out.summaries.size() == s.batch.logit_rows.size() && out.logits.size() == s.batch.logit_rows.size(),
-        "engine: the runner returned ", out.summaries.size(), " rows for ", s.batch.logit_rows.size(), " logit rows");
-  // Before any sequence changes: every sampled row must be finite (greedy or not, a NaN or an
-  // infinity is an error) and present when its full logits were asked for.
-  std::vector<std::size_t> tempered;  // indices into scheduled of rows drawn with a temperature
+  const std::size_t rows = s.batch.logit_rows.size();
+  check(out.summaries.size() == rows && out.logits.size() == rows && out.top_logprobs.size() == rows,
+        "engine: the runner returned ", out.summaries.size(), " rows for ", rows, " logit rows");
+  // Before any sequence changes: every sampled row must be finite (a NaN or an infinity is an
+  // error), its token in the vocabulary, and its full logits and top logprobs there when asked.
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
     const int row = s.sample_row[i];
     if (row < 0 || scheduled[i].seq == nullptr) continue;
-    check_finite(out.summaries[std::size_t(row)]);
+    const LogitSummary& summary = out.summaries[std::size_t(row)];
+    check_finite(summary);
+    check(summary.token >= 0 && summary.token < vocab_size_, "engine: the runner gave token ", summary.token,
+          " for logit row ", row, ", outside the vocabulary [0, ", vocab_size_, ")");
     check(!s.batch.full_logits[std::size_t(row)] || out.logits[std::size_t(row)],
           "engine: the runner did not return logit row ", row);
-    if (scheduled[i].seq->request.sampling.temperature > 0.0f) tempered.push_back(i);
+    const int top = scheduled[i].seq->request.sampling.logprobs;
+    check(top <= 0 || out.top_logprobs[std::size_t(row)].size() == std::size_t(std::min(top, vocab_size_)),
+          "engine: the runner returned ", out.top_logprobs[std::size_t(row)].size(), " top logprobs for logit row ",
+          row, ", which asked for ", top);
   }
-  // A row drawn with a temperature takes 0.3-3 ms on the host at a 152K vocabulary (greedy rows
-  // take their token from the summary): the rows are independent and each draw depends only
-  // on its own (seed, step), so they run in parallel with the same result as in sequence.
-  std::vector<int> drawn(scheduled.size(), -1);
-  parallel_for(tempered.size(), [&](std::size_t k) {
-    const std::size_t i = tempered[k];
-    const Sequence& seq = *scheduled[i].seq;
-    drawn[i] = sample_token(out.logits[std::size_t(s.sample_row[i])], std::size_t(vocab_size_), seq.request.sampling,
-                            std::uint64_t(seq.num_generated));
-  });
   std::vector<RequestOutput> done;
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
     if (scheduled[i].seq == nullptr) continue;  // finished in the step before
@@ -277,18 +320,37 @@ std::vector<RequestOutput> Engine::apply(const StepState& s, const StepOutput& o
     if (s.chained) stats_.decode_tokens += scheduled[i].num_tokens;
     const int row = s.sample_row[i];
     if (row < 0) continue;
+    const LogitSummary& summary = out.summaries[std::size_t(row)];
     const float* logits = out.logits[std::size_t(row)];
     if (options_.record_first_logits && seq.num_generated == 0) seq.first_logits.assign(logits, logits + vocab_size_);
-    seq.tokens.push_back(drawn[i] >= 0 ? drawn[i] : out.summaries[std::size_t(row)].greedy);
-    ++seq.num_generated;
+    append_token(seq, summary.token);
+    const int logprobs = seq.request.sampling.logprobs;
+    if (logprobs >= 0) seq.logprobs.push_back(summary.logprob);
+    if (logprobs > 0) seq.top_logprobs.push_back(out.top_logprobs[std::size_t(row)]);
+    bool go_on = true;
+    if (seq.request.on_token) {
+      GeneratedToken g;
+      g.request_id = seq.id;
+      g.token = summary.token;
+      if (logprobs >= 0) g.logprob = summary.logprob;
+      if (logprobs > 0) g.top_logprobs = out.top_logprobs[std::size_t(row)];
+      try {
+        go_on = seq.request.on_token(g);
+      } catch (...) {
+        if (!callback_error_) callback_error_ = std::current_exception();
+        go_on = false;
+      }
+    }
     std::string reason;
-    if (finished(seq, &reason)) {
+    if (finished(seq, go_on, &reason)) {
       RequestOutput o;
       o.id = seq.id;
       o.tokens.assign(seq.tokens.begin() + std::ptrdiff_t(seq.request.prompt.size()), seq.tokens.end());
       o.finish_reason = reason;
       o.preemptions = seq.preemptions;
       o.first_logits = std::move(seq.first_logits);
+      o.logprobs = std::move(seq.logprobs);
+      o.top_logprobs = std::move(seq.top_logprobs);
       done.push_back(std::move(o));
       // A step queued behind this one computed a token for it too: that row is dropped.
       if (next_queued_)

@@ -5,14 +5,18 @@
 
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/logit_summary.h"
+#include "core/sampling_params.h"
 #include "engine/block_manager.h"
 #include "engine/model_runner.h"
-#include "engine/sampler.h"
+#include "engine/penalty_history.h"
 
 namespace asynct {
 
@@ -21,10 +25,19 @@ struct EngineOptions {
   int max_num_batched_tokens = 2048;  // new tokens in one step (the chunked-prefill budget)
   int max_model_len = 4096;          // prompt + output tokens of one request
   bool record_first_logits = false;  // keep the logits each request's first token came from
-  // When every running sequence decodes greedily and none can end by length in this step, queue
-  // the next step before reading this one's tokens (the runner takes them where it sampled
-  // them), so that the GPU never waits for the host between decode steps. Same tokens either way.
+  // When every running sequence decodes, the runner draws each one's token where the step runs
+  // (ModelRunner::samples_on_device) and none can end by length in this step, queue the next
+  // step before reading this one's tokens (the runner takes them where it sampled them), so
+  // that the GPU never waits for the host between decode steps. Same tokens either way.
   bool pipeline_steps = true;
+};
+
+// What a request's stream sees, one per generated token.
+struct GeneratedToken {
+  std::int64_t request_id = 0;
+  std::int32_t token = 0;
+  float logprob = 0.0f;                    // when the request asks for logprobs (>= 0); else 0
+  std::vector<TopLogprob> top_logprobs;    // when it asks for logprobs > 0; else empty
 };
 
 struct Request {
@@ -34,14 +47,26 @@ struct Request {
   // The request ends when it generates any of these (each in the vocabulary); empty: it runs
   // to max_tokens.
   std::vector<std::int32_t> eos_token_ids;
+  // The request ends with finish_reason "stop" when it generates any of these (each in the
+  // vocabulary); the token is kept in the output, as an end-of-sequence token is.
+  std::vector<std::int32_t> stop_token_ids;
+  // Called for every generated token, in order, from inside Engine::step(). Returning false
+  // ends the request now with finish_reason "stop" (a stop string matched; a client left).
+  // An exception from it ends the request the same way, and is rethrown from step() once the
+  // step is fully applied; the requests that finished in that step come from the next step().
+  std::function<bool(const GeneratedToken&)> on_token;
 };
 
 struct RequestOutput {
   std::int64_t id = 0;
   std::vector<std::int32_t> tokens;  // generated tokens
-  std::string finish_reason;         // "length" or "eos"
+  // "eos" (an end-of-sequence token; before the others), "stop" (a stop token, or on_token
+  // ended it), "length" (max_tokens).
+  std::string finish_reason;
   int preemptions = 0;
   std::vector<float> first_logits;   // with EngineOptions::record_first_logits
+  std::vector<float> logprobs;       // [tokens] when sampling.logprobs >= 0: each token's, under the raw logits
+  std::vector<std::vector<TopLogprob>> top_logprobs;  // [tokens] when sampling.logprobs > 0
 };
 
 struct EngineStats {
@@ -54,8 +79,8 @@ struct EngineStats {
   std::int64_t prefill_tokens = 0, decode_tokens = 0;
   std::int64_t pipelined_steps = 0;  // steps queued before the step they continue was read
   // Host wall-clock time of the parts of step(), in milliseconds: scheduling and building the
-  // batches; the runner's submit() and collect() (the wait for the GPU); sampling and
-  // bookkeeping after it.
+  // batches; the runner's submit() and collect() (the wait for the GPU, and the runner's
+  // sampling); reading the tokens into the sequences after it (sample_ms).
   double schedule_ms = 0, forward_ms = 0, sample_ms = 0;
   // Host wall-clock time, in ms, of the step step() collected last: building and submitting
   // it, waiting for it in collect() and reading its output. A step queued ahead (pipelining)
@@ -70,10 +95,13 @@ class Engine {
  public:
   Engine(std::unique_ptr<ModelRunner> runner, int vocab_size, EngineOptions options = {});
 
-  // Queues a request; throws Error for an empty prompt, out-of-vocabulary ids, or a request
-  // that could never fit (prompt + max_tokens over max_model_len or over the whole cache).
+  // Queues a request; throws Error for an empty prompt, out-of-vocabulary ids (prompt, end and
+  // stop tokens), sampling parameters out of range (validate_sampling), or a request that could
+  // never fit (prompt + max_tokens over max_model_len or over the whole cache).
   std::int64_t add_request(const Request& request);
-  bool has_unfinished() const { return !waiting_.empty() || !running_.empty() || next_queued_; }
+  bool has_unfinished() const {
+    return !waiting_.empty() || !running_.empty() || next_queued_ || !unreported_.empty();
+  }
   // Runs one step; returns the requests that finished in it.
   std::vector<RequestOutput> step();
   // Runs until every queued request finishes; outputs in the order the requests were added.
@@ -93,6 +121,9 @@ class Engine {
     std::vector<int> block_table;
     int preemptions = 0;
     std::vector<float> first_logits;
+    std::optional<PenaltyHistory> penalties;  // only when the request has penalties
+    std::vector<float> logprobs;
+    std::vector<std::vector<TopLogprob>> top_logprobs;
   };
   struct Scheduled {
     Sequence* seq;   // null once the sequence finished in the step before (pipelining)
@@ -110,6 +141,9 @@ class Engine {
 
   void schedule(StepState& s);     // fills s.scheduled
   void build_batch(StepState& s);  // fills s.batch and s.sample_row from s.scheduled
+  // Appends the sampling of `seq`'s next row to a batch: of the token after its newest, or,
+  // in a chained batch, of the token after the one the step before draws for it.
+  void add_row_sampling(StepBatch& b, const Sequence& seq, bool chained) const;
   // Whether the step after `s` is known before s's tokens are (see EngineOptions::pipeline_steps),
   // and that step, every sequence one token further, its tokens taken from s's rows.
   bool can_chain(const StepState& s) const;
@@ -117,7 +151,9 @@ class Engine {
   // Reads a step's output into its sequences; returns the requests that finished.
   std::vector<RequestOutput> apply(const StepState& s, const StepOutput& out);
   void preempt(Sequence* seq);
-  bool finished(const Sequence& seq, std::string* reason) const;
+  static void append_token(Sequence& seq, std::int32_t token);
+  // Whether `seq` ends with the token it just generated (`go_on`: what on_token said), and why.
+  bool finished(const Sequence& seq, bool go_on, std::string* reason) const;
 
   std::unique_ptr<ModelRunner> runner_;
   int vocab_size_;
@@ -130,6 +166,10 @@ class Engine {
   StepState current_;         // the step step() submits (or finds queued) and collects
   StepState next_;            // the step queued behind it, when next_queued_
   bool next_queued_ = false;
+  // A step whose on_token threw: the error step() rethrows, and the requests that finished in
+  // that step, which the next step() returns.
+  std::exception_ptr callback_error_;
+  std::vector<RequestOutput> unreported_;
 };
 
 }  // namespace asynct

@@ -16,8 +16,9 @@ namespace asynct {
 // What a step gives back for each row of StepBatch::logit_rows. It belongs to the runner and
 // stays valid (logits included) until the next collect() (or forward()).
 struct StepOutput {
-  std::vector<LogitSummary> summaries;  // [rows] greedy token and first non-finite logit
+  std::vector<LogitSummary> summaries;  // [rows] the row's token (sampled by the runner), first non-finite logit, logprob
   std::vector<const float*> logits;     // [rows] float32 [vocab] where full_logits asked, else null
+  std::vector<std::vector<TopLogprob>> top_logprobs;  // [rows] filled for rows with params.logprobs > 0
 };
 
 class ModelRunner {
@@ -36,6 +37,13 @@ class ModelRunner {
   // Whether a second step may be submitted before the first is collected, and batches may take
   // their tokens from the step before (StepBatch::tokens_from_rows).
   virtual bool pipelines_steps() const { return false; }
+  // Whether the runner draws the token of a row sampled this way where the step runs, so that
+  // a step queued behind may take it from there (tokens_from_rows). The engine queues a step
+  // ahead only when every row of the step before is. The runner samples every row either way.
+  virtual bool samples_on_device(const RowSampling& row) const {
+    (void)row;
+    return true;
+  }
   virtual int num_blocks() const = 0;
   virtual int block_size() const = 0;
   // Time spent so far per phase of a step, in milliseconds, when the backend measures it; empty

@@ -43,6 +43,18 @@ void check_step_batch(const StepBatch& b, const StepBounds& bounds) {
     check(slot >= 0 && slot < cache_slots, "forward: slot ", slot, " outside the cache");
   }
   for (int row : b.logit_rows) check(row >= 0 && row < t, "forward: logit row ", row, " out of range");
+  check(b.sampling.size() == rows, "forward: sampling needs one entry per logit row");
+  for (std::size_t r = 0; r < rows; ++r) {
+    const RowSampling& s = b.sampling[r];
+    validate_sampling(s.params);
+    check(s.penalty_begin >= 0 && s.penalty_begin <= s.penalty_end && std::size_t(s.penalty_end) <= b.penalty_tokens.size(),
+          "forward: logit row ", r, "'s penalty tokens [", s.penalty_begin, ", ", s.penalty_end,
+          ") are not within penalty_tokens (", b.penalty_tokens.size(), ")");
+  }
+  for (const PenaltyToken& p : b.penalty_tokens) {
+    check(p.id >= 0 && p.id < bounds.vocab_size, "forward: penalty token id ", p.id, " outside the vocabulary");
+    check(p.output_count >= 0, "forward: penalty token ", p.id, " has a negative output count (", p.output_count, ")");
+  }
 }
 
 void check_block_size(int block_size, Backend backend) {

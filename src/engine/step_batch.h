@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/sampling_params.h"
+
 namespace asynct {
 
 // One step's batch, all sequences' new tokens flattened in sequence order.
@@ -18,14 +20,21 @@ struct StepBatch {
   std::vector<std::vector<int>> block_tables;  // [S] physical blocks of each sequence
   std::vector<std::int64_t> slot_mapping;      // [T] cache slot of each new token
   std::vector<int> logit_rows;           // flattened rows whose next-token logits are wanted
-  // [logit_rows.size()] non-zero where the engine reads that row's full logits (sampling with
-  // a temperature, or recording them); every other row only needs its greedy token, which a
-  // backend can find without moving the vocabulary-wide row anywhere.
+  // [logit_rows.size()] how each row draws its token. The runner samples every row itself
+  // (StepOutput::summaries[row].token).
+  std::vector<RowSampling> sampling;
+  // The distinct tokens of each penalised row's sequence EXCEPT its newest token (the row's
+  // input token, which the runner adds itself: in a chained step it is not on the host yet),
+  // row r's in [sampling[r].penalty_begin, penalty_end). Empty ranges for rows without penalties.
+  std::vector<PenaltyToken> penalty_tokens;
+  // [logit_rows.size()] non-zero where the engine reads that row's full logits (recording them:
+  // EngineOptions::record_first_logits); every other row's logits may stay where they were
+  // computed.
   std::vector<std::uint8_t> full_logits;
-  // Empty, or [T]: token i is the greedy token of row tokens_from_rows[i] of the step submitted
-  // just before this one, found by the runner where that step ran (`tokens` then holds
-  // placeholders). This is how a step is queued before the host has read the tokens it
-  // continues from (ModelRunner::pipelines_steps).
+  // Empty, or [T]: token i is the token (summaries[row].token, greedy or drawn) of row
+  // tokens_from_rows[i] of the step submitted just before this one, found by the runner where
+  // that step ran (`tokens` then holds placeholders). This is how a step is queued before the
+  // host has read the tokens it continues from (ModelRunner::pipelines_steps).
   std::vector<int> tokens_from_rows;
 
   int num_seqs() const { return int(kv_lens.size()); }
@@ -37,6 +46,8 @@ struct StepBatch {
     slot_mapping.clear();
     kv_lens.clear();
     logit_rows.clear();
+    sampling.clear();
+    penalty_tokens.clear();
     full_logits.clear();
     tokens_from_rows.clear();
     cu_seqlens_q.assign(1, 0);
@@ -58,7 +69,10 @@ struct StepBounds {
 // tokens_from_rows naming rows the step before did not sample; cu_seqlens_q not running from 0
 // to T; a sequence with no new token, more new tokens than its kv_len, or a kv_len its blocks
 // cannot hold; a block not in the cache; a token id outside the vocabulary; a position outside
-// 0 .. max_position_embeddings - 1; a slot outside the cache; a logit row outside 0 .. T - 1.
+// 0 .. max_position_embeddings - 1; a slot outside the cache; a logit row outside 0 .. T - 1;
+// sampling not one per logit row, a row's parameters out of range (validate_sampling), its
+// penalty range outside penalty_tokens, a penalty token outside the vocabulary or with a
+// negative count.
 // Both runners call it before a step touches anything, so a bad batch changes no state.
 void check_step_batch(const StepBatch& batch, const StepBounds& bounds);
 

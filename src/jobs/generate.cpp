@@ -132,7 +132,7 @@ int run_generate(const GenerateOptions& o) {
     r.prompt = prompts[i];
     r.max_tokens = o.max_tokens;
     // Each request its own stream: identical prompts draw different samples.
-    r.sampling = {o.temperature, o.top_k, o.top_p, o.seed + std::uint64_t(i)};
+    r.sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .seed = o.seed + std::uint64_t(i)};
     r.eos_token_ids = eos;
     engine.add_request(r);
   }

@@ -26,7 +26,21 @@ struct Scenario {
   int prompt_min, prompt_max;  // prompt lengths, seeded uniform in [min, max]
   int output;                  // tokens generated per request, EOS ignored
   bool by_name_only = false;   // not one of the default set: runs when --scenario names it
+  bool sampled = false;        // requests draw with sampled_params() instead of greedily
 };
+
+// A serving user's sampling: temperature, top-k, top-p and the three penalties, a seed per request.
+SamplingParams sampled_params(int request) {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 50;
+  p.top_p = 0.9f;
+  p.repetition_penalty = 1.1f;
+  p.presence_penalty = 0.3f;
+  p.frequency_penalty = 0.2f;
+  p.seed = std::uint64_t(request);
+  return p;
+}
 
 // docs/DESIGN.md §7, then single-stream decode (one user's latency; the decode-step GEMMs at one row).
 const Scenario kScenarios[] = {
@@ -35,6 +49,8 @@ const Scenario kScenarios[] = {
     {"decode_heavy_b32", 32, 256, 256, 512},
     {"long_decode_b32", 32, 8192, 8192, 256},
     {"decode_b1", 1, 256, 256, 512, true},
+    // decode_heavy_b32 with sampled_params(): what drawing on the device adds to a decode step.
+    {"decode_heavy_b32_sampled", 32, 256, 256, 512, true, true},
 };
 
 struct Run {
@@ -86,6 +102,7 @@ void warm_up(Engine& engine, const Scenario& s, int prompt_min, int output, cons
     Request r;
     for (int t = 0; t < prompt; ++t) r.prompt.push_back((i * 31 + t * 7 + 1) % vocab);
     r.max_tokens = std::min(output, 4);  // the first decode step of a shape runs eagerly, the second captures it
+    if (s.sampled) r.sampling = sampled_params(i);
     engine.add_request(r);
   }
   engine.run_to_completion();
@@ -131,6 +148,7 @@ Run run_scenario(const Scenario& s, Architecture arch, const ScenarioOptions& o)
     const int len = std::uniform_int_distribution<int>(prompt_min, prompt_max)(rng);
     for (int t = 0; t < len; ++t) r.prompt.push_back(std::uniform_int_distribution<int>(0, config.vocab_size - 1)(rng));
     r.max_tokens = output;  // no end-of-sequence tokens: every request generates `output`
+    if (s.sampled) r.sampling = sampled_params(i);
     blocks += (len + output + o.block_size - 1) / o.block_size;
     longest = std::max(longest, len + output);
     requests.push_back(std::move(r));

@@ -1,12 +1,15 @@
 // The engine on the CPU backend with the tiny AsyncT and Qwen3 models: batching, chunked
-// prefill and preemption must not change what a request generates; bad requests get errors.
+// prefill, preemption and pipelining must not change what a request generates; penalties,
+// stop tokens, the token callback and logprobs do what they say; bad requests get errors.
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include <gtest/gtest.h>
 
 #include "engine/engine.h"
 #include "models/cpu/cpu_model_runner.h"
+#include "reference/sampler.h"
 #include "support/expect_error.h"
 
 namespace asynct {
@@ -43,7 +46,10 @@ std::vector<Request> requests(float temperature) {
     Request r;
     r.prompt = prompts[i];
     r.max_tokens = 12 + int(i);
-    r.sampling = {temperature, temperature > 0 ? 50 : 0, temperature > 0 ? 0.9f : 1.0f, 1000 + i};
+    r.sampling = {.temperature = temperature,
+                  .top_k = temperature > 0 ? 50 : 0,
+                  .top_p = temperature > 0 ? 0.9f : 1.0f,
+                  .seed = 1000 + i};
     rs.push_back(r);
   }
   return rs;
@@ -138,11 +144,162 @@ TEST(Engine, PipelinedStepsEqualUnpipelined) {
   }
 }
 
-// Rows drawn with a temperature need the host: those steps are never queued ahead.
-TEST(Engine, SampledStepsAreNotPipelined) {
-  EngineStats stats;
-  run({Architecture::AsyncT}, requests(0.8f), &stats);
-  EXPECT_EQ(stats.pipelined_steps, 0);
+// Requests with every option: a temperature, top-k, top-p, min-p, the three penalties and
+// logprobs, with different seeds.
+std::vector<Request> sampled_requests() {
+  std::vector<Request> rs = requests(0.8f);
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    SamplingParams& p = rs[i].sampling;
+    p.min_p = 0.02f;
+    p.repetition_penalty = 1.2f;
+    p.presence_penalty = 0.4f;
+    p.frequency_penalty = 0.3f;
+    p.logprobs = int(i % 3);
+  }
+  return rs;
+}
+
+void expect_same_logprobs(const std::vector<RequestOutput>& a, const std::vector<RequestOutput>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].logprobs, b[i].logprobs) << "request " << i;
+    ASSERT_EQ(a[i].top_logprobs.size(), b[i].top_logprobs.size()) << "request " << i;
+    for (std::size_t t = 0; t < a[i].top_logprobs.size(); ++t) {
+      ASSERT_EQ(a[i].top_logprobs[t].size(), b[i].top_logprobs[t].size());
+      for (std::size_t k = 0; k < a[i].top_logprobs[t].size(); ++k) {
+        EXPECT_EQ(a[i].top_logprobs[t][k].id, b[i].top_logprobs[t][k].id);
+        EXPECT_EQ(a[i].top_logprobs[t][k].logprob, b[i].top_logprobs[t][k].logprob);
+      }
+    }
+  }
+}
+
+// The CPU runner draws every row where the step runs: sampled decode steps are queued ahead as
+// greedy ones are (the chained row's input token is the token drawn for the row before, and
+// its penalties count it), with the same tokens as steps run one at a time, also when a
+// request ends at an end-of-sequence token with a step queued behind it.
+TEST(Engine, PipelinedSampledStepsEqualUnpipelined) {
+  for (Architecture arch : {Architecture::AsyncT, Architecture::Qwen3}) {
+    std::vector<Request> rs = sampled_requests();
+    const auto full = generate({arch}, rs);
+    rs[1].eos_token_ids = {full[1][4]};
+    EngineStats pipelined, plain;
+    const auto a = run({arch}, rs, &pipelined);
+    const auto b = run({arch, 64, 16, 2048, 64, /*pipeline=*/false}, rs, &plain);
+    expect_same_outputs(a, b);
+    expect_same_logprobs(a, b);
+    EXPECT_EQ(a[1].finish_reason, "eos");
+    EXPECT_GT(pipelined.pipelined_steps, 0);
+    EXPECT_EQ(plain.pipelined_steps, 0);
+    EXPECT_EQ(pipelined.decode_tokens, plain.decode_tokens);
+  }
+}
+
+// The CPU runner as a runner that draws only greedy rows without penalties where the step runs
+// (what the CUDA runner does for now): the engine queues no step behind a step with other rows.
+class DeviceGreedyOnlyRunner : public CpuModelRunner {
+ public:
+  using CpuModelRunner::CpuModelRunner;
+  bool samples_on_device(const RowSampling& row) const override {
+    return row.params.temperature == 0.0f && !row.params.has_penalties();
+  }
+};
+
+TEST(Engine, StepsWithRowsTheRunnerDrawsOnTheHostAreNotChained) {
+  for (float temperature : {0.0f, 0.8f}) {
+    ModelWeights w = random_weights(tiny_config(Architecture::AsyncT), 7);
+    const int vocab = w.config.vocab_size;
+    Engine e(std::make_unique<DeviceGreedyOnlyRunner>(std::move(w), 64, 16), vocab, engine_options({Architecture::AsyncT}));
+    const std::vector<Request> rs = requests(temperature);
+    for (const Request& r : rs) e.add_request(r);
+    expect_same_outputs(e.run_to_completion(), run({Architecture::AsyncT}, rs));
+    if (temperature > 0.0f)
+      EXPECT_EQ(e.stats().pipelined_steps, 0);
+    else
+      EXPECT_GT(e.stats().pipelined_steps, 0);
+  }
+}
+
+// The definition, without the engine: each step runs the whole sequence as one prefill in a
+// fresh runner, penalises its last row's raw logits by counting the sequence (prompt and
+// output), and samples that row with the reference sampler at the request's step.
+std::vector<std::int32_t> generate_by_definition(Architecture arch, const Request& r) {
+  ModelWeights w = random_weights(tiny_config(arch), 7);
+  const int vocab = w.config.vocab_size;
+  CpuModelRunner runner(std::move(w), 64, 16);
+  std::vector<std::int32_t> seq = r.prompt, out;
+  for (int step = 0; step < r.max_tokens; ++step) {
+    const int n = int(seq.size());
+    StepBatch b;
+    b.tokens = seq;
+    b.cu_seqlens_q = {0, n};
+    b.kv_lens = {n};
+    b.block_tables.resize(1);
+    for (int block = 0; block * 16 < n; ++block) b.block_tables[0].push_back(block);
+    for (int pos = 0; pos < n; ++pos) {
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(pos);
+    }
+    b.logit_rows = {n - 1};
+    b.full_logits = {1};
+    b.sampling = {RowSampling{}};
+    const StepOutput& o = runner.forward(b);
+    std::vector<float> x(o.logits[0], o.logits[0] + vocab);
+    const SamplingParams& p = r.sampling;
+    for (int id = 0; id < vocab; ++id) {
+      int output = 0;
+      bool in_prompt = false;
+      for (std::size_t i = 0; i < seq.size(); ++i) {
+        if (seq[i] != id) continue;
+        if (i < r.prompt.size())
+          in_prompt = true;
+        else
+          ++output;
+      }
+      if (!in_prompt && output == 0) continue;
+      float& v = x[std::size_t(id)];
+      v = v > 0.0f ? v / p.repetition_penalty : v * p.repetition_penalty;
+      v -= p.frequency_penalty * float(output);
+      if (output > 0) v -= p.presence_penalty;
+    }
+    const std::int32_t token = sample_token(x, p, std::uint64_t(step));
+    seq.push_back(token);
+    out.push_back(token);
+  }
+  return out;
+}
+
+// Greedy and sampled, with and without penalties (encouraging ones too), the engine's tokens
+// are the definition's: the greedy output is the argmax chain, and the penalties apply to the
+// right tokens with the right counts, the newest included, batched, chunked and pipelined.
+TEST(Engine, PenaltiesAndSamplingFollowTheDefinition) {
+  const std::vector<SamplingParams> cases = {
+      {},                                                             // greedy
+      {.repetition_penalty = 1.8f},                                   //
+      {.presence_penalty = 1.5f, .frequency_penalty = 0.8f},          //
+      {.repetition_penalty = 0.7f, .frequency_penalty = -1.0f},       // encouraging repetition
+      {.temperature = 0.9f, .top_k = 20, .top_p = 0.95f, .min_p = 0.01f, .repetition_penalty = 1.3f,
+       .presence_penalty = 0.5f, .frequency_penalty = 0.5f, .seed = 77},
+  };
+  for (Architecture arch : {Architecture::AsyncT, Architecture::Qwen3}) {
+    std::vector<std::vector<std::vector<std::int32_t>>> outputs;
+    for (std::size_t c = 0; c < cases.size(); ++c) {
+      std::vector<Request> rs = requests(0.0f);
+      for (Request& r : rs) {
+        r.sampling = cases[c];
+        r.max_tokens = 8;
+      }
+      const auto got = generate({arch}, rs);
+      for (std::size_t i = 0; i < 2; ++i)  // (the definition runs a prefill per token: two requests)
+        EXPECT_EQ(got[i], generate_by_definition(arch, rs[i])) << "case " << c << ", request " << i;
+      outputs.push_back(got);
+      if (c + 1 == cases.size()) {
+        EXPECT_EQ(generate({arch, 64, 16, /*budget=*/5}, rs), got) << "chunked";
+      }
+    }
+    // The penalties change what the model generates.
+    for (std::size_t c = 1; c < 4; ++c) EXPECT_NE(outputs[c], outputs[0]) << "case " << c;
+  }
 }
 
 // A runner whose `fail_at`-th collected step has a non-finite logit in its first row.
@@ -185,9 +342,9 @@ TEST(Engine, AFailedStepDropsTheStepQueuedBehindIt) {
   expect_same_outputs(e.run_to_completion(), run(setup, rs));
 }
 
-// The runner's half of pipelining: a chained batch's token ids are the greedy tokens of the
-// step submitted before it; misuse is a clear error.
-TEST(CpuModelRunner, ChainedStepsTakeTheGreedyTokensOfTheStepBefore) {
+// The runner's half of pipelining: a chained batch's token ids are the tokens (greedy or drawn)
+// of the step submitted before it; misuse is a clear error.
+TEST(CpuModelRunner, ChainedStepsTakeTheTokensOfTheStepBefore) {
   ModelWeights w = random_weights(tiny_config(Architecture::AsyncT), 7);
   CpuModelRunner runner(w, 8, 16), plain(w, 8, 16);
   auto batch = [](std::vector<std::int32_t> tokens, int position) {
@@ -202,6 +359,9 @@ TEST(CpuModelRunner, ChainedStepsTakeTheGreedyTokensOfTheStepBefore) {
       b.block_tables.push_back({int(i)});
       b.logit_rows.push_back(int(i));
       b.full_logits.push_back(0);
+      RowSampling sampled;  // row 0 greedy, row 1 drawn
+      if (i == 1) sampled.params = {.temperature = 1.5f, .seed = 3};
+      b.sampling.push_back(sampled);
     }
     return b;
   };
@@ -213,9 +373,9 @@ TEST(CpuModelRunner, ChainedStepsTakeTheGreedyTokensOfTheStepBefore) {
   const std::vector<LogitSummary> a = runner.collect().summaries;
   const std::vector<LogitSummary> b = runner.collect().summaries;
   plain.forward(first);
-  const StepOutput& expected = plain.forward(batch({a[1].greedy, a[0].greedy}, 1));
+  const StepOutput& expected = plain.forward(batch({a[1].token, a[0].token}, 1));
   ASSERT_EQ(b.size(), 2u);
-  for (std::size_t i = 0; i < 2; ++i) EXPECT_EQ(b[i].greedy, expected.summaries[i].greedy) << "row " << i;
+  for (std::size_t i = 0; i < 2; ++i) EXPECT_EQ(b[i].token, expected.summaries[i].token) << "row " << i;
 
   expect_error([&] { runner.collect(); }, "collect: no step was submitted");
   StepBatch bad = chained;
@@ -301,6 +461,160 @@ TEST(Engine, RecordedFirstLogitsGiveTheFirstGreedyToken) {
   }
 }
 
+// A stop token ends the request with "stop" and stays in the output; an end-of-sequence token
+// that is also a stop token says "eos".
+TEST(Engine, StopTokensEndWithStop) {
+  std::vector<Request> rs = requests(0.0f);
+  const auto full = generate({Architecture::Qwen3}, {rs[0]})[0];
+  const auto first_of = [&](std::int32_t id) { return std::find(full.begin(), full.end(), id) - full.begin(); };
+  Request r = rs[0];
+  r.stop_token_ids = {full[6], full[4]};
+  for (bool also_eos : {false, true}) {
+    if (also_eos) r.eos_token_ids = {full[4]};
+    Engine e = make_engine({Architecture::Qwen3});
+    e.add_request(r);
+    const auto out = e.run_to_completion();
+    const std::int64_t length = std::min(first_of(full[6]), first_of(full[4])) + 1;
+    EXPECT_EQ(std::int64_t(out[0].tokens.size()), length);
+    EXPECT_EQ(std::vector<std::int32_t>(full.begin(), full.begin() + std::ptrdiff_t(length)), out[0].tokens);
+    EXPECT_EQ(out[0].finish_reason, also_eos && out[0].tokens.back() == full[4] ? "eos" : "stop");
+  }
+}
+
+// on_token sees every generated token of every request, in order, with its logprobs when the
+// request asks for them; pipelined or not.
+TEST(Engine, OnTokenSeesEveryTokenInOrder) {
+  for (bool pipeline : {true, false}) {
+    for (float temperature : {0.0f, 0.8f}) {
+      Engine e = make_engine({Architecture::AsyncT, 64, 16, 2048, 64, pipeline});
+      std::map<std::int64_t, std::vector<GeneratedToken>> seen;
+      std::vector<Request> rs = temperature > 0 ? sampled_requests() : requests(0.0f);
+      std::vector<std::int64_t> ids;
+      for (Request& r : rs) {
+        r.on_token = [&seen](const GeneratedToken& g) {
+          seen[g.request_id].push_back(g);
+          return true;
+        };
+        ids.push_back(e.add_request(r));
+      }
+      const auto out = e.run_to_completion();
+      ASSERT_EQ(out.size(), rs.size());
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        const std::vector<GeneratedToken>& g = seen[ids[i]];
+        ASSERT_EQ(g.size(), out[i].tokens.size()) << "request " << i;
+        for (std::size_t t = 0; t < g.size(); ++t) {
+          EXPECT_EQ(g[t].token, out[i].tokens[t]) << "request " << i << ", token " << t;
+          if (!out[i].logprobs.empty()) {
+            EXPECT_EQ(g[t].logprob, out[i].logprobs[t]);
+          }
+          EXPECT_EQ(g[t].top_logprobs.size(), out[i].top_logprobs.empty() ? 0 : out[i].top_logprobs[t].size());
+        }
+      }
+    }
+  }
+}
+
+// on_token returning false ends the request at once with "stop" (its token kept); the others
+// run on unchanged, and a step queued behind drops the request's row.
+TEST(Engine, OnTokenReturningFalseStopsTheRequestAtOnce) {
+  const std::vector<Request> rs = requests(0.0f);
+  const auto full = generate({Architecture::AsyncT}, rs);
+  std::vector<RequestOutput> by_pipelining[2];
+  EngineStats stats[2];
+  for (bool pipeline : {true, false}) {
+    std::vector<Request> stopped = rs;
+    int calls = 0;
+    stopped[0].on_token = [&calls](const GeneratedToken&) { return ++calls < 3; };
+    const auto out = run({Architecture::AsyncT, 64, 16, 2048, 64, pipeline}, stopped, &stats[pipeline]);
+    EXPECT_EQ(calls, 3);
+    EXPECT_EQ(out[0].finish_reason, "stop");
+    EXPECT_EQ(out[0].tokens, std::vector<std::int32_t>(full[0].begin(), full[0].begin() + 3));
+    for (std::size_t i = 1; i < rs.size(); ++i) {
+      EXPECT_EQ(out[i].tokens, full[i]) << "request " << i;
+      EXPECT_EQ(out[i].finish_reason, "length") << "request " << i;
+    }
+    by_pipelining[pipeline] = out;
+  }
+  EXPECT_GT(stats[1].pipelined_steps, 0);
+  EXPECT_EQ(stats[1].decode_tokens, stats[0].decode_tokens);  // the dropped row is not counted
+}
+
+// An exception from on_token ends its request and reaches the caller of step() once the step
+// is applied; that step's finished requests come from the next step(), and the rest run on.
+TEST(Engine, AnExceptionFromOnTokenReachesTheCallerAfterTheStep) {
+  const std::vector<Request> rs = requests(0.0f);
+  const auto full = generate({Architecture::AsyncT}, rs);
+  std::vector<Request> throwing = rs;
+  throwing[1].max_tokens = 2;  // finishes in the step whose callback throws
+  int calls = 0;
+  throwing[0].on_token = [&calls](const GeneratedToken&) -> bool {
+    if (++calls == 2) throw Error("client went away");
+    return true;
+  };
+  Engine e = make_engine({Architecture::AsyncT});
+  for (const Request& r : throwing) e.add_request(r);
+  std::map<std::int64_t, RequestOutput> out;
+  int errors = 0;
+  while (e.has_unfinished()) {
+    try {
+      for (RequestOutput& o : e.step()) out[o.id] = std::move(o);
+    } catch (const Error& err) {
+      EXPECT_STREQ(err.what(), "client went away");
+      ++errors;
+    }
+  }
+  EXPECT_EQ(errors, 1);
+  ASSERT_EQ(out.size(), rs.size());
+  EXPECT_EQ(out[0].finish_reason, "stop");
+  EXPECT_EQ(out[0].tokens, std::vector<std::int32_t>(full[0].begin(), full[0].begin() + 2));
+  EXPECT_EQ(out[1].tokens, std::vector<std::int32_t>(full[1].begin(), full[1].begin() + 2));
+  for (std::size_t i = 2; i < rs.size(); ++i) EXPECT_EQ(out[std::int64_t(i)].tokens, full[i]) << "request " << i;
+}
+
+// Logprobs come back when asked: one per token, and the n top ones when n > 0; the first
+// token's against a naive log_softmax of the recorded raw logits (penalties and temperature
+// aside: the model's distribution).
+TEST(Engine, LogprobsComeBackWhenAsked) {
+  ModelWeights w = random_weights(tiny_config(Architecture::Qwen3), 7);
+  const int vocab = w.config.vocab_size;
+  EngineOptions o;
+  o.record_first_logits = true;
+  Engine e(std::make_unique<CpuModelRunner>(std::move(w), 64, 16), vocab, o);
+  std::vector<Request> rs = sampled_requests();  // logprobs 0, 1, 2, 0
+  rs[3].sampling.logprobs = -1;
+  rs[2].sampling.logprobs = kMaxTopLogprobs;
+  for (const Request& r : rs) e.add_request(r);
+  const auto out = e.run_to_completion();
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const int n = rs[i].sampling.logprobs;
+    SCOPED_TRACE("request " + std::to_string(i));
+    if (n < 0) {
+      EXPECT_TRUE(out[i].logprobs.empty());
+      EXPECT_TRUE(out[i].top_logprobs.empty());
+      continue;
+    }
+    ASSERT_EQ(out[i].logprobs.size(), out[i].tokens.size());
+    ASSERT_EQ(out[i].top_logprobs.size(), n > 0 ? out[i].tokens.size() : 0u);
+    for (float lp : out[i].logprobs) EXPECT_LE(lp, 0.0f);
+    const std::vector<float>& x = out[i].first_logits;
+    const float max_logit = *std::max_element(x.begin(), x.end());
+    double norm = 0.0;
+    for (float v : x) norm += std::exp(double(v) - max_logit);
+    const auto naive = [&](int id) { return double(x[std::size_t(id)]) - max_logit - std::log(norm); };
+    EXPECT_NEAR(out[i].logprobs[0], naive(out[i].tokens[0]), 1e-5);
+    if (n == 0) continue;
+    const std::vector<TopLogprob>& top = out[i].top_logprobs[0];
+    ASSERT_EQ(int(top.size()), n);
+    for (std::size_t k = 0; k < top.size(); ++k) {
+      EXPECT_NEAR(top[k].logprob, naive(top[k].id), 1e-5);
+      if (k == 0) continue;
+      const float before = x[std::size_t(top[k - 1].id)], here = x[std::size_t(top[k].id)];
+      EXPECT_TRUE(before > here || (before == here && top[k - 1].id < top[k].id)) << "rank " << k;
+    }
+    EXPECT_EQ(top[0].id, std::max_element(x.begin(), x.end()) - x.begin());
+  }
+}
+
 TEST(Engine, NonFiniteLogitsGiveAClearError) {
   for (float temperature : {0.0f, 0.8f}) {
     ModelWeights w = random_weights(tiny_config(Architecture::Qwen3), 7);
@@ -332,8 +646,14 @@ TEST(Engine, BadRequestsGiveClearErrors) {
   r.eos_token_ids = {-1};
   expect_error([&] { e.add_request(r); }, "end-of-sequence token -1 is outside the vocabulary [0, 256)");
   r.eos_token_ids = {};
+  r.stop_token_ids = {256};
+  expect_error([&] { e.add_request(r); }, "stop token 256 is outside the vocabulary [0, 256)");
+  r.stop_token_ids = {};
   r.sampling.top_p = 2.0f;
   expect_error([&] { e.add_request(r); }, "top_p must be in (0, 1]");
+  r.sampling.top_p = 1.0f;
+  r.sampling.logprobs = 21;
+  expect_error([&] { e.add_request(r); }, "logprobs must be in -1..20");
   EXPECT_FALSE(e.has_unfinished());
 }
 
@@ -373,6 +693,10 @@ TEST(StepBatch, CheckNamesTheFirstProblem) {
   good.block_tables = {{2, 0}};
   good.logit_rows = {2};
   good.full_logits = {0};
+  good.sampling = {RowSampling{}};
+  good.sampling[0].params.presence_penalty = 1.0f;
+  good.sampling[0].penalty_end = 2;
+  good.penalty_tokens = {{5, 1, 0}, {99, 0, 1}};
   const StepBounds bounds{4, 2, 100, 50, 1};
   EXPECT_NO_THROW(check_step_batch(good, bounds));
   auto expect_rejected = [&](const char* what, auto&& change) {
@@ -394,6 +718,13 @@ TEST(StepBatch, CheckNamesTheFirstProblem) {
   expect_rejected("forward: position 50 outside 0..49", [](StepBatch& b) { b.positions[2] = 50; });
   expect_rejected("forward: slot 8 outside the cache", [](StepBatch& b) { b.slot_mapping[0] = 8; });
   expect_rejected("forward: logit row 3 out of range", [](StepBatch& b) { b.logit_rows = {3}; });
+  expect_rejected("sampling needs one entry per logit row", [](StepBatch& b) { b.sampling.clear(); });
+  expect_rejected("sampling: top_p must be in (0, 1]", [](StepBatch& b) { b.sampling[0].params.top_p = 0.0f; });
+  expect_rejected("logit row 0's penalty tokens [0, 3) are not within penalty_tokens (2)",
+                  [](StepBatch& b) { b.sampling[0].penalty_end = 3; });
+  expect_rejected("logit row 0's penalty tokens [2, 1)", [](StepBatch& b) { b.sampling[0].penalty_begin = 2; b.sampling[0].penalty_end = 1; });
+  expect_rejected("forward: penalty token id 100 outside the vocabulary", [](StepBatch& b) { b.penalty_tokens[1].id = 100; });
+  expect_rejected("penalty token 5 has a negative output count (-1)", [](StepBatch& b) { b.penalty_tokens[0].output_count = -1; });
 }
 
 }  // namespace

@@ -311,6 +311,7 @@ StepBatch sequence_step(const std::vector<std::int32_t>& tokens, int begin, int 
     b.slot_mapping.push_back(pos);
     b.logit_rows.push_back(pos - begin);
     b.full_logits.push_back(1);
+    b.sampling.emplace_back();  // greedy
   }
   return b;
 }

@@ -9,7 +9,7 @@
 
 #include "gpu/device_buffer.h"
 #include "kernels/common/cuda_array.h"
-#include "engine/sampler.h"
+#include "reference/sampler.h"
 #include "kernels/sampling/sampling.h"
 #include "support/random.h"
 
@@ -41,7 +41,7 @@ void expect_matches_host(const Tensor& logits, const char* what) {
       const float g = got[r].nonfinite_value, w = want.nonfinite_value;
       EXPECT_TRUE((std::isnan(g) && std::isnan(w)) || g == w) << what << ", row " << r << ": " << g << " vs " << w;
     } else {
-      EXPECT_EQ(got[r].greedy, want.greedy) << what << ", row " << r;
+      EXPECT_EQ(got[r].token, want.token) << what << ", row " << r;
     }
   }
 }
@@ -86,10 +86,10 @@ TEST(DeviceSampling, DeviceGreedyTakesTheLowestIdOnTiesAndFindsNonFiniteLogits) 
     expect_matches_host(logits, ("crafted, vocab " + std::to_string(vocab)).c_str());
 
     const std::vector<LogitSummary> got = summarize_on_device(logits);
-    EXPECT_EQ(got[0].greedy, 1029);
-    EXPECT_EQ(got[1].greedy, 0);
-    EXPECT_EQ(got[2].greedy, 3);
-    EXPECT_EQ(got[3].greedy, vocab - 1);
+    EXPECT_EQ(got[0].token, 1029);
+    EXPECT_EQ(got[1].token, 0);
+    EXPECT_EQ(got[2].token, 3);
+    EXPECT_EQ(got[3].token, vocab - 1);
     EXPECT_EQ(got[4].nonfinite, vocab / 2);
     EXPECT_EQ(got[4].nonfinite_value, kInf);
     EXPECT_EQ(got[5].nonfinite, 2);

@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) summarize_logits_kernel(const float*
     }
   }
   LogitSummary s;
-  s.greedy = b.id == INT_MAX ? 0 : b.id;
+  s.token = b.id == INT_MAX ? 0 : b.id;
   s.nonfinite = b.nonfinite == INT_MAX ? -1 : b.nonfinite;
   s.nonfinite_value = b.nonfinite == INT_MAX ? 0.0f : row[b.nonfinite];
   out[blockIdx.x] = s;
@@ -132,7 +132,7 @@ __global__ void greedy_tokens_kernel(const LogitSummary* summaries, int summary_
   const int i = int(blockIdx.x) * int(blockDim.x) + int(threadIdx.x);
   if (i >= count) return;
   const int row = rows[i];
-  const int id = row >= 0 && row < summary_rows ? summaries[row].greedy : 0;
+  const int id = row >= 0 && row < summary_rows ? summaries[row].token : 0;
   tokens[i] = id >= 0 && id < vocab ? id : 0;
 }
 

@@ -18,9 +18,10 @@ class CpuModelRunner : public ModelRunner {
   CpuModelRunner(ModelWeights weights, int num_blocks, int block_size);
 
   // Throws Error for a block size the CPU backend does not run (check_block_size) or no blocks.
-  // A step runs in submit(); collect() hands its output out. Steps can be pipelined (the
-  // tokens a chained batch takes from the step before are that step's greedy tokens), which
-  // lets the engine's pipelined path run, and be tested, without a GPU.
+  // A step runs in submit(), sampling every row with the reference sampler; collect() hands its
+  // output out. Steps can be pipelined (the tokens a chained batch takes from the step before
+  // are that step's tokens, greedy or drawn), which lets the engine's pipelined path run, and
+  // be tested, without a GPU.
   void submit(const StepBatch& batch) override;
   const StepOutput& collect() override;
   bool pipelines_steps() const override { return true; }

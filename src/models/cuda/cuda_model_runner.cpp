@@ -5,13 +5,16 @@
 #include <utility>
 #include <vector>
 
+#include "core/parallel.h"
 #include "kernels/common/cuda_array.h"
 #include "kernels/common/cuda_check.h"
+#include "kernels/sampling/sample_rows.h"
 #include "models/architecture.h"
 #include "models/cuda/forward.h"
 #include "models/cuda/graph_cache.h"
 #include "models/cuda/phase_timer.h"
 #include "models/cuda/step_metadata.h"
+#include "reference/sampler.h"
 
 namespace asynct {
 
@@ -24,6 +27,12 @@ bool cuda_device_available() {
 }
 
 namespace {
+
+// A row whose token the greedy summary gives (the argmax of the raw logits) and that asks for
+// nothing else.
+bool plain_greedy(const RowSampling& row) {
+  return row.params.temperature == 0.0f && !row.params.has_penalties() && row.params.logprobs < 0;
+}
 
 // The runner's streams and the events between them. The copies between host and device run
 // beside the GPU's work (pipelined steps): a step's metadata goes up while the step before
@@ -72,61 +81,97 @@ struct CudaModelRunner::Impl {
   PhaseTimer timer;
   HostTimes host;
 
-  // [rows that sample]: greedy token, finiteness. One per metadata turn: a chained step reads
-  // the summaries of the step before while that step's copy to the host may still run.
+  // [rows that sample]: token, finiteness, logprob; and the top logprobs of the device sampler.
+  // One per metadata turn: a chained step reads the summaries of the step before while that
+  // step's copy to the host may still run.
   DeviceArray<LogitSummary> summaries_by_turn[2];
   DeviceArray<LogitSummary>& summaries() { return summaries_by_turn[metadata.turn()]; }
+  DeviceArray<TopLogprob> top_by_turn[2];
+  DeviceArray<TopLogprob>& top_logprobs() { return top_by_turn[metadata.turn()]; }
+
+  // Whether the device sampler (kernels/sampling/sample_rows.h) runs here: sm_90 and a
+  // vocabulary whose row fits a cluster. Then every row is drawn on the device, with its
+  // logprobs; otherwise the device finds greedy rows' tokens (summaries) and the host draws the
+  // others, and every row's logprobs, in collect() from their logits copied back.
+  bool device_sampler = false;
+  bool device_samples(const RowSampling& row) const {
+    return device_sampler || (row.params.temperature == 0.0f && !row.params.has_penalties());
+  }
+  bool needs_host_logits(const RowSampling& row) const {
+    return !device_sampler && (!device_samples(row) || row.params.logprobs >= 0);
+  }
   StepMetadata metadata;
   StepPointers step;
 
   // A submitted step until it is collected: where its results land on the host (pinned buffers
-  // reused from step to step), which rows it samples, and an event after its last copy back.
-  // Two at most (pipelined steps), collected oldest first.
+  // reused from step to step), which rows it samples and how, and an event after its last copy
+  // back. Two at most (pipelined steps), collected oldest first.
   struct QueuedStep {
     PinnedArray<LogitSummary> summaries_host;
-    PinnedArray<float> logits_host;  // [rows whose full logits the engine asked for, vocab]
+    PinnedArray<TopLogprob> top_host;  // [rows, kMaxTopLogprobs] when the device sampler gave top logprobs
+    bool top_copied = false;
+    PinnedArray<float> logits_host;  // [rows copied back, vocab]
+    std::vector<std::uint8_t> copied;  // [rows] whose logits come back: full_logits or needs_host_logits
     std::vector<std::uint8_t> full_logits;
+    std::vector<RowSampling> sampling;
+    std::vector<PenaltyToken> penalty_tokens;
+    std::vector<std::int32_t> newest;  // [rows] each row's input token
     int rows = 0;
     cudaEvent_t done = nullptr;
   };
   QueuedStep queued[2];
   int first_queued = 0, num_queued = 0;
   int last_submitted_rows = -1;  // sampling rows of the last step submitted (tokens_from_rows)
+  std::vector<std::uint8_t> last_device_sampled;  // [last_submitted_rows] rows whose token the device drew
   StepOutput output;             // of the last step collected
 
   bool use_graphs = true;
   DecodeGraphCache graphs;
 
-  void run_model(const StepShape& shape, int rows) {
-    forward.run(shape, step, rows, summaries().get(), timer, streams.compute);
+  ModelForward::Sampling sampling_out(bool device_draws) {
+    return {summaries().get(), top_logprobs().get(), device_draws};
   }
 
-  void run_graph(const StepShape& shape, int rows) {
-    const DecodeGraphKey key{shape.seqs, shape.max_blocks, rows, metadata.turn(), step.tokens_from_rows != nullptr};
-    const GraphAddresses addresses{forward.act.addresses(), summaries().get(), forward.act.decode_workspace.get(), step};
-    graphs.run(key, addresses, streams.compute, timer, [&] { run_model(shape, rows); });
+  void run_model(const StepShape& shape, int rows, bool device_draws) {
+    forward.run(shape, step, rows, sampling_out(device_draws), timer, streams.compute);
+  }
+
+  void run_graph(const StepShape& shape, int rows, bool device_draws) {
+    const DecodeGraphKey key{shape.seqs, shape.max_blocks, rows, metadata.turn(), step.tokens_from_rows != nullptr,
+                             device_draws};
+    const GraphAddresses addresses{forward.act.addresses(), summaries().get(), top_logprobs().get(),
+                                   forward.act.decode_workspace.get(), step};
+    graphs.run(key, addresses, streams.compute, timer, [&] { run_model(shape, rows, device_draws); });
   }
 
   // Queues the copies of the results to the host: the full logits of the rows the engine asked
-  // for (consecutive rows in one copy) on the step's stream, where the next step cannot
-  // overwrite them first; then, once the step is computed, every row's summary on the download
-  // stream, beside the step queued after this one.
+  // for and of the rows sampled on the host (consecutive rows in one copy) on the step's
+  // stream, where the next step cannot overwrite them first; then, once the step is computed,
+  // every row's summary on the download stream, beside the step queued after this one.
   void download_results(const StepBatch& b, int rows, QueuedStep& q) {
     const std::size_t vocab = std::size_t(c.vocab_size);
     q.rows = rows;
     q.full_logits = b.full_logits;
-    q.summaries_host.reserve(std::size_t(std::max(rows, 1)));
+    q.sampling = b.sampling;
+    q.penalty_tokens = b.penalty_tokens;
+    q.copied.assign(std::size_t(rows), 0);
+    q.newest.assign(std::size_t(rows), 0);
     std::size_t wanted = 0;
-    for (std::uint8_t f : b.full_logits) wanted += f ? 1 : 0;
+    for (std::size_t i = 0; i < std::size_t(rows); ++i) {
+      q.copied[i] = b.full_logits[i] || needs_host_logits(b.sampling[i]) ? 1 : 0;
+      q.newest[i] = b.tokens[std::size_t(b.logit_rows[i])];  // a placeholder in a chained step: unused there
+      wanted += q.copied[i];
+    }
+    q.summaries_host.reserve(std::size_t(std::max(rows, 1)));
     if (wanted > 0) q.logits_host.reserve(wanted * vocab);
     std::size_t to = 0;
     for (int i = 0; i < rows;) {
-      if (!b.full_logits[std::size_t(i)]) {
+      if (!q.copied[std::size_t(i)]) {
         ++i;
         continue;
       }
       int end = i;
-      while (end < rows && b.full_logits[std::size_t(end)]) ++end;
+      while (end < rows && q.copied[std::size_t(end)]) ++end;
       const std::size_t n = std::size_t(end - i) * vocab;
       ASYNCT_CUDA_CHECK(cudaMemcpyAsync(q.logits_host.get() + to, forward.act.logits.get() + std::size_t(i) * vocab,
                                         n * sizeof(float), cudaMemcpyDeviceToHost, streams.compute));
@@ -140,17 +185,52 @@ struct CudaModelRunner::Impl {
     if (rows > 0)
       ASYNCT_CUDA_CHECK(cudaMemcpyAsync(q.summaries_host.get(), summaries().get(), std::size_t(rows) * sizeof(LogitSummary),
                                         cudaMemcpyDeviceToHost, streams.download));
+    q.top_copied = false;
+    if (device_sampler)
+      for (const RowSampling& s : b.sampling) q.top_copied = q.top_copied || s.params.logprobs > 0;
+    if (q.top_copied) {
+      const std::size_t n = std::size_t(rows) * kMaxTopLogprobs;
+      q.top_host.reserve(n);
+      ASYNCT_CUDA_CHECK(cudaMemcpyAsync(q.top_host.get(), top_logprobs().get(), n * sizeof(TopLogprob),
+                                        cudaMemcpyDeviceToHost, streams.download));
+    }
     ASYNCT_CUDA_CHECK(cudaEventRecord(q.done, streams.download));
   }
 
-  // After the step's copies have landed: the StepOutput over its pinned results.
+  // After the step's copies have landed: the StepOutput over its pinned results, the rows the
+  // device did not draw drawn here, and the logprobs asked for.
   void unpack_results(const QueuedStep& q) {
-    const std::size_t vocab = std::size_t(c.vocab_size);
+    const std::size_t vocab = std::size_t(c.vocab_size), rows = std::size_t(q.rows);
     output.summaries.assign(q.summaries_host.get(), q.summaries_host.get() + q.rows);
-    output.logits.assign(std::size_t(q.rows), nullptr);
+    output.logits.assign(rows, nullptr);
+    output.top_logprobs.assign(rows, {});
+    std::vector<const float*> copied(rows, nullptr);
+    std::vector<std::size_t> on_host;  // rows sampled or given logprobs here
     std::size_t next = 0;
-    for (int i = 0; i < q.rows; ++i)
-      if (q.full_logits[std::size_t(i)]) output.logits[std::size_t(i)] = q.logits_host.get() + vocab * next++;
+    for (std::size_t i = 0; i < rows; ++i) {
+      if (q.copied[i]) copied[i] = q.logits_host.get() + vocab * next++;
+      if (q.full_logits[i]) output.logits[i] = copied[i];
+      if (needs_host_logits(q.sampling[i])) on_host.push_back(i);
+      const int n = q.sampling[i].params.logprobs;
+      if (q.top_copied && n > 0 && output.summaries[i].nonfinite < 0) {
+        const TopLogprob* top = q.top_host.get() + i * kMaxTopLogprobs;
+        output.top_logprobs[i].assign(top, top + std::min(n, c.vocab_size));
+      }
+    }
+    parallel_for(on_host.size(), [&](std::size_t k) {
+      const std::size_t i = on_host[k];
+      const RowSampling& s = q.sampling[i];
+      LogitSummary& summary = output.summaries[i];
+      if (device_samples(s)) {  // the device's token stands (a step queued behind may have taken it)
+        if (summary.nonfinite < 0) fill_logprobs(copied[i], vocab, s.params.logprobs, summary, &output.top_logprobs[i]);
+        return;
+      }
+      const PenaltyContext penalties{
+          std::span<const PenaltyToken>(q.penalty_tokens).subspan(std::size_t(s.penalty_begin),
+                                                                  std::size_t(s.penalty_end - s.penalty_begin)),
+          q.newest[i], s.newest_is_output != 0};
+      summary = sample_logit_row(copied[i], vocab, s, penalties, &output.top_logprobs[i]);
+    });
   }
 };
 
@@ -167,11 +247,13 @@ std::unique_ptr<CudaModelRunner::Impl> make_impl(const ModelWeights& w, int num_
 CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int block_size, int max_tokens_per_step)
     : impl_(make_impl(w, num_blocks, block_size)) {
   impl_->forward.act.reserve(std::size_t(std::max(1, max_tokens_per_step)), impl_->c);
+  impl_->device_sampler = kernels::device_sampling_supported(impl_->c.vocab_size);
 }
 
 CudaModelRunner::~CudaModelRunner() = default;
 
 int CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
+bool CudaModelRunner::samples_on_device(const RowSampling& row) const { return impl_->device_samples(row); }
 int CudaModelRunner::block_size() const { return impl_->block_size; }
 void CudaModelRunner::set_profiling(bool on) { impl_->timer.enabled = on; }
 void CudaModelRunner::set_cuda_graphs(bool on) { impl_->use_graphs = on; }
@@ -197,6 +279,18 @@ void CudaModelRunner::submit(const StepBatch& b) {
   check_step_batch(b, {m.num_blocks, m.block_size, m.c.vocab_size, m.c.max_position_embeddings,
                        std::max(0, m.last_submitted_rows)});
   const bool chained = !b.tokens_from_rows.empty();
+  // A chained step takes its tokens from the device: only from rows the device drew; and without
+  // the device sampler, its own rows' penalties (applied on the host) would miss the token it
+  // takes there.
+  for (std::size_t i = 0; i < b.tokens_from_rows.size(); ++i)
+    check(m.last_device_sampled[std::size_t(b.tokens_from_rows[i])], "submit: token ", i, " takes row ",
+          b.tokens_from_rows[i], " of the step before, whose token this runner draws on the host");
+  for (std::size_t r = 0; r < b.sampling.size() && chained && !m.device_sampler; ++r)
+    check(!b.sampling[r].params.has_penalties(), "submit: logit row ", r,
+          " of a chained step has penalties, which this runner applies on the host, without the chained token");
+  // The device sampler runs when a row needs more than the greedy summary.
+  bool device_draws = false;
+  for (const RowSampling& s : b.sampling) device_draws = device_draws || (m.device_sampler && !plain_greedy(s));
 
   // Split the step: leading one-token sequences to the decode kernel, the rest to prefill.
   // All-decode steps replay CUDA graphs (graph_cache.h), at a widened block-table width.
@@ -211,6 +305,7 @@ void CudaModelRunner::submit(const StepBatch& b) {
   const LogitSummary* previous_summaries = m.summaries().get();  // the turn before this step's
   m.step = write_step_metadata(b, shape, m.metadata);  // (this step's turn)
   m.summaries().reserve(std::size_t(std::max(rows, 1)));
+  m.top_logprobs().reserve(std::size_t(std::max(rows, 1)) * kMaxTopLogprobs);
   if (chained) {
     m.step.previous_summaries = previous_summaries;
     m.step.previous_rows = m.last_submitted_rows;
@@ -230,12 +325,14 @@ void CudaModelRunner::submit(const StepBatch& b) {
   ASYNCT_CUDA_CHECK(cudaStreamWaitEvent(m.streams.compute, m.streams.uploaded[turn], 0));
   m.timer.mark("h2d");
   if (graph)
-    m.run_graph(shape, rows);
+    m.run_graph(shape, rows, device_draws);
   else
-    m.run_model(shape, rows);
+    m.run_model(shape, rows, device_draws);
   m.download_results(b, rows, q);
   ++m.num_queued;
   m.last_submitted_rows = rows;
+  m.last_device_sampled.resize(std::size_t(rows));
+  for (std::size_t r = 0; r < std::size_t(rows); ++r) m.last_device_sampled[r] = m.device_samples(b.sampling[r]) ? 1 : 0;
   lap(m.host.launch);
 }
 

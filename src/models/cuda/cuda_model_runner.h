@@ -2,7 +2,8 @@
 // a bf16 paged KV cache: cuBLASLt for the projections, asynct's kernels for the norms,
 // qk-norm + RoPE + cache write, attention (the decode kernel for a step's leading one-token
 // sequences, the prefill kernel for the rest) and SwiGLU. The logits stay on the GPU: a kernel finds each row's greedy token and
-// checks it is finite, and only the rows the engine asks for are copied back (float32).
+// checks it is finite, and only the rows the engine asks for, or that the host samples, are
+// copied back (float32).
 // The parts, one job a file beside this one: device_weights (upload), step_metadata, forward
 // (the layer loop), graph_cache (decode steps as CUDA graphs), phase_timer.
 #pragma once
@@ -29,10 +30,13 @@ class CudaModelRunner : public ModelRunner {
 
   // Steps are queued on one stream; a chained step's tokens are taken on the device from the
   // summaries of the step before (StepBatch::tokens_from_rows), so the engine can queue it
-  // before reading them.
+  // before reading them. The device draws the greedy rows without penalties; the other rows,
+  // and the logprobs any row asks for, are drawn in collect() from their logits copied back,
+  // with the reference sampler, and such rows are not chained (samples_on_device).
   void submit(const StepBatch& batch) override;
   const StepOutput& collect() override;
   bool pipelines_steps() const override { return true; }
+  bool samples_on_device(const RowSampling& row) const override;
   int num_blocks() const override;
   int block_size() const override;
   // With profiling on, each phase of every eager step is timed with CUDA events (no extra

@@ -6,6 +6,7 @@
 #include "kernels/common/device_info.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/attention/prefill/prefill.h"
+#include "kernels/sampling/sample_rows.h"
 #include "kernels/sampling/sampling.h"
 #include "kernels/gemm/skinny_gemm.h"
 
@@ -48,7 +49,7 @@ ModelForward::ModelForward(const ModelWeights& w, const ArchitectureRecipe& reci
   weights_ = upload_weights(w, recipe_, cache, stream);
 }
 
-void ModelForward::run(const StepShape& shape, const StepPointers& step, int rows, LogitSummary* summaries,
+void ModelForward::run(const StepShape& shape, const StepPointers& step, int rows, const Sampling& out,
                        PhaseTimer& timer, cudaStream_t stream) {
   const int t = shape.tokens;
   const int h = c_.hidden_size, qd = c_.num_attention_heads * c_.head_dim, kvd = c_.num_key_value_heads * c_.head_dim;
@@ -134,7 +135,21 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
     kernels::launch_gather_rows(act.hidden.get(), step.logit_rows, act.last.get(), rows, t, h, stream);
     gemm_.linear(act.last.get(), weights_.lm_head, act.logits.get(), rows, h, c_.vocab_size, true, stream);
     timer.mark("lm_head");
-    kernels::launch_summarize_logits(act.logits.get(), rows, c_.vocab_size, summaries, stream);
+    if (out.device_draws) {
+      kernels::SampleRowsArgs s;
+      s.logits = act.logits.get();
+      s.rows = rows;
+      s.vocab = c_.vocab_size;
+      s.sampling = step.sampling;
+      s.penalty_tokens = step.penalty_tokens;
+      s.tokens = step.tokens;
+      s.logit_rows = step.logit_rows;
+      s.summaries = out.summaries;
+      s.top_logprobs = out.top_logprobs;
+      kernels::launch_sample_rows(s, stream);
+    } else {
+      kernels::launch_summarize_logits(act.logits.get(), rows, c_.vocab_size, out.summaries, stream);
+    }
     timer.mark("sample");
   }
 }

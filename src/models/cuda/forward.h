@@ -46,9 +46,17 @@ class ModelForward {
   ModelForward(const ModelWeights& weights, const ArchitectureRecipe& recipe, int num_blocks, int block_size,
                cudaStream_t stream);
 
+  // Where a step's rows go: each row's summary (its token, finiteness, logprob) and, with the
+  // device sampler, the top logprobs ([rows, kMaxTopLogprobs]).
+  struct Sampling {
+    LogitSummary* summaries = nullptr;
+    TopLogprob* top_logprobs = nullptr;
+    bool device_draws = false;  // the device sampler draws every row (StepPointers::sampling);
+                                // otherwise the rows are only summarised (their greedy tokens)
+  };
   // Runs the step whose metadata is at `step` (already uploaded, or to be by the time the
-  // stream gets there), writing the `rows` sampling rows' summaries to `summaries`.
-  void run(const StepShape& shape, const StepPointers& step, int rows, LogitSummary* summaries, PhaseTimer& timer,
+  // stream gets there), sampling its `rows` logit rows into `out`.
+  void run(const StepShape& shape, const StepPointers& step, int rows, const Sampling& out, PhaseTimer& timer,
            cudaStream_t stream);
   // Room for the decode kernel's split partials of an all-decode step of this shape (before a
   // graph capture, which must not allocate).

@@ -22,6 +22,7 @@ struct DecodeGraphKey {
   int rows = 0;               // sampling rows
   int metadata_turn = 0;      // each turn has its own metadata and summaries buffers
   bool chained = false;       // its tokens are taken from the step before on the device
+  bool device_draws = false;  // its rows are drawn by the device sampler, not only summarised
 
   auto operator<=>(const DecodeGraphKey&) const = default;
 };
@@ -32,6 +33,7 @@ struct DecodeGraphKey {
 struct GraphAddresses {
   std::array<const void*, 14> activations{};
   const void* summaries = nullptr;
+  const void* top_logprobs = nullptr;
   const void* decode_workspace = nullptr;
   StepPointers step;
 

@@ -43,6 +43,10 @@ struct StepPointers {
   const std::int32_t* tokens_from_rows = nullptr;
   const LogitSummary* previous_summaries = nullptr;
   int previous_rows = 0;
+  // Each logit row's sampling and the penalty tokens their ranges index (the last section:
+  // their number changes from step to step, the other sections' addresses do not).
+  const RowSampling* sampling = nullptr;
+  const PenaltyToken* penalty_tokens = nullptr;
 
   bool operator==(const StepPointers&) const = default;
 };

@@ -1,0 +1,150 @@
+// The device sampler's time per launch, at a decode step's shape: 32 rows of Qwen3's 151,936-token
+// vocabulary (19.4 MB of float32 logits), against the greedy summary (launch_summarize_logits,
+// what a greedy step runs) and against the time to read the logits once at the copy ceiling.
+// Rows are N(0, 2.5^2) logits; penalised rows carry 256 entries (a 256-token context).
+// Prints one line per configuration: microseconds per launch, median of 7 timings of 50 launches
+// replayed from a CUDA graph.
+// Run: build/<dir>/bench/asynct_bench_sampling [rows] [vocab]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/common/cuda_array.h"
+#include "kernels/common/cuda_check.h"
+#include "kernels/sampling/sample_rows.h"
+#include "kernels/sampling/sampling.h"
+
+using namespace asynct;
+
+namespace {
+
+template <typename Issue>
+float median_us(cudaStream_t stream, Issue issue) {
+  constexpr int kPerGraph = 50;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  issue();
+  ASYNCT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  ASYNCT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < kPerGraph; ++i) issue();
+  ASYNCT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  ASYNCT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  ASYNCT_CUDA_CHECK(cudaEventCreate(&start));
+  ASYNCT_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> times;
+  for (int run = 0; run < 7; ++run) {
+    ASYNCT_CUDA_CHECK(cudaEventRecord(start, stream));
+    ASYNCT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    ASYNCT_CUDA_CHECK(cudaEventRecord(stop, stream));
+    ASYNCT_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    ASYNCT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    times.push_back(ms * 1000.0f / kPerGraph);
+  }
+  std::sort(times.begin(), times.end());
+  ASYNCT_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  ASYNCT_CUDA_CHECK(cudaGraphDestroy(graph));
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rows = argc > 1 ? std::atoi(argv[1]) : 32, vocab = argc > 2 ? std::atoi(argv[2]) : 151936;
+  if (rows < 1 || vocab < 1) {
+    std::fprintf(stderr, "usage: %s [rows >= 1] [vocab >= 1]\n", argv[0]);
+    return 2;
+  }
+  if (!kernels::device_sampling_supported(vocab)) {
+    std::fprintf(stderr, "device sampling is not supported here (needs sm_90)\n");
+    return 1;
+  }
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 2.5f);
+  std::vector<float> host(std::size_t(rows) * std::size_t(vocab));
+  for (float& v : host) v = normal(rng);
+  kernels::DeviceArray<float> logits(host.size());
+  ASYNCT_CUDA_CHECK(cudaMemcpy(logits.get(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  std::vector<PenaltyToken> entries;
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < 256; ++j) entries.push_back({int(rng() % unsigned(vocab)), int(j % 3), j % 2});
+  kernels::DeviceArray<PenaltyToken> d_entries(entries.size());
+  ASYNCT_CUDA_CHECK(cudaMemcpy(d_entries.get(), entries.data(), entries.size() * sizeof(PenaltyToken), cudaMemcpyHostToDevice));
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(rows)), logit_rows(static_cast<std::size_t>(rows));
+  for (int r = 0; r < rows; ++r) tokens[std::size_t(r)] = r, logit_rows[std::size_t(r)] = r;
+  kernels::DeviceArray<std::int32_t> d_tokens(tokens.size()), d_rows(logit_rows.size());
+  ASYNCT_CUDA_CHECK(cudaMemcpy(d_tokens.get(), tokens.data(), tokens.size() * 4, cudaMemcpyHostToDevice));
+  ASYNCT_CUDA_CHECK(cudaMemcpy(d_rows.get(), logit_rows.data(), logit_rows.size() * 4, cudaMemcpyHostToDevice));
+  kernels::DeviceArray<RowSampling> d_sampling{std::size_t(rows)};
+  kernels::DeviceArray<LogitSummary> summaries{std::size_t(rows)};
+  kernels::DeviceArray<TopLogprob> top{std::size_t(rows) * kMaxTopLogprobs};
+  kernels::DeviceArray<float> copy(host.size());
+  cudaStream_t stream;
+  ASYNCT_CUDA_CHECK(cudaStreamCreate(&stream));
+
+  const float read_us = median_us(stream, [&] {
+    ASYNCT_CUDA_CHECK(cudaMemcpyAsync(copy.get(), logits.get(), host.size() * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  }) / 2.0f;  // a copy reads and writes
+  const float greedy_us = median_us(stream, [&] { kernels::launch_summarize_logits(logits.get(), rows, vocab, summaries.get(), stream); });
+  std::printf("device sampling, %d rows x %d vocabulary (%.1f MB float32)\n", rows, vocab, double(host.size()) * 4 / 1e6);
+  std::printf("  rows' clusters resident at once: %d\n", kernels::sample_rows_resident_clusters(vocab));
+  std::printf("  %-44s %8.1f us\n", "read once at the copy ceiling (copy / 2)", double(read_us));
+  std::printf("  %-44s %8.1f us\n", "greedy summary (launch_summarize_logits)", double(greedy_us));
+
+  struct Config {
+    const char* name;
+    float temperature;
+    int top_k;
+    float top_p, min_p;
+    bool penalties;
+    int logprobs;
+  };
+  const Config configs[] = {
+      {"greedy + penalties", 0.0f, 0, 1.0f, 0.0f, true, -1},
+      {"temperature 1", 1.0f, 0, 1.0f, 0.0f, false, -1},
+      {"top-k 50", 1.0f, 50, 1.0f, 0.0f, false, -1},
+      {"top-p 0.9", 1.0f, 0, 0.9f, 0.0f, false, -1},
+      {"min-p 0.1", 1.0f, 0, 1.0f, 0.1f, false, -1},
+      {"top-k 50 + top-p 0.9 + penalties", 0.8f, 50, 0.9f, 0.0f, true, -1},
+      {"top-k 50 + top-p 0.9 + penalties + logprobs 20", 0.8f, 50, 0.9f, 0.0f, true, 20},
+  };
+  for (const Config& c : configs) {
+    std::vector<RowSampling> sampling(static_cast<std::size_t>(rows));
+    for (int r = 0; r < rows; ++r) {
+      RowSampling& s = sampling[std::size_t(r)];
+      s.params.temperature = c.temperature;
+      s.params.top_k = c.top_k;
+      s.params.top_p = c.top_p;
+      s.params.min_p = c.min_p;
+      s.params.seed = std::uint64_t(r);
+      s.params.logprobs = c.logprobs;
+      if (c.penalties) {
+        s.params.repetition_penalty = 1.1f;
+        s.params.presence_penalty = 0.3f;
+        s.params.frequency_penalty = 0.2f;
+        s.penalty_begin = r * 256;
+        s.penalty_end = (r + 1) * 256;
+        s.newest_is_output = 1;
+      }
+      s.step = 5;
+    }
+    ASYNCT_CUDA_CHECK(cudaMemcpy(d_sampling.get(), sampling.data(), sampling.size() * sizeof(RowSampling), cudaMemcpyHostToDevice));
+    kernels::SampleRowsArgs a;
+    a.logits = logits.get();
+    a.rows = rows;
+    a.vocab = vocab;
+    a.sampling = d_sampling.get();
+    a.penalty_tokens = d_entries.get();
+    a.tokens = d_tokens.get();
+    a.logit_rows = d_rows.get();
+    a.summaries = summaries.get();
+    a.top_logprobs = top.get();
+    const float us = median_us(stream, [&] { kernels::launch_sample_rows(a, stream); });
+    std::printf("  %-44s %8.1f us\n", c.name, double(us));
+  }
+  return 0;
+}

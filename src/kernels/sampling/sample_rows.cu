@@ -1,0 +1,771 @@
+// One thread-block cluster per row: its 8 blocks each load an eighth of the row into shared
+// memory (76 KB at Qwen3's 151,936 tokens), so the row is read from global memory once, and
+// every later pass runs over shared memory, the blocks agreeing through distributed shared
+// memory at a few cluster barriers. For a row, in the reference sampler's order
+// (reference/sampler.h):
+//   1. one pass: the raw row's maximum, argmax, first non-finite logit and (for logprobs) its
+//      sum of exponentials; the penalties, applied to the shared-memory copy (the row in global
+//      memory stays raw); the processed row's maximum and argmax. One cluster reduction.
+//      With top-n logprobs the raw statistics are reduced first and the top-n found before the
+//      penalties change the copy.
+//   2. temperature 0: the processed argmax. Otherwise a histogram of the tokens by how far
+//      below the maximum their tempered logit lies, d = (max - x) / T, 1/32 nat a bin, with each
+//      bin's count and mass. A token's weight exp(-d) is kept in its bin's fixed point:
+//      q = round(exp(b/32 - d) * 2^16) in bin b, worth q * 2^-16 * exp(-b/32) (relative error
+//      <= 1.6e-5): 32-bit shared-memory atomics, and sums that do not depend on their order.
+//   3. Positions in the order (logit desc, id asc) are found bin by bin from the histogram's
+//      prefix sums: top-k's k-th token, top-p's cut over what top-k kept, min-p's, the kept
+//      mass, the draw. Only the bins a cut or the draw falls in are gathered (by block 0),
+//      sorted and walked exactly as the host walks them.
+//   4. A bin of more than kMaxCandidates tokens (a nearly flat row): every cut and the draw by
+//      bisection on the tokens' order keys instead (exact, 64 passes over shared memory each).
+// Needs sm_90 (clusters); the runners sample on the host elsewhere.
+#include "kernels/sampling/sample_rows.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <climits>
+#include <cmath>
+
+#include <cooperative_groups.h>
+
+#include "core/uniform_draw.h"
+#include "kernels/common/bulk_copy.cuh"
+#include "kernels/common/cuda_check.h"
+#include "kernels/common/dependent_launch.cuh"
+#include "kernels/common/device_info.h"
+
+namespace asynct::kernels {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kClusterBlocks = 8;
+constexpr int kThreads = 512;  // two blocks per multiprocessor: 32 rows fill 128 of 132 SMs
+constexpr int kWarps = kThreads / 32;
+constexpr int kBins = 2048;  // 1/32 nat each; the last also takes everything beyond 64 nats
+constexpr int kMaxCandidates = 2 * kThreads;
+
+using u64 = unsigned long long;
+
+struct Shared {
+  unsigned bin_count[kBins];  // a block's counts; then, in block 0, their prefix sums
+  double bin_mass[kBins];     // in block 0: the prefix sums of the bins' masses
+  // A block's bin masses (fixed point) while the histogram is built; then block 0's gathered
+  // order keys, sorted in place (first = most likely).
+  union {
+    unsigned bin_fixed[kBins];
+    u64 candidates[kMaxCandidates];
+  };
+  u64 exchange[2][4];  // cluster_allreduce's and cluster_exclusive_scan's slots, used in turn
+  u64 reduced[4];      // their result, for the block
+  u64 warp_partial[kWarps][4];
+  u64 decision[2];     // share_from_block0's slots, used in turn
+  u64 scratch;         // block 0's prefix_of
+  int gathered;        // in block 0: candidates gathered so far (every block adds to it)
+  int newest_found;    // the row's input token was among its penalty entries
+};
+static_assert(sizeof(unsigned) * kBins == sizeof(u64) * kMaxCandidates, "the union's halves agree");
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+constexpr float kBinsPerNat = 32.0f;
+constexpr float kFixedOne = 65536.0f;  // a weight of exp(-b/32) in bin b's fixed point
+// A token's weight as the bisection fallback sums it: 40 fraction bits, rounded.
+constexpr double kFallbackOne = 1099511627776.0;
+
+// Order keys: a larger key comes first (logit desc, then id asc), one key per token. -0.0 and
+// +0.0 are one value, as for the host's comparisons.
+__device__ __forceinline__ unsigned ordered_bits(float v) {
+  if (v == 0.0f) v = 0.0f;
+  const unsigned u = __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float value_of_bits(unsigned k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+__device__ __forceinline__ u64 order_key(float v, int id) {
+  return (u64(ordered_bits(v)) << 32) | u64(0xffffffffu - unsigned(id));
+}
+__device__ __forceinline__ int id_of(u64 key) { return int(0xffffffffu - unsigned(key & 0xffffffffu)); }
+__device__ __forceinline__ float value_of(u64 key) { return value_of_bits(unsigned(key >> 32)); }
+
+// How far below the maximum a logit lies, in nats of tempered weight, and its bin.
+__device__ __forceinline__ float depth(float x, float peak, float temperature) { return (peak - x) / temperature; }
+__device__ __forceinline__ int bin_of_depth(float d) { return d < 64.0f ? min(int(d * kBinsPerNat), kBins - 1) : kBins - 1; }
+__device__ __forceinline__ int bin_of(float x, float peak, float temperature) { return bin_of_depth(depth(x, peak, temperature)); }
+// A token's weight in its bin's fixed point, and what one unit of bin b weighs.
+__device__ __forceinline__ unsigned fixed_in_bin(float d, int bin) {
+  return unsigned(expf(float(bin) / kBinsPerNat - d) * kFixedOne + 0.5f);
+}
+__device__ __forceinline__ double bin_unit(int bin) { return exp(-double(bin) / kBinsPerNat) / double(kFixedOne); }
+
+template <typename T>
+__device__ __forceinline__ T shuffle_from(const T& v, int lane) {
+  static_assert(sizeof(T) % 4 == 0, "shuffled in 32-bit words");
+  T out;
+  const unsigned* src = reinterpret_cast<const unsigned*>(&v);
+  unsigned* dst = reinterpret_cast<unsigned*>(&out);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(T) / 4); ++i) dst[i] = __shfl_sync(0xffffffffu, src[i], lane);
+  return out;
+}
+template <typename T>
+__device__ __forceinline__ T shuffle_xor(const T& v, int mask) {
+  static_assert(sizeof(T) % 4 == 0, "shuffled in 32-bit words");
+  T out;
+  const unsigned* src = reinterpret_cast<const unsigned*>(&v);
+  unsigned* dst = reinterpret_cast<unsigned*>(&out);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(T) / 4); ++i) dst[i] = __shfl_xor_sync(0xffffffffu, src[i], mask);
+  return out;
+}
+
+// What step 1 learns about a row: the raw best (value, lowest id), the lowest non-finite id,
+// the raw sum of exp(x - raw max), and the processed best.
+struct RowStats {
+  float raw_max;
+  int raw_id;
+  int nonfinite;
+  float raw_sum;
+  float max;
+  int id;
+  int pad[2];
+};
+__device__ __forceinline__ bool better(float v, int id, float than_v, int than_id) {
+  return v > than_v || (v == than_v && id < than_id);
+}
+struct StatsOp {
+  __device__ RowStats operator()(const RowStats& a, const RowStats& b) const {
+    RowStats r = a;
+    const float raw_max = fmaxf(a.raw_max, b.raw_max);
+    r.raw_sum = a.raw_sum * expf(a.raw_max - raw_max) + b.raw_sum * expf(b.raw_max - raw_max);
+    if (better(b.raw_max, b.raw_id, a.raw_max, a.raw_id)) r.raw_max = b.raw_max, r.raw_id = b.raw_id;
+    r.nonfinite = min(a.nonfinite, b.nonfinite);
+    if (better(b.max, b.id, a.max, a.id)) r.max = b.max, r.id = b.id;
+    return r;
+  }
+};
+struct CountMass {
+  u64 count, mass;
+};
+struct SumOp {
+  __device__ CountMass operator()(const CountMass& a, const CountMass& b) const { return {a.count + b.count, a.mass + b.mass}; }
+  __device__ u64 operator()(u64 a, u64 b) const { return a + b; }
+};
+struct CountWeight {
+  u64 count;
+  double mass;
+};
+
+// One row as this block sees it: its slice x[0, n) of the row (ids base ..), the shared state.
+struct Row {
+  cg::cluster_group cluster;
+  unsigned rank;
+  Shared& sh;
+  float* x;
+  int n;
+  int base;
+  int phase;           // which exchange slot the next cluster-wide exchange uses
+  int decision_phase;  // which decision slot the next share_from_block0 uses
+};
+
+// Every thread of the block gets op over all threads' values, combined in a fixed order.
+template <typename T, typename Op>
+__device__ T block_allreduce(T v, Op op, Shared& sh) {
+  static_assert(sizeof(T) <= sizeof(sh.warp_partial[0]), "fits a slot");
+#pragma unroll
+  for (int mask = 16; mask > 0; mask /= 2) v = op(v, shuffle_xor(v, mask));
+  __syncthreads();  // an earlier call's readers are done
+  if (threadIdx.x % 32 == 0) *reinterpret_cast<T*>(&sh.warp_partial[threadIdx.x / 32][0]) = v;
+  __syncthreads();
+  T r = *reinterpret_cast<const T*>(&sh.warp_partial[0][0]);
+  for (int w = 1; w < kWarps; ++w) r = op(r, *reinterpret_cast<const T*>(&sh.warp_partial[w][0]));
+  return r;
+}
+
+// The sum of the values of the threads before this one, in thread order.
+template <typename T>
+__device__ T exclusive_block_scan(T v, Shared& sh) {
+  static_assert(sizeof(T) <= sizeof(sh.warp_partial[0]), "fits a slot");
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  T inclusive = v;
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const T up = shuffle_from(inclusive, lane >= offset ? lane - offset : lane);
+    if (lane >= offset) inclusive.count += up.count, inclusive.mass += up.mass;
+  }
+  __syncthreads();  // an earlier user of warp_partial is done
+  if (lane == 31) *reinterpret_cast<T*>(&sh.warp_partial[warp][0]) = inclusive;
+  __syncthreads();
+  T before = inclusive;
+  before.count -= v.count, before.mass -= v.mass;
+  for (int w = 0; w < warp; ++w) {
+    const T other = *reinterpret_cast<const T*>(&sh.warp_partial[w][0]);
+    before.count += other.count, before.mass += other.mass;
+  }
+  return before;
+}
+
+// Over the cluster: every thread of every block gets op over all blocks' values. Block b's
+// value goes to its slot; lane b of warp 0 reads it; they are combined in block order. The
+// slots alternate, so a slot is written again only after a barrier its readers have passed.
+template <typename T, typename Op>
+__device__ T cluster_allreduce(T v, Op op, Row& row) {
+  static_assert(sizeof(T) <= sizeof(row.sh.exchange[0]), "fits a slot");
+  v = block_allreduce(v, op, row.sh);
+  T* slot = reinterpret_cast<T*>(&row.sh.exchange[row.phase][0]);
+  row.phase ^= 1;
+  if (threadIdx.x == 0) *slot = v;
+  row.cluster.sync();
+  if (threadIdx.x < 32) {
+    const T mine = *row.cluster.map_shared_rank(slot, threadIdx.x % kClusterBlocks);
+    T r = shuffle_from(mine, 0);
+    for (int b = 1; b < kClusterBlocks; ++b) r = op(r, shuffle_from(mine, b));
+    if (threadIdx.x == 0) *reinterpret_cast<T*>(&row.sh.reduced[0]) = r;
+  }
+  __syncthreads();
+  const T out = *reinterpret_cast<const T*>(&row.sh.reduced[0]);
+  __syncthreads();  // read before the next exchange writes it
+  return out;
+}
+
+// Over the cluster, by block rank: the sum of the values of the blocks before this one.
+__device__ CountWeight cluster_exclusive_scan(CountWeight own, Row& row) {
+  CountWeight* slot = reinterpret_cast<CountWeight*>(&row.sh.exchange[row.phase][0]);
+  row.phase ^= 1;
+  if (threadIdx.x == 0) *slot = own;
+  row.cluster.sync();
+  if (threadIdx.x < 32) {
+    const CountWeight mine = *row.cluster.map_shared_rank(slot, threadIdx.x % kClusterBlocks);
+    CountWeight before{0, 0.0};
+    for (int b = 0; b < kClusterBlocks; ++b) {
+      const CountWeight other = shuffle_from(mine, b);
+      if (unsigned(b) < row.rank) before.count += other.count, before.mass += other.mass;
+    }
+    if (threadIdx.x == 0) *reinterpret_cast<CountWeight*>(&row.sh.reduced[0]) = before;
+  }
+  __syncthreads();
+  const CountWeight out = *reinterpret_cast<const CountWeight*>(&row.sh.reduced[0]);
+  __syncthreads();
+  return out;
+}
+
+// Block 0 decides; every block returns its answer. Block 0 stores it into every block's slot
+// (two slots in turn) before one cluster barrier.
+__device__ u64 share_from_block0(Row& row, u64 value) {
+  const int slot = row.decision_phase;
+  row.decision_phase ^= 1;
+  if (row.rank == 0 && threadIdx.x < 32) {
+    value = __shfl_sync(0xffffffffu, value, 0);
+    if (threadIdx.x < kClusterBlocks) *row.cluster.map_shared_rank(&row.sh.decision[slot], threadIdx.x) = value;
+  }
+  row.cluster.sync();
+  return row.sh.decision[slot];
+}
+
+// Step 2's histogram by bin_of, with each bin's mass when `mass`, merged over the cluster into
+// block 0 as prefix sums (bin_count[b]: tokens in bins 0..b; bin_mass[b]: their weight). Block r
+// merges bins [r * kRange, (r + 1) * kRange) of every block, one bin a thread, and stores
+// their prefix sums into block 0. Every block returns after a cluster barrier.
+__device__ void build_histogram(Row& row, float peak, float temperature, bool mass) {
+  constexpr int kRange = kBins / kClusterBlocks;
+  static_assert(kRange <= kThreads, "a bin a thread");
+  Shared& sh = row.sh;
+  for (int b = int(threadIdx.x); b < kBins; b += kThreads) sh.bin_count[b] = 0, sh.bin_fixed[b] = 0;
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
+    const float d = depth(row.x[i], peak, temperature);
+    const int bin = bin_of_depth(d);
+    atomicAdd(&sh.bin_count[bin], 1u);
+    if (mass) atomicAdd(&sh.bin_fixed[bin], fixed_in_bin(d, bin));
+  }
+  row.cluster.sync();
+  const int bin = int(row.rank) * kRange + int(threadIdx.x);
+  CountWeight own{0, 0.0};
+  if (int(threadIdx.x) < kRange) {
+    unsigned counts[kClusterBlocks], fixed[kClusterBlocks];  // every load issued before any is used
+#pragma unroll
+    for (int r = 0; r < kClusterBlocks; ++r) {
+      counts[r] = row.cluster.map_shared_rank(sh.bin_count, r)[bin];
+      fixed[r] = mass ? row.cluster.map_shared_rank(sh.bin_fixed, r)[bin] : 0u;
+    }
+    u64 mass_fixed = 0;
+#pragma unroll
+    for (int r = 0; r < kClusterBlocks; ++r) own.count += counts[r], mass_fixed += fixed[r];
+    own.mass = double(mass_fixed) * bin_unit(bin);
+  }
+  const CountWeight in_range = exclusive_block_scan(own, sh);
+  // The range's total as its last bin's prefix sum (the same additions, so the prefix sums rise).
+  __syncthreads();  // the scan's readers of warp_partial are done
+  if (int(threadIdx.x) == kRange - 1)
+    *reinterpret_cast<CountWeight*>(&sh.warp_partial[0][0]) = CountWeight{in_range.count + own.count, in_range.mass + own.mass};
+  __syncthreads();
+  const CountWeight range_total = *reinterpret_cast<const CountWeight*>(&sh.warp_partial[0][0]);
+  const CountWeight before = cluster_exclusive_scan(range_total, row);  // every merge is done after it
+  if (int(threadIdx.x) < kRange) {
+    row.cluster.map_shared_rank(sh.bin_count, 0)[bin] = unsigned(before.count + in_range.count + own.count);
+    row.cluster.map_shared_rank(sh.bin_mass, 0)[bin] = before.mass + in_range.mass + own.mass;
+  }
+  row.cluster.sync();
+}
+
+// Block 0, on the prefix sums: the first bin whose cumulative count reaches `count`.
+__device__ int bin_reaching_count(const Shared& sh, u64 count) {
+  int lo = 0, hi = kBins - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (u64(sh.bin_count[mid]) >= count) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+// ... the first bin whose cumulative mass reaches `mass` (>=), or passes it (> when strict).
+__device__ int bin_reaching_mass(const Shared& sh, double mass, bool strict) {
+  int lo = 0, hi = kBins - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (strict ? sh.bin_mass[mid] > mass : sh.bin_mass[mid] >= mass) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+__device__ CountWeight before_bin(const Shared& sh, int bin) {
+  return bin == 0 ? CountWeight{0, 0.0} : CountWeight{sh.bin_count[bin - 1], sh.bin_mass[bin - 1]};
+}
+
+// Gathers the order keys of the tokens whose bin lies in [lo, hi] into block 0's candidates
+// (their number known from the histogram: at most kMaxCandidates). Every block adds to block
+// 0's counter; block 0 reset it before the barrier that shared [lo, hi].
+__device__ void gather(Row& row, float peak, float temperature, int lo, int hi) {
+  u64* out = row.cluster.map_shared_rank(row.sh.candidates, 0);
+  int* counter = row.cluster.map_shared_rank(&row.sh.gathered, 0);
+  for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
+    const float v = row.x[i];
+    const int bin = bin_of(v, peak, temperature);
+    if (bin >= lo && bin <= hi) out[atomicAdd(counter, 1)] = order_key(v, row.base + i);
+  }
+  row.cluster.sync();  // block 0 holds them all
+}
+
+// Block 0: sorts the c gathered keys in place, largest first: each key's rank is the number of
+// keys above it (keys are unique), found by a thread holding it (two a thread).
+__device__ void sort_candidates(Shared& sh, int c) {
+  static_assert(kMaxCandidates == 2 * kThreads, "two keys a thread");
+  u64 key[2];
+  int rank[2] = {0, 0};
+  for (int j = 0; j < 2; ++j) key[j] = int(threadIdx.x) + j * kThreads < c ? sh.candidates[threadIdx.x + j * kThreads] : 0;
+  for (int m = 0; m < c; ++m) {
+    const u64 other = sh.candidates[m];
+    rank[0] += other > key[0] ? 1 : 0;
+    rank[1] += other > key[1] ? 1 : 0;
+  }
+  __syncthreads();
+  for (int j = 0; j < 2; ++j)
+    if (int(threadIdx.x) + j * kThreads < c) sh.candidates[rank[j]] = key[j];
+  __syncthreads();
+}
+
+// One bin's tokens, sorted, in block 0: thread t holds the inclusive prefix weights of the
+// bin's tokens 2t and 2t + 1 (in the bin's fixed point).
+struct LoadedBin {
+  int bin = -1;
+  int count = 0;
+  u64 prefix[2] = {0, 0};
+};
+
+// The bin to load next and its size, as block 0 shares them.
+__device__ __forceinline__ u64 bin_request(const Shared& sh, int bin) {
+  return u64(bin) | (u64(sh.bin_count[bin] - (bin ? sh.bin_count[bin - 1] : 0u)) << 32);
+}
+
+// Gathers and sorts a bin (`request` from bin_request; every block calls it, only block 0's
+// LoadedBin is filled). Returns false when the bin holds more than kMaxCandidates tokens.
+__device__ bool load_bin(Row& row, float peak, float temperature, u64 request, LoadedBin& loaded) {
+  const int bin = int(request & 0xffffffffu), c = int(request >> 32);
+  if (loaded.bin == bin) return true;
+  if (c > kMaxCandidates) return false;
+  gather(row, peak, temperature, bin, bin);
+  loaded.bin = bin;
+  loaded.count = c;
+  if (row.rank != 0) return true;
+  Shared& sh = row.sh;
+  sort_candidates(sh, c);
+  const int i = 2 * int(threadIdx.x);
+  const auto fixed = [&](int k) { return k < c ? u64(fixed_in_bin(depth(value_of(sh.candidates[k]), peak, temperature), bin)) : 0; };
+  const u64 w0 = fixed(i), w1 = fixed(i + 1);
+  const u64 before = exclusive_block_scan(CountMass{0, w0 + w1}, sh).mass;
+  loaded.prefix[0] = before + w0;
+  loaded.prefix[1] = before + w0 + w1;
+  if (threadIdx.x == 0) sh.gathered = 0;  // for the next gather (after the next barrier)
+  return true;
+}
+
+// Block 0: how many of the loaded bin's first `limit` tokens have offset + weight so far
+// below `mass` (<= when `inclusive`): the index of the first that reaches (passes) it.
+__device__ int count_below(Shared& sh, const LoadedBin& loaded, int limit, double offset, double mass, bool inclusive) {
+  const double unit = bin_unit(loaded.bin);
+  u64 n = 0;
+  for (int j = 0; j < 2; ++j) {
+    const int i = 2 * int(threadIdx.x) + j;
+    const double p = offset + double(loaded.prefix[j]) * unit;
+    n += i < limit && (inclusive ? p <= mass : p < mass) ? 1 : 0;
+  }
+  return int(block_allreduce(n, SumOp{}, sh));
+}
+// Block 0: the weight of the loaded bin's first n tokens (n >= 1).
+__device__ double prefix_of(Shared& sh, const LoadedBin& loaded, int n) {
+  const int i = n - 1;
+  __syncthreads();
+  if (i / 2 == int(threadIdx.x)) sh.scratch = loaded.prefix[i % 2];
+  __syncthreads();
+  return double(sh.scratch) * bin_unit(loaded.bin);
+}
+
+// Tokens with weight >= min_weight (a prefix of the order), over the row.
+__device__ u64 count_heavy(Row& row, float peak, float temperature, float min_weight) {
+  u64 n = 0;
+  for (int i = int(threadIdx.x); i < row.n; i += kThreads) n += expf(-depth(row.x[i], peak, temperature)) >= min_weight ? 1 : 0;
+  return cluster_allreduce(n, SumOp{}, row);
+}
+
+// Tokens of the slice with order key >= `at` (and weight >= min_weight when > 0): how many, and
+// their weight in 40-bit fixed point. For the bisections.
+__device__ CountMass count_from(Row& row, u64 at, float peak, float temperature, float min_weight) {
+  CountMass c{0, 0};
+  for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
+    const float v = row.x[i];
+    if (order_key(v, row.base + i) < at) continue;
+    const float w = expf(-depth(v, peak, temperature));
+    if (min_weight > 0.0f && w < min_weight) continue;
+    c.count += 1;
+    c.mass += u64(double(w) * kFallbackOne + 0.5);
+  }
+  return cluster_allreduce(c, SumOp{}, row);
+}
+
+// The largest key K with pred(count_from(K)) (pred holds at K = 0 and fails as K grows).
+template <typename Pred>
+__device__ u64 largest_key_where(Row& row, float peak, float temperature, float min_weight, Pred pred) {
+  u64 key = 0;
+  for (int bit = 63; bit >= 0; --bit) {
+    const u64 next = key | (u64(1) << bit);
+    if (pred(count_from(row, next, peak, temperature, min_weight))) key = next;
+  }
+  return key;
+}
+
+// The draw by bisection (step 4).
+__device__ int draw_by_bisection(Row& row, const SamplingParams& p, double u, float peak, int vocab) {
+  const float t = p.temperature, no_min = 0.0f;
+  const u64 k_key = p.top_k > 0 && p.top_k < vocab
+                        ? largest_key_where(row, peak, t, no_min, [&](CountMass m) { return m.count >= u64(p.top_k); })
+                        : 0;
+  u64 cut_key = k_key;
+  if (p.top_p < 1.0f) {
+    const double needed = double(p.top_p) * double(count_from(row, k_key, peak, t, no_min).mass);
+    cut_key = max(cut_key, largest_key_where(row, peak, t, no_min, [&](CountMass m) { return double(m.mass) >= needed; }));
+  }
+  const double target = u * double(count_from(row, cut_key, peak, t, p.min_p).mass);
+  const u64 drawn = largest_key_where(row, peak, t, p.min_p, [&](CountMass m) { return double(m.mass) > target; });
+  return id_of(max(drawn, cut_key));
+}
+
+// The processed row's draw (temperature > 0), in the reference sampler's order: the token id,
+// in block 0 (the others may return anything). The kept set is the first `keep` tokens of the order. Block 0 finds
+// positions in the order from the histogram and the bins it loads; the others follow its
+// gathers.
+__device__ int draw(Row& row, const SamplingParams& p, std::uint64_t step, float peak, int vocab) {
+  Shared& sh = row.sh;
+  const float t = p.temperature;
+  const double u = uniform_draw(p.seed, step);
+  build_histogram(row, peak, t, true);
+  const bool zero = row.rank == 0;
+  LoadedBin loaded;
+  bool fits = true;
+
+  // top-k: the first top_k tokens; their weight is top-p's base.
+  u64 keep = u64(vocab);
+  double base = zero ? sh.bin_mass[kBins - 1] : 0.0;
+  if (p.top_k > 0 && p.top_k < vocab) {
+    keep = u64(p.top_k);
+    if (p.top_p < 1.0f) {
+      const u64 request = share_from_block0(row, zero ? bin_request(sh, bin_reaching_count(sh, keep)) : 0);
+      fits = load_bin(row, peak, t, request, loaded);
+      if (fits && zero) {
+        const CountWeight before = before_bin(sh, loaded.bin);
+        base = before.mass + prefix_of(sh, loaded, int(keep - before.count));
+      }
+    }
+  }
+  // top-p over what top-k kept: the smallest head whose weight reaches top_p of it.
+  if (fits && p.top_p < 1.0f) {
+    const double needed = double(p.top_p) * base;
+    const u64 request = share_from_block0(
+        row, zero ? bin_request(sh, min(bin_reaching_mass(sh, needed, false), bin_reaching_count(sh, keep))) : 0);
+    fits = load_bin(row, peak, t, request, loaded);
+    if (fits && zero) {
+      const CountWeight before = before_bin(sh, loaded.bin);
+      const int limit = int(min(u64(loaded.count), keep - before.count));
+      keep = before.count + u64(min(count_below(sh, loaded, limit, before.mass, needed, false) + 1, limit));
+    }
+  }
+  // min-p: no token below min_p of the top one's weight (the top one always stays).
+  if (fits && p.min_p > 0.0f) keep = min(keep, max(u64(1), count_heavy(row, peak, t, p.min_p)));
+
+  // The kept weight, then the draw: the first token whose cumulative weight passes u * kept.
+  if (fits) {
+    // The bin holding the last kept token, and (bit 63) whether the kept set ends with it.
+    const u64 last = share_from_block0(row, zero ? bin_request(sh, bin_reaching_count(sh, keep)) |
+                                                      (u64(sh.bin_count[bin_reaching_count(sh, keep)] == keep) << 63)
+                                                : 0);
+    double kept = 0.0;
+    if (last >> 63) {
+      if (zero) kept = sh.bin_mass[int(last & 0xffffffffu)];
+    } else {
+      fits = load_bin(row, peak, t, last & ~(u64(1) << 63), loaded);
+      if (fits && zero) {
+        const CountWeight before = before_bin(sh, loaded.bin);
+        kept = before.mass + prefix_of(sh, loaded, int(keep - before.count));
+      }
+    }
+    if (fits) {
+      const double target = u * kept;
+      const int last_bin = int(last & 0xffffffffu);
+      const u64 request = share_from_block0(row, zero ? bin_request(sh, min(bin_reaching_mass(sh, target, true), last_bin)) : 0);
+      fits = load_bin(row, peak, t, request, loaded);
+      if (fits) {
+        if (!zero) return 0;
+        const CountWeight before = before_bin(sh, loaded.bin);
+        const int limit = int(min(u64(loaded.count), keep - before.count));
+        return id_of(sh.candidates[min(count_below(sh, loaded, limit, before.mass, target, true), limit - 1)]);
+      }
+    }
+  }
+  return draw_by_bisection(row, p, u, peak, vocab);
+}
+
+// The n largest raw logits (n <= kMaxTopLogprobs), written by block 0 as logprobs: the bins up to
+// the one holding the n-th are gathered and sorted.
+__device__ void top_logprobs(Row& row, int n, float peak, float log_sum, TopLogprob* out) {
+  Shared& sh = row.sh;
+  build_histogram(row, peak, 1.0f, false);
+  const u64 hi = share_from_block0(row, row.rank == 0 ? u64(bin_reaching_count(sh, u64(n))) | (u64(sh.bin_count[bin_reaching_count(sh, u64(n))]) << 32) : 0);
+  int c = int(hi >> 32);
+  if (c <= kMaxCandidates) {
+    gather(row, peak, 1.0f, 0, int(hi & 0xffffffffu));
+  } else {
+    // Ties over a whole bin: the n-th key by bisection, then exactly the n keys from it.
+    const u64 nth = largest_key_where(row, peak, 1.0f, 0.0f, [&](CountMass m) { return m.count >= u64(n); });
+    u64* dst = row.cluster.map_shared_rank(sh.candidates, 0);
+    int* counter = row.cluster.map_shared_rank(&sh.gathered, 0);
+    for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
+      const u64 key = order_key(row.x[i], row.base + i);
+      if (key >= nth) dst[atomicAdd(counter, 1)] = key;
+    }
+    row.cluster.sync();
+    c = n;
+  }
+  if (row.rank == 0) {
+    sort_candidates(sh, c);
+    for (int j = int(threadIdx.x); j < n; j += kThreads)
+      out[j] = TopLogprob{id_of(sh.candidates[j]), value_of(sh.candidates[j]) - log_sum};
+    if (threadIdx.x == 0) sh.gathered = 0;
+  }
+}
+
+// Applies the penalties to the slice: the row's entries, and its input token `newest`.
+__device__ void apply_penalties(Row& row, const SamplingParams& p, const PenaltyToken* entries, int count,
+                                int newest, bool newest_is_output) {
+  Shared& sh = row.sh;
+  if (threadIdx.x == 0) sh.newest_found = 0;
+  __syncthreads();
+  const auto penalise = [&](int id, int output_count, bool in_prompt) {
+    float v = row.x[id - row.base];
+    if (in_prompt || output_count > 0) v = v > 0.0f ? v / p.repetition_penalty : v * p.repetition_penalty;
+    v -= float(output_count) * p.frequency_penalty + (output_count > 0 ? p.presence_penalty : 0.0f);
+    row.x[id - row.base] = fminf(fmaxf(v, -FLT_MAX), FLT_MAX);  // clamped to the finite floats, as the host does
+  };
+  for (int e = int(threadIdx.x); e < count; e += kThreads) {
+    const PenaltyToken t = entries[e];
+    if (t.id < row.base || t.id >= row.base + row.n) continue;
+    const bool is_newest = t.id == newest;
+    if (is_newest) sh.newest_found = 1;
+    penalise(t.id, t.output_count + (is_newest && newest_is_output ? 1 : 0), t.in_prompt != 0 || (is_newest && !newest_is_output));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && !sh.newest_found && newest >= row.base && newest < row.base + row.n)
+    penalise(newest, newest_is_output ? 1 : 0, !newest_is_output);
+  __syncthreads();
+}
+
+// The slice's raw best, non-finite id and (with_sum) sum of exp(x - its raw max).
+__device__ RowStats raw_stats(const Row& row, bool with_sum) {
+  RowStats s{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, {0, 0}};
+  for (int i = int(threadIdx.x); i < row.n; i += kThreads) {  // ids rise: a strict > keeps the lowest
+    const float v = row.x[i];
+    if (!isfinite(v)) s.nonfinite = min(s.nonfinite, row.base + i);
+    else if (v > s.raw_max || s.raw_id == INT_MAX) s.raw_max = v, s.raw_id = row.base + i;
+  }
+  if (with_sum && s.raw_id != INT_MAX)
+    for (int i = int(threadIdx.x); i < row.n; i += kThreads) s.raw_sum += isfinite(row.x[i]) ? expf(row.x[i] - s.raw_max) : 0.0f;
+  return s;
+}
+// ... and the slice's processed best (after the penalties).
+__device__ void processed_best(const Row& row, RowStats& s) {
+  for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
+    const float v = row.x[i];
+    if (isfinite(v) && (v > s.max || s.id == INT_MAX)) s.max = v, s.id = row.base + i;
+  }
+}
+
+__device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float* logits) {
+  const RowSampling rs = a.sampling[r];
+  const SamplingParams& p = rs.params;
+  const bool penalties = p.has_penalties(), top_n = p.logprobs > 0;
+  RowStats s = raw_stats(row, p.logprobs >= 0);
+  if (top_n) {  // the top-n raw logits before the penalties change the copy
+    s.max = s.raw_max, s.id = s.raw_id;
+    s = cluster_allreduce(s, StatsOp{}, row);
+    if (s.nonfinite == INT_MAX)
+      top_logprobs(row, min(p.logprobs, a.vocab), s.raw_max, s.raw_max + logf(s.raw_sum), a.top_logprobs + std::size_t(r) * kMaxTopLogprobs);
+  }
+  if (s.nonfinite == INT_MAX || !top_n) {
+    if (penalties)
+      apply_penalties(row, p, a.penalty_tokens + rs.penalty_begin, rs.penalty_end - rs.penalty_begin,
+                      a.tokens[a.logit_rows[r]], rs.newest_is_output != 0);
+    if (penalties || !top_n) {
+      RowStats local = top_n ? RowStats{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, {0, 0}} : s;
+      if (penalties) processed_best(row, local);
+      else local.max = local.raw_max, local.id = local.raw_id;
+      const RowStats all = cluster_allreduce(local, StatsOp{}, row);
+      if (top_n) s.max = all.max, s.id = all.id;
+      else s = all;
+    }
+  }
+  LogitSummary summary{};
+  if (s.nonfinite != INT_MAX) {
+    summary.nonfinite = s.nonfinite;
+    summary.nonfinite_value = logits[s.nonfinite];
+    if (row.rank == 0 && threadIdx.x == 0) a.summaries[r] = summary;
+    return;
+  }
+  const int token = p.temperature == 0.0f ? s.id : draw(row, p, rs.step, s.max, a.vocab);
+  if (row.rank == 0 && threadIdx.x == 0) {
+    summary.token = token;
+    summary.logprob = p.logprobs >= 0 ? logits[token] - (s.raw_max + logf(s.raw_sum)) : 0.0f;
+    a.summaries[r] = summary;
+  }
+}
+
+#endif  // __CUDA_ARCH__ >= 900
+
+__global__ void __launch_bounds__(kThreads, 2) sample_rows_kernel(SampleRowsArgs a, int slice_len) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ Shared sh;
+  extern __shared__ float4 dynamic_smem[];
+  wait_for_prior_grids();
+  allow_next_grid();
+  cg::cluster_group cluster = cg::this_cluster();
+  const int r = int(blockIdx.x) / kClusterBlocks;
+  const unsigned rank = cluster.block_rank();
+  Row row{cluster, rank, sh, reinterpret_cast<float*>(dynamic_smem), 0, int(rank) * slice_len, 0, 0};
+  row.n = max(0, min(slice_len, a.vocab - row.base));
+  if (threadIdx.x == 0) sh.gathered = 0;
+  const float* logits = a.logits + std::size_t(r) * std::size_t(a.vocab);
+  if (a.vocab % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.logits) % 16 == 0) {
+    // Slices start 16-byte aligned: the copy engine brings the slice in, 16 KB a copy.
+    __shared__ SharedBarrier loaded;
+    if (threadIdx.x == 0) {
+      loaded.init(1);
+      SharedBarrier::fence_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const std::uint64_t policy = l2_evict_first_policy();  // read once
+      const unsigned bytes = unsigned(row.n) * 4u;
+      for (unsigned at = 0; at < bytes; at += 16384u)
+        bulk_copy_to_shared(reinterpret_cast<char*>(row.x) + at, reinterpret_cast<const char*>(logits + row.base) + at,
+                            min(16384u, bytes - at), loaded, policy);
+      loaded.arrive_expecting(bytes);
+    }
+    loaded.wait(0);
+  } else {
+    for (int i = int(threadIdx.x); i < row.n; i += kThreads) row.x[i] = __ldcs(logits + row.base + i);
+  }
+  __syncthreads();
+  sample_row(row, a, r, logits);
+  cluster.sync();  // no block leaves while another may still read its shared memory
+#endif
+}
+
+std::size_t slice_floats(int vocab) { return std::size_t((vocab + kClusterBlocks - 1) / kClusterBlocks + 3) / 4 * 4; }
+
+// Allows the kernel `smem` bytes of dynamic shared memory (once per size that grows), with the
+// whole carveout as shared memory (two blocks of a Qwen3 row's slice need 221 of its 228 KB).
+void configure_kernel(std::size_t smem) {
+  static std::size_t configured = 0;
+  if (smem <= configured) return;
+  ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+  configured = smem;
+}
+
+}  // namespace
+
+bool device_sampling_supported(int vocab) {
+  const DeviceInfo& info = current_device_info();
+  if (info.major < 9 || vocab < 1) return false;
+  int device = 0, optin = 0;
+  ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
+  ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // A bin's fixed-point sum in one block stays below 2^32: at most 65,535 tokens a slice.
+  return slice_floats(vocab) <= 65535 && slice_floats(vocab) * sizeof(float) + sizeof(Shared) <= std::size_t(optin);
+}
+
+void launch_sample_rows(const SampleRowsArgs& a, cudaStream_t stream) {
+  check(a.rows >= 0 && a.vocab >= 1, "sample_rows: bad sizes (rows ", a.rows, ", vocab ", a.vocab, ")");
+  if (a.rows == 0) return;
+  check(a.logits && a.sampling && a.tokens && a.logit_rows && a.summaries, "sample_rows: null pointer");
+  check(device_sampling_supported(a.vocab), "sample_rows: this device cannot sample a ", a.vocab,
+        "-token vocabulary (needs sm_90 and the row in one cluster's shared memory)");
+  const std::size_t smem = slice_floats(a.vocab) * sizeof(float);
+  configure_kernel(smem);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(a.rows) * kClusterBlocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = kClusterBlocks;
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attrs;
+  config.numAttrs = dependent_launch_enabled() ? 2 : 1;
+  ASYNCT_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_rows_kernel, a, int(slice_floats(a.vocab))));
+  check_launch("sample_rows");
+}
+
+int sample_rows_resident_clusters(int vocab) {
+  check(device_sampling_supported(vocab), "sample_rows: this device cannot sample a ", vocab, "-token vocabulary");
+  const std::size_t smem = slice_floats(vocab) * sizeof(float);
+  configure_kernel(smem);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(kClusterBlocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kClusterBlocks;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  int clusters = 0;
+  ASYNCT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, sample_rows_kernel, &config));
+  return clusters;
+}
+
+}  // namespace asynct::kernels

@@ -1,0 +1,350 @@
+// The device sampler (kernels/sampling/sample_rows.h) against the CPU reference sampler:
+//   - greedy rows (with and without penalties) and non-finite rows: exactly;
+//   - seeded draws: the same token as the host for the same (seed, step), but for draws that
+//     land within rounding of a boundary between two tokens (the host sums weights in double,
+//     the device in 32-bit fixed point): at most 1 in 1000 may differ;
+//   - the distribution of many draws: chi-square against the exact probabilities of the kept
+//     tokens, computed here from a full sort (p > 1e-6 required);
+//   - logprobs: the sampled token's and the top-n, against a log-softmax in double (1e-4);
+//   - the paths: few candidates (top-k), the draw's bin (no cut), min-p, and more candidates
+//     than the gather holds (top-p alone on a flat row, top-k 3000, a row of equal logits);
+//     vocabularies of 151936, 49152 and odd sizes; the same launch twice gives the same tokens.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/sampling_params.h"
+#include "reference/sampler.h"
+#include "gpu/device_buffer.h"
+#include "kernels/common/cuda_array.h"
+#include "kernels/sampling/sample_rows.h"
+#include "support/random.h"
+
+namespace asynct {
+namespace {
+
+using kernels::DeviceArray;
+
+template <typename T>
+DeviceArray<T> to_device(const std::vector<T>& host) {
+  DeviceArray<T> d{std::max<std::size_t>(host.size(), 1)};
+  if (!host.empty()) ASYNCT_CUDA_CHECK(cudaMemcpy(d.get(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+template <typename T>
+std::vector<T> to_host(const DeviceArray<T>& d, std::size_t n) {
+  std::vector<T> host(n);
+  ASYNCT_CUDA_CHECK(cudaMemcpy(host.data(), d.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// One launch's inputs: rows of logits, each row's sampling, penalty entries and input token.
+struct Batch {
+  int vocab = 0;
+  std::vector<float> logits;  // [rows * vocab]
+  std::vector<RowSampling> sampling;
+  std::vector<PenaltyToken> penalties;
+  std::vector<std::int32_t> newest;  // each row's input token
+  int rows() const { return int(sampling.size()); }
+  void add(const float* row, const RowSampling& rs, std::int32_t input_token, const std::vector<PenaltyToken>& entries = {}) {
+    logits.insert(logits.end(), row, row + vocab);
+    RowSampling r = rs;
+    r.penalty_begin = std::int32_t(penalties.size());
+    penalties.insert(penalties.end(), entries.begin(), entries.end());
+    r.penalty_end = std::int32_t(penalties.size());
+    sampling.push_back(r);
+    newest.push_back(input_token);
+  }
+};
+
+struct Sampled {
+  std::vector<LogitSummary> summaries;
+  std::vector<TopLogprob> top;  // [rows * kMaxTopLogprobs]
+};
+
+Sampled sample_on_device(const Batch& b) {
+  const int rows = b.rows();
+  DeviceArray<float> logits = to_device(b.logits);
+  DeviceArray<RowSampling> sampling = to_device(b.sampling);
+  DeviceArray<PenaltyToken> penalties = to_device(b.penalties);
+  // Input tokens at scattered positions, as a step's flattened tokens are.
+  std::vector<std::int32_t> tokens(std::size_t(2 * rows), 7), logit_rows(static_cast<std::size_t>(rows));
+  for (int r = 0; r < rows; ++r) logit_rows[std::size_t(r)] = 2 * r + 1, tokens[std::size_t(2 * r + 1)] = b.newest[std::size_t(r)];
+  DeviceArray<std::int32_t> d_tokens = to_device(tokens), d_rows = to_device(logit_rows);
+  DeviceArray<LogitSummary> summaries{std::size_t(rows)};
+  DeviceArray<TopLogprob> top{std::size_t(rows) * kMaxTopLogprobs};
+  ASYNCT_CUDA_CHECK(cudaMemset(summaries.get(), 0xFF, std::size_t(rows) * sizeof(LogitSummary)));
+  ASYNCT_CUDA_CHECK(cudaMemset(top.get(), 0xFF, std::size_t(rows) * kMaxTopLogprobs * sizeof(TopLogprob)));
+  kernels::SampleRowsArgs a;
+  a.logits = logits.get();
+  a.rows = rows;
+  a.vocab = b.vocab;
+  a.sampling = sampling.get();
+  a.penalty_tokens = penalties.get();
+  a.tokens = d_tokens.get();
+  a.logit_rows = d_rows.get();
+  a.summaries = summaries.get();
+  a.top_logprobs = top.get();
+  kernels::launch_sample_rows(a, nullptr);
+  testing::check_launch("sample_rows");
+  return {to_host(summaries, std::size_t(rows)), to_host(top, std::size_t(rows) * kMaxTopLogprobs)};
+}
+
+// The host's answer for row r of the batch: the reference sampler's penalties and draw.
+int host_token(const Batch& b, int r) {
+  const RowSampling& rs = b.sampling[std::size_t(r)];
+  std::vector<float> row(b.logits.begin() + std::ptrdiff_t(r) * b.vocab, b.logits.begin() + std::ptrdiff_t(r + 1) * b.vocab);
+  if (rs.params.has_penalties()) {
+    const PenaltyContext context{std::span<const PenaltyToken>(b.penalties).subspan(std::size_t(rs.penalty_begin),
+                                                                                  std::size_t(rs.penalty_end - rs.penalty_begin)),
+                                 b.newest[std::size_t(r)], rs.newest_is_output != 0};
+    apply_penalties(row.data(), row.size(), rs.params, context);
+  }
+  return sample_token(row.data(), row.size(), rs.params, rs.step);
+}
+
+// log_softmax of a raw row in double.
+std::vector<double> log_softmax(const float* row, int vocab) {
+  const double peak = *std::max_element(row, row + vocab);
+  double sum = 0;
+  for (int i = 0; i < vocab; ++i) sum += std::exp(double(row[i]) - peak);
+  std::vector<double> out(static_cast<std::size_t>(vocab));
+  for (int i = 0; i < vocab; ++i) out[std::size_t(i)] = double(row[i]) - peak - std::log(sum);
+  return out;
+}
+
+// The exact probabilities of a penalty-free row under p, in the reference order: sort, top-k,
+// top-p, min-p, renormalise.
+std::vector<double> kept_probabilities(const float* row, int vocab, const SamplingParams& p) {
+  std::vector<int> order(static_cast<std::size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return row[a] > row[b]; });
+  const double peak = row[order[0]];
+  std::vector<double> w(static_cast<std::size_t>(vocab));
+  for (int i = 0; i < vocab; ++i) w[std::size_t(i)] = std::exp((double(row[i]) - peak) / p.temperature);
+  std::size_t keep = p.top_k > 0 ? std::min<std::size_t>(std::size_t(p.top_k), order.size()) : order.size();
+  double kept = 0;
+  for (std::size_t i = 0; i < keep; ++i) kept += w[std::size_t(order[i])];
+  if (p.top_p < 1.0f) {
+    double mass = 0;
+    std::size_t n = 0;
+    while (n < keep) {
+      mass += w[std::size_t(order[n++])];
+      if (mass >= p.top_p * kept) break;
+    }
+    keep = n;
+  }
+  if (p.min_p > 0.0f)
+    while (keep > 1 && w[std::size_t(order[keep - 1])] < p.min_p) --keep;
+  std::vector<double> prob(std::size_t(vocab), 0.0);
+  double total = 0;
+  for (std::size_t i = 0; i < keep; ++i) total += w[std::size_t(order[i])];
+  for (std::size_t i = 0; i < keep; ++i) prob[std::size_t(order[i])] = w[std::size_t(order[i])] / total;
+  return prob;
+}
+
+RowSampling sampled(float temperature, int top_k, float top_p, float min_p, std::uint64_t seed, std::uint64_t step) {
+  RowSampling rs;
+  rs.params.temperature = temperature;
+  rs.params.top_k = top_k;
+  rs.params.top_p = top_p;
+  rs.params.min_p = min_p;
+  rs.params.seed = seed;
+  rs.step = step;
+  return rs;
+}
+
+struct Config {
+  const char* name;
+  float temperature;
+  int top_k;
+  float top_p;
+  float min_p;
+  float scale;  // the logits' standard deviation: small = flat rows, many candidates
+};
+
+// Each config: 256 draws of one row (steps 0..255) in one launch, compared token by token with
+// the host; `launches` launches of different seeds for the chi-square.
+void check_draws(int vocab, const Config& c, int launches, std::uint64_t seed_base) {
+  testing::Random rng(seed_base);
+  Tensor logits = rng.normal({1, vocab}, c.scale);
+  const float* row = logits.data_as<float>();
+  const std::vector<double> prob = kept_probabilities(row, vocab, sampled(c.temperature, c.top_k, c.top_p, c.min_p, 0, 0).params);
+  std::vector<long> counts(std::size_t(vocab), 0);
+  long draws = 0, differ = 0;
+  for (int l = 0; l < launches; ++l) {
+    Batch b;
+    b.vocab = vocab;
+    for (int s = 0; s < 256; ++s) b.add(row, sampled(c.temperature, c.top_k, c.top_p, c.min_p, seed_base + std::uint64_t(l), std::uint64_t(s)), 0);
+    const Sampled got = sample_on_device(b);
+    for (int s = 0; s < b.rows(); ++s) {
+      const LogitSummary& g = got.summaries[std::size_t(s)];
+      ASSERT_EQ(g.nonfinite, -1) << c.name;
+      ASSERT_TRUE(g.token >= 0 && g.token < vocab) << c.name << ": token " << g.token;
+      ASSERT_GT(prob[std::size_t(g.token)], 0.0) << c.name << ": drew token " << g.token << ", which the cuts drop";
+      ++counts[std::size_t(g.token)];
+      ++draws;
+      if (l == 0) differ += g.token != host_token(b, s) ? 1 : 0;
+    }
+  }
+  EXPECT_LE(differ, 1) << c.name << ": tokens that differ from the host's for the same (seed, step), of 256";
+  // Chi-square over the kept tokens, the rare ones (expected < 5) pooled.
+  double chi2 = 0, pooled_expected = 0, pooled_observed = 0;
+  int dof = -1;
+  for (int i = 0; i < vocab; ++i) {
+    const double e = prob[std::size_t(i)] * double(draws);
+    if (e == 0.0) continue;
+    if (e < 5.0) {
+      pooled_expected += e, pooled_observed += double(counts[std::size_t(i)]);
+      continue;
+    }
+    chi2 += (double(counts[std::size_t(i)]) - e) * (double(counts[std::size_t(i)]) - e) / e, ++dof;
+  }
+  if (pooled_expected > 0) chi2 += (pooled_observed - pooled_expected) * (pooled_observed - pooled_expected) / pooled_expected, ++dof;
+  if (dof < 1) return;  // one token kept: every draw was checked above
+  // Wilson-Hilferty: chi2/dof is about normal with mean 1 - 2/(9 dof) and sd sqrt(2/(9 dof));
+  // z > 4.75 has probability 1e-6.
+  const double k = dof, z = (std::cbrt(chi2 / k) - (1 - 2 / (9 * k))) / std::sqrt(2 / (9 * k));
+  EXPECT_LT(z, 4.75) << c.name << ": chi-square " << chi2 << " on " << dof << " degrees of freedom, " << draws << " draws";
+}
+
+TEST(DeviceSampleRows, DrawsMatchTheHostAndTheDistribution) {
+  testing::require_gpu();
+  if (!kernels::device_sampling_supported(151936)) GTEST_SKIP() << "device sampling needs sm_90";
+  const Config configs[] = {
+      {"top-k 50, top-p 0.9", 1.0f, 50, 0.9f, 0.0f, 2.0f},
+      {"top-k 20", 0.7f, 20, 1.0f, 0.0f, 2.0f},
+      {"top-p 0.8", 1.0f, 0, 0.8f, 0.0f, 3.0f},
+      {"min-p 0.05", 1.0f, 0, 1.0f, 0.05f, 3.0f},
+      {"temperature only", 1.3f, 0, 1.0f, 0.0f, 3.0f},
+      {"top-p alone, flat row (bisection)", 1.0f, 0, 0.5f, 0.0f, 0.05f},
+      {"top-k 3000 (bisection)", 1.0f, 3000, 0.95f, 0.0f, 1.0f},
+      {"everything", 0.8f, 40, 0.9f, 0.02f, 2.5f},
+  };
+  for (const Config& c : configs) check_draws(151936, c, 8, 100);
+  for (const Config& c : configs) check_draws(49152, c, 4, 200);
+  check_draws(1000, configs[0], 8, 300);
+  check_draws(7, configs[4], 8, 400);
+  check_draws(100003, configs[2], 4, 500);
+}
+
+TEST(DeviceSampleRows, GreedyWithPenaltiesIsExact) {
+  testing::require_gpu();
+  if (!kernels::device_sampling_supported(151936)) GTEST_SKIP() << "device sampling needs sm_90";
+  for (int vocab : {151936, 49152, 4099, 13}) {
+    testing::Random rng{std::uint64_t(vocab)};
+    Tensor logits = rng.normal({12, vocab}, 2.0f);
+    Batch b;
+    b.vocab = vocab;
+    for (int r = 0; r < 12; ++r) {
+      const float* row = logits.data_as<float>() + std::int64_t(r) * vocab;
+      const int top = int(std::max_element(row, row + vocab) - row);
+      RowSampling rs;
+      rs.params.repetition_penalty = r % 3 == 0 ? 1.0f : 1.3f + 0.2f * float(r);
+      rs.params.presence_penalty = r % 2 ? 0.5f : 0.0f;
+      rs.params.frequency_penalty = r % 4 == 1 ? 0.7f : -0.2f;
+      rs.newest_is_output = r % 2;
+      // The argmax penalised (so the answer moves), negative logits, the newest token among the
+      // entries and not.
+      std::vector<PenaltyToken> entries = {{top, r % 3, 1}, {(top + 1) % vocab, 2, 0}, {(top + 7) % vocab, 0, 1}};
+      const int newest = r % 4 == 0 ? top : (top + 11) % vocab;
+      b.add(row, rs, newest, r == 5 ? std::vector<PenaltyToken>{} : entries);
+    }
+    const Sampled got = sample_on_device(b);
+    for (int r = 0; r < b.rows(); ++r)
+      EXPECT_EQ(got.summaries[std::size_t(r)].token, host_token(b, r)) << "vocab " << vocab << ", row " << r;
+  }
+}
+
+TEST(DeviceSampleRows, PenalisedDrawsMatchTheHost) {
+  testing::require_gpu();
+  if (!kernels::device_sampling_supported(151936)) GTEST_SKIP() << "device sampling needs sm_90";
+  const int vocab = 151936;
+  testing::Random rng(9);
+  Tensor logits = rng.normal({1, vocab}, 2.0f);
+  const float* row = logits.data_as<float>();
+  std::vector<PenaltyToken> entries;
+  std::vector<int> order(static_cast<std::size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + 64, order.end(), [&](int a, int c) { return row[a] > row[c]; });
+  for (int i = 0; i < 64; i += 2) entries.push_back({order[std::size_t(i)], i % 5, i % 3 == 0});
+  Batch b;
+  b.vocab = vocab;
+  for (int s = 0; s < 256; ++s) {
+    RowSampling rs = sampled(0.9f, 30, 0.92f, 0.0f, 77, std::uint64_t(s));
+    rs.params.repetition_penalty = 1.2f;
+    rs.params.frequency_penalty = 0.3f;
+    rs.params.presence_penalty = 0.4f;
+    rs.newest_is_output = s % 2;
+    b.add(row, rs, order[std::size_t(s % 8)], entries);
+  }
+  const Sampled got = sample_on_device(b);
+  int differ = 0;
+  for (int s = 0; s < b.rows(); ++s) differ += got.summaries[std::size_t(s)].token != host_token(b, s) ? 1 : 0;
+  EXPECT_LE(differ, 1);
+}
+
+TEST(DeviceSampleRows, LogprobsMatchALogSoftmax) {
+  testing::require_gpu();
+  if (!kernels::device_sampling_supported(151936)) GTEST_SKIP() << "device sampling needs sm_90";
+  for (int vocab : {151936, 49152, 1000, 5}) {
+    testing::Random rng(std::uint64_t(vocab) + 1);
+    Tensor logits = rng.normal({4, vocab}, 3.0f);
+    float* rows = logits.data_as<float>();
+    std::fill(rows + 3 * std::int64_t(vocab), rows + 4 * std::int64_t(vocab), 1.5f);  // all equal: ties by id
+    Batch b;
+    b.vocab = vocab;
+    for (int r = 0; r < 4; ++r) {
+      RowSampling rs = sampled(r == 0 ? 0.0f : 1.0f, 50, 1.0f, 0.0f, 3, std::uint64_t(r));
+      rs.params.logprobs = r == 1 ? 0 : kMaxTopLogprobs;
+      rs.params.repetition_penalty = r == 2 ? 2.0f : 1.0f;  // logprobs stay those of the raw row
+      b.add(rows + std::int64_t(r) * vocab, rs, 0, {{1, 1, 1}});
+    }
+    const Sampled got = sample_on_device(b);
+    for (int r = 0; r < 4; ++r) {
+      const float* row = rows + std::int64_t(r) * vocab;
+      const std::vector<double> lp = log_softmax(row, vocab);
+      const LogitSummary& s = got.summaries[std::size_t(r)];
+      EXPECT_NEAR(s.logprob, lp[std::size_t(s.token)], 1e-4) << "vocab " << vocab << ", row " << r;
+      const int n = b.sampling[std::size_t(r)].params.logprobs;
+      std::vector<int> order(static_cast<std::size_t>(vocab));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int c) { return row[a] > row[c]; });
+      for (int j = 0; j < std::min(n, vocab); ++j) {
+        const TopLogprob& t = got.top[std::size_t(r) * kMaxTopLogprobs + std::size_t(j)];
+        EXPECT_EQ(t.id, order[std::size_t(j)]) << "vocab " << vocab << ", row " << r << ", rank " << j;
+        EXPECT_NEAR(t.logprob, lp[std::size_t(order[std::size_t(j)])], 1e-4);
+      }
+    }
+  }
+}
+
+TEST(DeviceSampleRows, ReportsNonFiniteRowsAndIsDeterministic) {
+  testing::require_gpu();
+  if (!kernels::device_sampling_supported(151936)) GTEST_SKIP() << "device sampling needs sm_90";
+  const int vocab = 151936;
+  testing::Random rng(12);
+  Tensor logits = rng.normal({32, vocab}, 2.0f);
+  float* rows = logits.data_as<float>();
+  rows[3 * std::int64_t(vocab) + 1000] = NAN;
+  rows[4 * std::int64_t(vocab) + vocab - 1] = -std::numeric_limits<float>::infinity();
+  Batch b;
+  b.vocab = vocab;
+  for (int r = 0; r < 32; ++r) b.add(rows + std::int64_t(r) * vocab, sampled(1.0f, 0, 0.95f, 0.0f, 5, std::uint64_t(r)), 0);
+  const Sampled first = sample_on_device(b), second = sample_on_device(b);
+  EXPECT_EQ(first.summaries[3].nonfinite, 1000);
+  EXPECT_TRUE(std::isnan(first.summaries[3].nonfinite_value));
+  EXPECT_EQ(first.summaries[4].nonfinite, vocab - 1);
+  for (int r = 0; r < 32; ++r) {
+    if (r != 3 && r != 4) EXPECT_EQ(first.summaries[std::size_t(r)].nonfinite, -1);
+    EXPECT_EQ(first.summaries[std::size_t(r)].token, second.summaries[std::size_t(r)].token) << "row " << r;
+  }
+}
+
+}  // namespace
+}  // namespace asynct

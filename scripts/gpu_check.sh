@@ -5,9 +5,10 @@
 # folder) or build/gpu-out.
 #
 # STAGES picks what runs (default: all but timeline, in this order):
-#   build tests sanitizer torch bench scenarios timeline probes
+#   build tests sanitizer torch bench scenarios sampling timeline probes
 # e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings,
-# STAGES="build timeline" for where a decode step's time goes (the kernel timeline of both
+# STAGES="build sampling" for the device sampler's kernel bench and decode_heavy_b32 greedy against
+# sampled, STAGES="build timeline" for where a decode step's time goes (the kernel timeline of both
 # models' decode_heavy_b32 steps), STAGES=probes for the design probes in bench/*_probe.cu (what
 # a dependency costs; what the decode step's structure costs with no math in it).
 # GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/.."
 mkdir -p "${OUT:-build/gpu-out}"
 out="$(cd "${OUT:-build/gpu-out}" && pwd)"
 export PATH="/usr/local/cuda/bin:$PATH"
-stages="${STAGES:-build tests sanitizer torch bench scenarios}"
+stages="${STAGES:-build tests sanitizer torch bench scenarios sampling}"
 status=0
 want() { [[ " $stages " == *" $1 "* ]]; }
 
@@ -72,6 +73,15 @@ if want scenarios; then
   echo "== the four scenarios, 1.7B, AsyncT against Qwen3 =="
   timeout 500 build/gpu/src/asynct bench --config 1.7b --scale "${SCENARIO_SCALE:-1}" --repeat "${SCENARIO_REPEAT:-1}" --device cuda \
     --json "$out/scenarios.json" 2>"$out/scenarios.log" || status=1
+fi
+if want sampling; then
+  echo "== the device sampler: the kernel, and decode_heavy_b32 greedy against sampled (1.7B) =="
+  timeout 120 build/gpu/bench/asynct_bench_sampling 2>&1 | tee "$out/bench_sampling.txt" || status=1
+  for scenario in decode_heavy_b32 decode_heavy_b32_sampled; do
+    timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario "$scenario" --repeat "${SCENARIO_REPEAT:-3}" \
+      --json "$out/$scenario.json" >"$out/$scenario.log" 2>&1 || status=1
+    grep -E "decode steps|$scenario" "$out/$scenario.log" | tail -4
+  done
 fi
 if want timeline; then
   echo "== the decode step's kernel timeline (CUPTI) =="

@@ -5,6 +5,7 @@
 // before (check_step_batch); writing it checks nothing again.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -72,10 +73,13 @@ class StepMetadata {
     bytes_ = offset + count * sizeof(T);
     return offset;
   }
-  // After the sections are added: room for them (buffers move only when they grow).
+  // After the sections are added: room for them. Buffers move only when they grow, and then to
+  // twice their size at least: the penalty tokens' section grows step by step, and each move
+  // makes the next decode graph capture again.
   void reserve() {
-    host_[turn_].reserve(bytes_);
-    device_[turn_].reserve(bytes_);
+    const auto grown = [&](std::size_t have) { return bytes_ <= have ? have : std::max(bytes_, 2 * have); };
+    host_[turn_].reserve(grown(host_[turn_].size()));
+    device_[turn_].reserve(grown(device_[turn_].size()));
   }
   template <typename T>
   T* host(std::size_t offset) const { return reinterpret_cast<T*>(host_[turn_].get() + offset); }

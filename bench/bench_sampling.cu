@@ -1,10 +1,11 @@
 // The device sampler's time per launch, at a decode step's shape: 32 rows of Qwen3's 151,936-token
 // vocabulary (19.4 MB of float32 logits), against the greedy summary (launch_summarize_logits,
 // what a greedy step runs) and against the time to read the logits once at the copy ceiling.
-// Rows are N(0, 2.5^2) logits; penalised rows carry 256 entries (a 256-token context).
+// Rows are N(0, sigma^2) logits (sigma 2.5 unless given: a trained model's spread; a random
+// model's rows are much flatter, e.g. 0.3); penalised rows carry 256 entries (a 256-token context).
 // Prints one line per configuration: microseconds per launch, median of 7 timings of 50 launches
 // replayed from a CUDA graph.
-// Run: build/<dir>/bench/asynct_bench_sampling [rows] [vocab]
+// Run: build/<dir>/bench/asynct_bench_sampling [rows] [vocab] [sigma]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -55,8 +56,9 @@ float median_us(cudaStream_t stream, Issue issue) {
 
 int main(int argc, char** argv) {
   const int rows = argc > 1 ? std::atoi(argv[1]) : 32, vocab = argc > 2 ? std::atoi(argv[2]) : 151936;
-  if (rows < 1 || vocab < 1) {
-    std::fprintf(stderr, "usage: %s [rows >= 1] [vocab >= 1]\n", argv[0]);
+  const float sigma = argc > 3 ? float(std::atof(argv[3])) : 2.5f;
+  if (rows < 1 || vocab < 1 || !(sigma > 0.0f)) {
+    std::fprintf(stderr, "usage: %s [rows >= 1] [vocab >= 1] [sigma > 0]\n", argv[0]);
     return 2;
   }
   if (!kernels::device_sampling_supported(vocab)) {
@@ -64,7 +66,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::mt19937 rng(1);
-  std::normal_distribution<float> normal(0.0f, 2.5f);
+  std::normal_distribution<float> normal(0.0f, sigma);
   std::vector<float> host(std::size_t(rows) * std::size_t(vocab));
   for (float& v : host) v = normal(rng);
   kernels::DeviceArray<float> logits(host.size());
@@ -90,7 +92,7 @@ int main(int argc, char** argv) {
     ASYNCT_CUDA_CHECK(cudaMemcpyAsync(copy.get(), logits.get(), host.size() * sizeof(float), cudaMemcpyDeviceToDevice, stream));
   }) / 2.0f;  // a copy reads and writes
   const float greedy_us = median_us(stream, [&] { kernels::launch_summarize_logits(logits.get(), rows, vocab, summaries.get(), stream); });
-  std::printf("device sampling, %d rows x %d vocabulary (%.1f MB float32)\n", rows, vocab, double(host.size()) * 4 / 1e6);
+  std::printf("device sampling, %d rows x %d vocabulary (%.1f MB float32), logits N(0, %.2g^2)\n", rows, vocab, double(host.size()) * 4 / 1e6, double(sigma));
   std::printf("  rows' clusters resident at once: %d\n", kernels::sample_rows_resident_clusters(vocab));
   std::printf("  %-44s %8.1f us\n", "read once at the copy ceiling (copy / 2)", double(read_us));
   std::printf("  %-44s %8.1f us\n", "greedy summary (launch_summarize_logits)", double(greedy_us));

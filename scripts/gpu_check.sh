@@ -76,7 +76,9 @@ if want scenarios; then
 fi
 if want sampling; then
   echo "== the device sampler: the kernel, and decode_heavy_b32 greedy against sampled (1.7B) =="
-  timeout 120 build/gpu/bench/asynct_bench_sampling 2>&1 | tee "$out/bench_sampling.txt" || status=1
+  for sigma in 2.5 0.3; do
+    timeout 120 build/gpu/bench/asynct_bench_sampling 32 151936 "$sigma" 2>&1 | tee -a "$out/bench_sampling.txt" || status=1
+  done
   for scenario in decode_heavy_b32 decode_heavy_b32_sampled; do
     timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario "$scenario" --repeat "${SCENARIO_REPEAT:-3}" \
       --json "$out/$scenario.json" >"$out/$scenario.log" 2>&1 || status=1

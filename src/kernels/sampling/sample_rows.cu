@@ -45,6 +45,7 @@ constexpr int kThreads = 512;  // two blocks per multiprocessor: 32 rows fill 12
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2048;  // 1/32 nat each; the last also takes everything beyond 64 nats
 constexpr int kMaxCandidates = 2 * kThreads;
+constexpr int kSubBins = 256;  // a bin too full to gather is split this finely (1/8192 nat)
 
 using u64 = unsigned long long;
 
@@ -56,16 +57,23 @@ struct Shared {
   union {
     unsigned bin_fixed[kBins];
     u64 candidates[kMaxCandidates];
+    struct {  // one bin's tokens by sub-bin: a block's counts and weights; block 0's prefix sums
+      unsigned count[kSubBins];
+      unsigned fixed[kSubBins];
+      unsigned cum_count[kSubBins];
+      u64 cum_fixed[kSubBins];
+    } sub;
   };
   u64 exchange[2][4];  // cluster_allreduce's and cluster_exclusive_scan's slots, used in turn
   u64 reduced[4];      // their result, for the block
   u64 warp_partial[kWarps][4];
   u64 decision[2];     // share_from_block0's slots, used in turn
-  u64 scratch;         // block 0's prefix_of
+  u64 scratch;         // block 0's locate
   int gathered;        // in block 0: candidates gathered so far (every block adds to it)
   int newest_found;    // the row's input token was among its penalty entries
 };
 static_assert(sizeof(unsigned) * kBins == sizeof(u64) * kMaxCandidates, "the union's halves agree");
+static_assert(3 * sizeof(unsigned) * kSubBins + sizeof(u64) * kSubBins <= sizeof(u64) * kMaxCandidates, "fits the union");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
@@ -93,7 +101,6 @@ __device__ __forceinline__ float value_of(u64 key) { return value_of_bits(unsign
 // How far below the maximum a logit lies, in nats of tempered weight, and its bin.
 __device__ __forceinline__ float depth(float x, float peak, float temperature) { return (peak - x) / temperature; }
 __device__ __forceinline__ int bin_of_depth(float d) { return d < 64.0f ? min(int(d * kBinsPerNat), kBins - 1) : kBins - 1; }
-__device__ __forceinline__ int bin_of(float x, float peak, float temperature) { return bin_of_depth(depth(x, peak, temperature)); }
 // A token's weight in its bin's fixed point, and what one unit of bin b weighs.
 __device__ __forceinline__ unsigned fixed_in_bin(float d, int bin) {
   return unsigned(expf(float(bin) / kBinsPerNat - d) * kFixedOne + 0.5f);
@@ -333,16 +340,21 @@ __device__ CountWeight before_bin(const Shared& sh, int bin) {
   return bin == 0 ? CountWeight{0, 0.0} : CountWeight{sh.bin_count[bin - 1], sh.bin_mass[bin - 1]};
 }
 
-// Gathers the order keys of the tokens whose bin lies in [lo, hi] into block 0's candidates
-// (their number known from the histogram: at most kMaxCandidates). Every block adds to block
-// 0's counter; block 0 reset it before the barrier that shared [lo, hi].
-__device__ void gather(Row& row, float peak, float temperature, int lo, int hi) {
+__device__ __forceinline__ int sub_of(float d, int bin) {
+  return min(max(int((d * kBinsPerNat - float(bin)) * float(kSubBins)), 0), kSubBins - 1);
+}
+
+// Gathers the order keys of the tokens whose bin lies in [lo, hi] (and, with sub >= 0, whose
+// sub-bin of bin lo is sub) into block 0's candidates, their number known beforehand (at most
+// kMaxCandidates). Every block adds to block 0's counter, which is zero before.
+__device__ void gather(Row& row, float peak, float temperature, int lo, int hi, int sub) {
   u64* out = row.cluster.map_shared_rank(row.sh.candidates, 0);
   int* counter = row.cluster.map_shared_rank(&row.sh.gathered, 0);
   for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
     const float v = row.x[i];
-    const int bin = bin_of(v, peak, temperature);
-    if (bin >= lo && bin <= hi) out[atomicAdd(counter, 1)] = order_key(v, row.base + i);
+    const float d = depth(v, peak, temperature);
+    const int bin = bin_of_depth(d);
+    if (bin >= lo && bin <= hi && (sub < 0 || sub_of(d, bin) == sub)) out[atomicAdd(counter, 1)] = order_key(v, row.base + i);
   }
   row.cluster.sync();  // block 0 holds them all
 }
@@ -362,63 +374,151 @@ __device__ void sort_candidates(Shared& sh, int c) {
   __syncthreads();
   for (int j = 0; j < 2; ++j)
     if (int(threadIdx.x) + j * kThreads < c) sh.candidates[rank[j]] = key[j];
+  if (threadIdx.x == 0) sh.gathered = 0;  // for the next gather (after a barrier)
   __syncthreads();
 }
 
-// One bin's tokens, sorted, in block 0: thread t holds the inclusive prefix weights of the
-// bin's tokens 2t and 2t + 1 (in the bin's fixed point).
-struct LoadedBin {
-  int bin = -1;
-  int count = 0;
+// Bin `bin`'s tokens by sub-bin, merged into block 0 as prefix sums in the bin's fixed point
+// (like build_histogram, one level down); overwrites the candidates.
+__device__ void build_sub_histogram(Row& row, float peak, float temperature, int bin) {
+  constexpr int kRange = kSubBins / kClusterBlocks;
+  Shared& sh = row.sh;
+  for (int b = int(threadIdx.x); b < kSubBins; b += kThreads) sh.sub.count[b] = 0, sh.sub.fixed[b] = 0;
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
+    const float d = depth(row.x[i], peak, temperature);
+    if (bin_of_depth(d) != bin) continue;
+    const int sub = sub_of(d, bin);
+    atomicAdd(&sh.sub.count[sub], 1u);
+    atomicAdd(&sh.sub.fixed[sub], fixed_in_bin(d, bin));
+  }
+  row.cluster.sync();
+  const int sub = int(row.rank) * kRange + int(threadIdx.x);
+  CountMass own{0, 0};
+  if (int(threadIdx.x) < kRange)
+    for (int r = 0; r < kClusterBlocks; ++r) {
+      own.count += row.cluster.map_shared_rank(sh.sub.count, r)[sub];
+      own.mass += row.cluster.map_shared_rank(sh.sub.fixed, r)[sub];
+    }
+  const CountMass in_range = exclusive_block_scan(own, sh);
+  __syncthreads();
+  if (int(threadIdx.x) == kRange - 1)
+    *reinterpret_cast<CountMass*>(&sh.warp_partial[0][0]) = CountMass{in_range.count + own.count, in_range.mass + own.mass};
+  __syncthreads();
+  const CountMass range_total = *reinterpret_cast<const CountMass*>(&sh.warp_partial[0][0]);
+  const CountWeight before = cluster_exclusive_scan(CountWeight{range_total.count, double(range_total.mass)}, row);
+  if (int(threadIdx.x) < kRange) {
+    row.cluster.map_shared_rank(sh.sub.cum_count, 0)[sub] = unsigned(before.count + in_range.count + own.count);
+    row.cluster.map_shared_rank(sh.sub.cum_fixed, 0)[sub] = u64(before.mass) + in_range.mass + own.mass;
+  }
+  row.cluster.sync();
+}
+
+// A place in the order (logit desc, id asc): the token at `index` (from 0), its id, and the
+// weight of the tokens up to and including it.
+struct Place {
+  u64 index;
+  int id;
+  double through;
+};
+
+// What block 0 has gathered and sorted: bin `bin`'s tokens (sub < 0) or those of one sub-bin,
+// `count` of them after `before_count` tokens of weight `before` in the order; thread t holds
+// the prefix weights of the set's tokens 2t and 2t + 1, in the bin's fixed point.
+struct Loaded {
+  int bin = -1, sub = -2, count = 0;
+  u64 before_count = 0;
+  double before = 0.0;
   u64 prefix[2] = {0, 0};
 };
 
-// The bin to load next and its size, as block 0 shares them.
-__device__ __forceinline__ u64 bin_request(const Shared& sh, int bin) {
-  return u64(bin) | (u64(sh.bin_count[bin] - (bin ? sh.bin_count[bin - 1] : 0u)) << 32);
-}
-
-// Gathers and sorts a bin (`request` from bin_request; every block calls it, only block 0's
-// LoadedBin is filled). Returns false when the bin holds more than kMaxCandidates tokens.
-__device__ bool load_bin(Row& row, float peak, float temperature, u64 request, LoadedBin& loaded) {
-  const int bin = int(request & 0xffffffffu), c = int(request >> 32);
-  if (loaded.bin == bin) return true;
-  if (c > kMaxCandidates) return false;
-  gather(row, peak, temperature, bin, bin);
-  loaded.bin = bin;
-  loaded.count = c;
-  if (row.rank != 0) return true;
+// Every block: where the order reaches `value` tokens (by_count: the value-th token) or a
+// cumulative weight `value` (>= it, or > it when strict): block 0 finds the bin from the
+// histogram, and within it the sub-bin when the bin holds more than the gather does; gathers
+// and sorts that set (unless loaded already) and walks it. Returns false when even the sub-bin
+// is too full (the caller falls back to bisection); the Place is block 0's.
+__device__ bool locate(Row& row, float peak, float temperature, bool by_count, double value, bool strict, Loaded& loaded,
+                       Place* place) {
   Shared& sh = row.sh;
-  sort_candidates(sh, c);
-  const int i = 2 * int(threadIdx.x);
-  const auto fixed = [&](int k) { return k < c ? u64(fixed_in_bin(depth(value_of(sh.candidates[k]), peak, temperature), bin)) : 0; };
-  const u64 w0 = fixed(i), w1 = fixed(i + 1);
-  const u64 before = exclusive_block_scan(CountMass{0, w0 + w1}, sh).mass;
-  loaded.prefix[0] = before + w0;
-  loaded.prefix[1] = before + w0 + w1;
-  if (threadIdx.x == 0) sh.gathered = 0;  // for the next gather (after the next barrier)
-  return true;
-}
-
-// Block 0: how many of the loaded bin's first `limit` tokens have offset + weight so far
-// below `mass` (<= when `inclusive`): the index of the first that reaches (passes) it.
-__device__ int count_below(Shared& sh, const LoadedBin& loaded, int limit, double offset, double mass, bool inclusive) {
-  const double unit = bin_unit(loaded.bin);
-  u64 n = 0;
-  for (int j = 0; j < 2; ++j) {
-    const int i = 2 * int(threadIdx.x) + j;
-    const double p = offset + double(loaded.prefix[j]) * unit;
-    n += i < limit && (inclusive ? p <= mass : p < mass) ? 1 : 0;
+  const bool zero = row.rank == 0;
+  // Block 0 picks the bin and says how full it is.
+  int bin = 0;
+  u64 in_bin = 0;
+  if (zero) {
+    bin = by_count ? bin_reaching_count(sh, u64(value)) : bin_reaching_mass(sh, value, strict);
+    in_bin = sh.bin_count[bin] - (bin ? sh.bin_count[bin - 1] : 0u);
   }
-  return int(block_allreduce(n, SumOp{}, sh));
-}
-// Block 0: the weight of the loaded bin's first n tokens (n >= 1).
-__device__ double prefix_of(Shared& sh, const LoadedBin& loaded, int n) {
-  const int i = n - 1;
+  const u64 choice = share_from_block0(row, u64(bin) | (in_bin << 32));
+  bin = int(choice & 0xffffffffu);
+  in_bin = choice >> 32;
+  const CountWeight bin_before = zero ? before_bin(sh, bin) : CountWeight{0, 0.0};
+  int sub = -1;
+  u64 count = in_bin, before_count = bin_before.count;
+  double before = bin_before.mass;
+  if (in_bin > kMaxCandidates) {  // the sub-bin holding the place
+    build_sub_histogram(row, peak, temperature, bin);  // over the candidates: whatever was loaded is gone
+    loaded.bin = -1;
+    u64 sub_choice = 0;
+    if (zero) {
+      const double unit = bin_unit(bin);
+      int lo = 0, hi = kSubBins - 1;
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        const bool reached = by_count ? before_count + sh.sub.cum_count[mid] >= u64(value)
+                                      : (strict ? before + double(sh.sub.cum_fixed[mid]) * unit > value
+                                                : before + double(sh.sub.cum_fixed[mid]) * unit >= value);
+        if (reached) hi = mid;
+        else lo = mid + 1;
+      }
+      const u64 sub_before_count = lo ? sh.sub.cum_count[lo - 1] : 0, sub_before_fixed = lo ? sh.sub.cum_fixed[lo - 1] : 0;
+      count = sh.sub.cum_count[lo] - sub_before_count;
+      before_count += sub_before_count;
+      before += double(sub_before_fixed) * unit;
+      sub_choice = u64(lo) | (count << 32);
+    }
+    sub_choice = share_from_block0(row, sub_choice);
+    sub = int(sub_choice & 0xffffffffu);
+    count = sub_choice >> 32;
+    if (count > kMaxCandidates) return false;
+  }
+  if (loaded.bin != bin || loaded.sub != sub) {
+    gather(row, peak, temperature, bin, bin, sub);
+    loaded.bin = bin, loaded.sub = sub, loaded.count = int(count);
+    if (zero) {
+      sort_candidates(sh, int(count));
+      const int i = 2 * int(threadIdx.x);
+      const auto fixed = [&](int k) {
+        return k < int(count) ? u64(fixed_in_bin(depth(value_of(sh.candidates[k]), peak, temperature), bin)) : 0;
+      };
+      const u64 w0 = fixed(i), w1 = fixed(i + 1);
+      const u64 start = exclusive_block_scan(CountMass{0, w0 + w1}, sh).mass;
+      loaded.prefix[0] = start + w0;
+      loaded.prefix[1] = start + w0 + w1;
+      loaded.before_count = before_count;
+      loaded.before = before;
+    }
+  }
+  if (!zero) return true;
+  // Block 0: the set's token at the place, and the weight through it.
+  const double unit = bin_unit(bin);
+  int j = 0;
+  if (by_count) {
+    j = int(u64(value) - 1 - loaded.before_count);
+  } else {
+    u64 below = 0;
+    for (int k = 0; k < 2; ++k) {
+      const int i = 2 * int(threadIdx.x) + k;
+      const double w = loaded.before + double(loaded.prefix[k]) * unit;
+      below += i < loaded.count && (strict ? w <= value : w < value) ? 1 : 0;
+    }
+    j = min(int(block_allreduce(below, SumOp{}, sh)), loaded.count - 1);  // not reached (rounding): the set's last
+  }
   __syncthreads();
-  if (i / 2 == int(threadIdx.x)) sh.scratch = loaded.prefix[i % 2];
+  if (j / 2 == int(threadIdx.x)) sh.scratch = loaded.prefix[j % 2];
   __syncthreads();
-  return double(sh.scratch) * bin_unit(loaded.bin);
+  *place = Place{loaded.before_count + u64(j), id_of(sh.candidates[j]), loaded.before + double(sh.scratch) * unit};
+  __syncthreads();
+  return true;
 }
 
 // Tokens with weight >= min_weight (a prefix of the order), over the row.
@@ -471,76 +571,48 @@ __device__ int draw_by_bisection(Row& row, const SamplingParams& p, double u, fl
 }
 
 // The processed row's draw (temperature > 0), in the reference sampler's order: the token id,
-// in block 0 (the others may return anything). The kept set is the first `keep` tokens of the order. Block 0 finds
-// positions in the order from the histogram and the bins it loads; the others follow its
-// gathers.
+// in block 0 (the others may return anything). The kept set is the first `keep` tokens of the
+// order; each cut and the draw is a place found by locate().
 __device__ int draw(Row& row, const SamplingParams& p, std::uint64_t step, float peak, int vocab) {
   Shared& sh = row.sh;
   const float t = p.temperature;
   const double u = uniform_draw(p.seed, step);
   build_histogram(row, peak, t, true);
   const bool zero = row.rank == 0;
-  LoadedBin loaded;
+  const double total = zero ? sh.bin_mass[kBins - 1] : 0.0;
+  Loaded loaded;
+  Place place{};
   bool fits = true;
 
   // top-k: the first top_k tokens; their weight is top-p's base.
   u64 keep = u64(vocab);
-  double base = zero ? sh.bin_mass[kBins - 1] : 0.0;
+  double base = total;
   if (p.top_k > 0 && p.top_k < vocab) {
     keep = u64(p.top_k);
     if (p.top_p < 1.0f) {
-      const u64 request = share_from_block0(row, zero ? bin_request(sh, bin_reaching_count(sh, keep)) : 0);
-      fits = load_bin(row, peak, t, request, loaded);
-      if (fits && zero) {
-        const CountWeight before = before_bin(sh, loaded.bin);
-        base = before.mass + prefix_of(sh, loaded, int(keep - before.count));
-      }
+      fits = locate(row, peak, t, true, double(keep), false, loaded, &place);
+      base = place.through;
     }
   }
-  // top-p over what top-k kept: the smallest head whose weight reaches top_p of it.
+  // top-p over what top-k kept: the shortest head whose weight reaches top_p of it.
   if (fits && p.top_p < 1.0f) {
-    const double needed = double(p.top_p) * base;
-    const u64 request = share_from_block0(
-        row, zero ? bin_request(sh, min(bin_reaching_mass(sh, needed, false), bin_reaching_count(sh, keep))) : 0);
-    fits = load_bin(row, peak, t, request, loaded);
-    if (fits && zero) {
-      const CountWeight before = before_bin(sh, loaded.bin);
-      const int limit = int(min(u64(loaded.count), keep - before.count));
-      keep = before.count + u64(min(count_below(sh, loaded, limit, before.mass, needed, false) + 1, limit));
-    }
+    fits = locate(row, peak, t, false, double(p.top_p) * base, false, loaded, &place);
+    keep = min(keep, place.index + 1);
   }
   // min-p: no token below min_p of the top one's weight (the top one always stays).
   if (fits && p.min_p > 0.0f) keep = min(keep, max(u64(1), count_heavy(row, peak, t, p.min_p)));
-
-  // The kept weight, then the draw: the first token whose cumulative weight passes u * kept.
-  if (fits) {
-    // The bin holding the last kept token, and (bit 63) whether the kept set ends with it.
-    const u64 last = share_from_block0(row, zero ? bin_request(sh, bin_reaching_count(sh, keep)) |
-                                                      (u64(sh.bin_count[bin_reaching_count(sh, keep)] == keep) << 63)
-                                                : 0);
-    double kept = 0.0;
-    if (last >> 63) {
-      if (zero) kept = sh.bin_mass[int(last & 0xffffffffu)];
-    } else {
-      fits = load_bin(row, peak, t, last & ~(u64(1) << 63), loaded);
-      if (fits && zero) {
-        const CountWeight before = before_bin(sh, loaded.bin);
-        kept = before.mass + prefix_of(sh, loaded, int(keep - before.count));
-      }
-    }
-    if (fits) {
-      const double target = u * kept;
-      const int last_bin = int(last & 0xffffffffu);
-      const u64 request = share_from_block0(row, zero ? bin_request(sh, min(bin_reaching_mass(sh, target, true), last_bin)) : 0);
-      fits = load_bin(row, peak, t, request, loaded);
-      if (fits) {
-        if (!zero) return 0;
-        const CountWeight before = before_bin(sh, loaded.bin);
-        const int limit = int(min(u64(loaded.count), keep - before.count));
-        return id_of(sh.candidates[min(count_below(sh, loaded, limit, before.mass, target, true), limit - 1)]);
-      }
-    }
+  keep = share_from_block0(row, keep);  // block 0's, for every block's control flow
+  // The kept weight, then the first token whose cumulative weight passes u times it; past the
+  // kept set (rounding), its last token, as the host.
+  double kept = total;
+  if (fits && keep < u64(vocab)) {
+    fits = locate(row, peak, t, true, double(keep), false, loaded, &place);
+    kept = place.through;
   }
+  if (fits) fits = locate(row, peak, t, false, u * kept, true, loaded, &place);
+  if (fits && share_from_block0(row, zero && place.index >= keep ? 1 : 0))
+    fits = locate(row, peak, t, true, double(keep), false, loaded, &place);
+  if (fits) return place.id;
   return draw_by_bisection(row, p, u, peak, vocab);
 }
 
@@ -552,7 +624,7 @@ __device__ void top_logprobs(Row& row, int n, float peak, float log_sum, TopLogp
   const u64 hi = share_from_block0(row, row.rank == 0 ? u64(bin_reaching_count(sh, u64(n))) | (u64(sh.bin_count[bin_reaching_count(sh, u64(n))]) << 32) : 0);
   int c = int(hi >> 32);
   if (c <= kMaxCandidates) {
-    gather(row, peak, 1.0f, 0, int(hi & 0xffffffffu));
+    gather(row, peak, 1.0f, 0, int(hi & 0xffffffffu), -1);
   } else {
     // Ties over a whole bin: the n-th key by bisection, then exactly the n keys from it.
     const u64 nth = largest_key_where(row, peak, 1.0f, 0.0f, [&](CountMass m) { return m.count >= u64(n); });

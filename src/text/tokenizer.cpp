@@ -216,6 +216,10 @@ bool Tokenizer::is_special(std::int32_t id) const {
   return id >= 0 && std::size_t(id) < id_kind_.size() && id_kind_[std::size_t(id)] == 2;
 }
 
+bool Tokenizer::has_token(std::int32_t id) const {
+  return id >= 0 && std::size_t(id) < id_kind_.size() && id_kind_[std::size_t(id)] != 0;
+}
+
 std::optional<std::int32_t> Tokenizer::token_to_id(std::string_view token) const {
   for (const AddedToken& tok : added_)
     if (tok.content == token) return tok.id;

@@ -50,6 +50,8 @@ class Tokenizer {
   // One id's bytes; throws Error for an id outside the vocabulary.
   std::string_view token_bytes(std::int32_t id) const;
   bool is_special(std::int32_t id) const;
+  // Whether the id stands for a token (a model's vocabulary can be larger than its tokenizer's).
+  bool has_token(std::int32_t id) const;
   // The id of a token by its tokenizer.json spelling (byte-level for the model's tokens).
   std::optional<std::int32_t> token_to_id(std::string_view token) const;
   // One more than the largest id (the model's and the added tokens').

@@ -13,44 +13,15 @@
 #include "core/error.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
+#include "tiny_tokenizer.h"
 
 namespace {
 
 using asynct::text::StreamingDetokenizer;
 using asynct::text::Tokenizer;
 using nlohmann::json;
-
-std::string byte_char(int b) {
-  std::string s;
-  asynct::text::append_utf8(s, asynct::text::byte_to_char()[std::size_t(b)]);
-  return s;
-}
-
-// Bytes 0..255 as ids 0..255, then merges h+e, l+l, he+ll, a+a, aa+aa, Ġ+w.
-json tiny_spec() {
-  json vocab = json::object();
-  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
-  const std::vector<std::pair<std::string, std::string>> merges = {
-      {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"a", "a"}, {"aa", "aa"}, {byte_char(' '), "w"}};
-  json merge_list = json::array();
-  int id = 256;
-  for (const auto& [a, b] : merges) {
-    vocab[a + b] = id++;
-    merge_list.push_back({a, b});
-  }
-  return {{"version", "1.0"},
-          {"truncation", nullptr},
-          {"padding", nullptr},
-          {"added_tokens", json::array({{{"id", 262}, {"content", "<|end|>"}, {"special", true}, {"normalized", false}}})},
-          {"normalizer", {{"type", "NFC"}}},
-          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
-          {"post_processor", {{"type", "ByteLevel"}}},
-          {"decoder", {{"type", "ByteLevel"}}},
-          {"model",
-           {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
-            {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
-            {"vocab", vocab}, {"merges", merge_list}}}};
-}
+using asynct::testing::byte_char;
+using asynct::testing::tiny_spec;
 
 std::string load_error(const json& spec) {
   try {

@@ -18,6 +18,7 @@
 #include "jobs/generate.h"
 #include "cli/option_checks.h"
 #include "core/error.h"
+#include "core/sampling_params.h"
 #include "models/weights.h"
 #include "jobs/scenarios.h"
 #include "jobs/tokenize.h"
@@ -51,17 +52,55 @@ int main(int argc, char** argv) {
 
   asynct::GenerateOptions gen;
   CLI::App* gen_cmd = app.add_subcommand(
-      "generate", "Generate tokens with a model (the built-in tiny model when --model is not given)");
+      "generate", "Generate text or tokens with a model (the built-in tiny model, token ids only, when --model is not given)");
   gen_cmd->add_option("--model", gen.model_dir, "HuggingFace checkpoint directory");
   gen_cmd->add_option("--builtin", gen.builtin, "built-in model when --model is absent")
       ->check(CLI::IsMember({"asynct", "qwen3"}));
-  gen_cmd->add_option("--prompt", gen.prompts, "token ids, comma-separated (repeat for a batch)");
+  CLI::Option* prompt = gen_cmd->add_option(
+      "--prompt", gen.prompts,
+      "a text prompt, repeatable (needs --model DIR with a tokenizer.json); the output is text: one prompt streams, "
+      "several print each text when done");
+  CLI::Option* prompt_ids = gen_cmd->add_option(
+      "--prompt-ids", gen.prompt_ids,
+      "a prompt as token ids, comma-separated, repeatable; the output is token ids (neither option: built-in prompts)");
+  prompt->excludes(prompt_ids);
+  prompt_ids->excludes(prompt);
+  CLI::Option* chat = gen_cmd->add_flag(
+      "--chat", gen.chat, "each --prompt is a user message through the model's chat template (with the assistant's turn opened)")
+      ->needs(prompt);
+  gen_cmd->add_option("--system", gen.system, "with --chat: a system message first")->needs(chat);
+  gen_cmd->add_flag("!--no-thinking", gen.thinking,
+                    "with --chat: the template gets enable_thinking=false (Qwen3: an empty <think></think>, no reasoning)")
+      ->needs(chat);
   gen_cmd->add_option("--max-tokens", gen.max_tokens, "tokens to generate per request")->check(integer_in(1, 1 << 20));
   gen_cmd->add_option("--temperature", gen.temperature, "0 is greedy")->check(number_in(0.0, 100.0));
   gen_cmd->add_option("--top-k", gen.top_k, "0 is off")->check(integer_in(0, kIntMax));
   gen_cmd->add_option("--top-p", gen.top_p, "nucleus mass in (0, 1]")->check(number_in(0.0, 1.0));
-  gen_cmd->add_option("--seed", gen.seed, "sampling seed: request i (in --prompt order, from 0) draws with seed + i")
+  gen_cmd->add_option("--min-p", gen.min_p, "keep tokens at least this times as likely as the most likely (0 is off)")
+      ->check(number_in(0.0, 1.0));
+  gen_cmd->add_option("--repetition-penalty", gen.repetition_penalty,
+                      "> 0; a token in the prompt or output: positive logits divided by it, negative ones multiplied")
+      ->check(number_in(0.0, 100.0));
+  gen_cmd->add_option("--presence-penalty", gen.presence_penalty, "subtracted from the logit of a token in the output")
+      ->check(number_in(-2.0, 2.0));
+  gen_cmd->add_option("--frequency-penalty", gen.frequency_penalty,
+                      "times a token's count in the output, subtracted from its logit")
+      ->check(number_in(-2.0, 2.0));
+  gen_cmd->add_option("--seed", gen.seed, "sampling seed: request i (in prompt order, from 0) draws with seed + i")
       ->check(integer_in(std::uint64_t(0), kSeedMax));
+  gen_cmd->add_option("--logprobs", gen.logprobs,
+                      "print each generated token's logprob (of the model's distribution) and the N most likely tokens "
+                      "(none when not given)")
+      ->check(integer_in(0, asynct::kMaxTopLogprobs))
+      ->default_str("");
+  gen_cmd->add_option("--stop", gen.stop,
+                      "stop string, repeatable (text prompts): the text ends before the first one, and its request with it")
+      ->needs(prompt);
+  gen_cmd->add_option("--stop-token-id", gen.stop_token_ids,
+                      "a token that ends its request (finish reason stop; the token is kept), repeatable")
+      ->check(integer_in(0, kIntMax));
+  gen_cmd->add_flag("--json", gen.json,
+                    "print each request as one JSON line when it finishes (token ids, text, finish reason, logprobs)");
   gen_cmd->add_option("--block-size", gen.block_size, "KV cache block size")->check(integer_in(1, 4096));
   gen_cmd->add_option("--num-blocks", gen.num_blocks,
                       "KV cache blocks (0: enough for all the requests at once, up to --max-cache-mib; with fewer they take turns)")

@@ -4,12 +4,16 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <memory>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/step_batch.h"
+#include "jobs/generate_output.h"
+#include "jobs/model_text.h"
 #include "models/runner_factory.h"
 
 namespace asynct {
@@ -47,18 +51,69 @@ std::string joined(const std::vector<std::int32_t>& ids) {
   return s;
 }
 
+// The text prompts' tokenizer, or null for token-id prompts.
+std::unique_ptr<ModelText> open_text(const GenerateOptions& o) {
+  if (o.prompts.empty()) return nullptr;
+  check(!o.model_dir.empty(), "a text prompt (--prompt) needs --model DIR with the model's tokenizer.json; the built-in ",
+        o.builtin, " model has no tokenizer (--prompt-ids takes token ids)");
+  ChatFormat chat;
+  chat.enabled = o.chat;
+  chat.system = o.system;
+  chat.thinking = o.thinking;
+  return ModelText::open(o.model_dir, chat);
+}
+
+std::vector<std::vector<std::int32_t>> prompt_tokens(const GenerateOptions& o, const ModelText* text,
+                                                     const ModelConfig& config) {
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (const std::string& p : o.prompt_ids) prompts.push_back(parse_token_list(p));
+  for (std::size_t i = 0; i < o.prompts.size(); ++i) {
+    const std::string what = "--prompt " + std::to_string(i);
+    prompts.push_back(text->prompt_ids(o.prompts[i], what));
+    check(!prompts.back().empty(), what, " is empty: it has no tokens");
+    for (const std::int32_t id : prompts.back())
+      check(id < config.vocab_size, what, ": the tokenizer gave token id ", id, ", outside the model's vocabulary [0, ",
+            config.vocab_size, "): is ", o.model_dir, "/tokenizer.json this model's tokenizer?");
+  }
+  if (prompts.empty()) prompts = {{1, 17, 42, 99, 7, 3}, {5, 6, 7}};
+  return prompts;
+}
+
+SamplingParams sampling_for(const GenerateOptions& o, std::size_t request) {
+  SamplingParams p;
+  p.temperature = o.temperature;
+  p.top_k = o.top_k;
+  p.top_p = o.top_p;
+  p.min_p = o.min_p;
+  p.repetition_penalty = o.repetition_penalty;
+  p.presence_penalty = o.presence_penalty;
+  p.frequency_penalty = o.frequency_penalty;
+  p.seed = o.seed + std::uint64_t(request);  // each request its own stream: identical prompts draw differently
+  p.logprobs = o.logprobs;
+  return p;
+}
+
+void write(std::FILE* to, const std::string& text) {
+  std::fwrite(text.data(), 1, text.size(), to);
+  std::fflush(to);
+}
+
 }  // namespace
 
 int run_generate(const GenerateOptions& o) {
   // Every limit is checked here, before the weights are loaded or the KV cache is allocated.
   const Architecture builtin_arch = o.builtin == "qwen3" ? Architecture::Qwen3 : Architecture::AsyncT;
+  check(o.prompts.empty() || o.prompt_ids.empty(), "--prompt (text) and --prompt-ids (token ids) cannot be mixed");
+  check(o.stop.empty() || !o.prompts.empty(), "--stop needs text prompts (--prompt): stop strings are matched on the text");
+  check(!o.chat || !o.prompts.empty(), "--chat needs text prompts (--prompt)");
+  check(have_text_support() || o.prompts.empty(), no_text_support_message(o.chat ? "--chat" : "a text prompt (--prompt)"));
   const ModelConfig config = o.model_dir.empty() ? tiny_config(builtin_arch) : load_checkpoint_config(o.model_dir);
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (const std::string& p : o.prompts) prompts.push_back(parse_token_list(p));
-  if (prompts.empty()) prompts = {{1, 17, 42, 99, 7, 3}, {5, 6, 7}};
+  const std::unique_ptr<ModelText> text = open_text(o);
+  const std::vector<std::vector<std::int32_t>> prompts = prompt_tokens(o, text.get(), config);
   check(o.max_tokens >= 1, "--max-tokens must be >= 1, got ", o.max_tokens);
   check(o.num_blocks >= 0, "--num-blocks must be >= 0, got ", o.num_blocks);
   check(o.max_cache_mib >= 1, "--max-cache-mib must be >= 1, got ", o.max_cache_mib);
+  check(o.repetition_penalty > 0.0f, "--repetition-penalty must be > 0, got ", o.repetition_penalty);
   const std::string device = resolve_device(o.device);
   require_device(device);
   check_block_size(o.block_size, device == "cuda" ? Backend::Cuda : Backend::Cpu);  // the runner's own rule
@@ -85,6 +140,14 @@ int run_generate(const GenerateOptions& o) {
   if (o.ignore_eos) eos.clear();
   for (const std::int32_t id : eos)
     check(id >= 0 && id < config.vocab_size, "--eos ", id, " is outside the vocabulary [0, ", config.vocab_size, ")");
+  const std::vector<std::int32_t> stop_ids(o.stop_token_ids.begin(), o.stop_token_ids.end());
+  for (const std::int32_t id : stop_ids)
+    check(id >= 0 && id < config.vocab_size, "--stop-token-id ", id, " is outside the vocabulary [0, ", config.vocab_size,
+          ")");
+  // Each request's output text; the stop strings are checked here, before anything is loaded.
+  std::vector<std::unique_ptr<OutputText>> texts(prompts.size());
+  if (text)
+    for (auto& t : texts) t = text->output(o.stop);
 
   // The KV cache: --num-blocks, or enough blocks for every request at once; either way no more
   // than --max-cache-mib. A smaller cache than the requests need together is fine (they take
@@ -123,28 +186,69 @@ int run_generate(const GenerateOptions& o) {
   ro.cuda_graphs = o.cuda_graphs;
   Engine engine(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);
 
-  std::printf("asynct generate: %s (%s), %lld parameters, %s backend, KV cache %d blocks of %d tokens (%s MiB), %s\n",
-              config.architecture_name().c_str(), o.model_dir.empty() ? ("built-in tiny " + o.builtin).c_str() : o.model_dir.c_str(),
-              static_cast<long long>(config.parameter_count()), backend.c_str(), num_blocks, o.block_size,
-              mib(num_blocks).c_str(), eos.empty() ? "no end-of-sequence token" : ("end of sequence at " + joined(eos)).c_str());
+  // With text or JSON, stdout holds only the output; the header and statistics go to stderr.
+  std::FILE* info = text || o.json ? stderr : stdout;
+  const bool stream = text && prompts.size() == 1 && !o.json;
+  std::fprintf(info, "asynct generate: %s (%s), %lld parameters, %s backend, KV cache %d blocks of %d tokens (%s MiB), %s%s\n",
+               config.architecture_name().c_str(), o.model_dir.empty() ? ("built-in tiny " + o.builtin).c_str() : o.model_dir.c_str(),
+               static_cast<long long>(config.parameter_count()), backend.c_str(), num_blocks, o.block_size,
+               mib(num_blocks).c_str(), eos.empty() ? "no end-of-sequence token" : ("end of sequence at " + joined(eos)).c_str(),
+               text ? (", " + text->summary()).c_str() : "");
+  std::fflush(info);
+  std::vector<std::string> shown(prompts.size());  // each text prompt's output text so far
+  std::map<std::int64_t, std::size_t> index_of;    // engine request id -> prompt index
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     Request r;
     r.prompt = prompts[i];
     r.max_tokens = o.max_tokens;
-    // Each request its own stream: identical prompts draw different samples.
-    r.sampling = {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .seed = o.seed + std::uint64_t(i)};
+    r.sampling = sampling_for(o, i);
     r.eos_token_ids = eos;
-    engine.add_request(r);
+    r.stop_token_ids = stop_ids;
+    if (text) {
+      // Text safe to show as each token comes; returning false ends the request at a stop string.
+      OutputText* out = texts[i].get();
+      std::string* so_far = &shown[i];
+      r.on_token = [out, so_far, stream](const GeneratedToken& g) {
+        const std::string piece = out->push(g.token);
+        if (stream) write(stdout, piece);
+        *so_far += piece;
+        return !out->stopped();
+      };
+    }
+    index_of[engine.add_request(r)] = i;
   }
+
+  const TokenBytes token_bytes = text ? TokenBytes([&](std::int32_t id) { return text->token_bytes(id); }) : TokenBytes();
+  std::vector<RequestOutput> outputs(prompts.size());
+  const auto finish = [&](RequestOutput& output) {
+    const std::size_t i = index_of.at(output.id);
+    outputs[i] = std::move(output);
+    if (!text && !o.json) return;  // token ids: printed in request order at the end
+    FinishedRequest r{i, prompts[i].size(), &outputs[i], bool(text), "", ""};
+    if (text) {
+      const std::string tail = texts[i]->finish();
+      if (stream) write(stdout, tail);
+      r.text = shown[i] + tail;
+      r.stop_string = texts[i]->stop_string();
+    }
+    if (o.json) return write(stdout, json_line(request_json(r, token_bytes)) + "\n");
+    std::string report = stream ? "\n" : text_label(r) + "\n" + r.text + "\n";
+    if (o.logprobs >= 0) report += logprob_table(r, token_bytes);
+    write(stdout, report);
+    if (stream) write(info, summary_line(r) + "\n");
+  };
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<RequestOutput> outputs = engine.run_to_completion();
+  while (engine.has_unfinished())
+    for (RequestOutput& output : engine.step()) finish(output);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
-  for (std::size_t i = 0; i < outputs.size(); ++i) {
-    std::printf("request %zu: prompt %zu tokens -> ", i, prompts[i].size());
-    for (std::size_t t = 0; t < outputs[i].tokens.size(); ++t)
-      std::printf("%s%d", t ? "," : "", outputs[i].tokens[t]);
-    std::printf("  (%s)\n", outputs[i].finish_reason.c_str());
+  if (!text && !o.json) {
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      const FinishedRequest r{i, prompts[i].size(), &outputs[i], false, "", ""};
+      std::string report = token_line(r) + "\n";
+      if (o.logprobs >= 0) report += logprob_table(r, token_bytes);
+      std::fputs(report.c_str(), stdout);
+    }
   }
   if (!o.logits_path.empty()) {
     nlohmann::json j = nlohmann::json::array();
@@ -154,10 +258,10 @@ int run_generate(const GenerateOptions& o) {
     f << j.dump() << "\n";
   }
   const EngineStats& s = engine.stats();
-  std::printf("%lld steps, %lld prefill + %lld decode tokens in %.3f s (%.1f tokens/s), %lld preemptions\n",
-              static_cast<long long>(s.steps), static_cast<long long>(s.prefill_tokens),
-              static_cast<long long>(s.decode_tokens), seconds,
-              double(s.prefill_tokens + s.decode_tokens) / seconds, static_cast<long long>(s.preemptions));
+  std::fprintf(info, "%lld steps, %lld prefill + %lld decode tokens in %.3f s (%.1f tokens/s), %lld preemptions\n",
+               static_cast<long long>(s.steps), static_cast<long long>(s.prefill_tokens),
+               static_cast<long long>(s.decode_tokens), seconds,
+               double(s.prefill_tokens + s.decode_tokens) / seconds, static_cast<long long>(s.preemptions));
   return 0;
 }
 

@@ -1,4 +1,13 @@
-// `asynct generate`: token ids in, token ids and timing out, on the CPU backend.
+// `asynct generate`: text or token ids in, text or token ids out (with logprobs, as JSON when
+// asked), and timing.
+//
+// Text prompts (--prompt) are tokenized with the checkpoint's tokenizer (jobs/model_text.h),
+// through its chat template with --chat; their output is text that ends before the first stop
+// string (text/completion_text.h). One text prompt streams its text to stdout as tokens come;
+// several print each text when its request finishes, labelled. Token-id prompts
+// (--prompt-ids, or the built-in prompts) print token ids, in request order. With --json each
+// request is one JSON line, printed when it finishes. The run's header and statistics go to
+// stdout with token ids, to stderr with text or --json, so that stdout holds only the output.
 #pragma once
 
 #include <cstdint>
@@ -10,12 +19,24 @@ namespace asynct {
 struct GenerateOptions {
   std::string model_dir;                 // empty: the built-in tiny model
   std::string builtin = "asynct";        // which built-in model: asynct or qwen3
-  std::vector<std::string> prompts;      // each "1,2,3"; empty: a built-in prompt
+  std::vector<std::string> prompts;      // text prompts (need model_dir's tokenizer)
+  std::vector<std::string> prompt_ids;   // or token-id prompts, each "1,2,3"; neither: built-in prompts
+  bool chat = false;                     // text prompts through the chat template
+  std::string system;                    // the chat's system message; empty: none
+  bool thinking = true;                  // false: the chat template gets enable_thinking = false
   int max_tokens = 16;
   float temperature = 0.0f;
   int top_k = 0;
   float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   std::uint64_t seed = 0;               // request i draws from the stream seed + i (mod 2^64)
+  int logprobs = -1;                     // -1: none; n: each token's logprob and the n most likely
+  std::vector<std::string> stop;         // stop strings (text prompts)
+  std::vector<int> stop_token_ids;       // tokens that end a request ("stop"), kept in its output
+  bool json = false;                     // one JSON line per request on stdout
   int block_size = 16;
   int num_blocks = 0;                    // 0: enough for the requests, up to max_cache_mib
   // The most memory the KV cache may take, in MiB (2^20 bytes): an automatic size is capped

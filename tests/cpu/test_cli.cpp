@@ -108,7 +108,8 @@ TEST(Cli, HelpShowsEveryDefault) {
       if (!std::regex_search(line, m, std::regex("^\\s+(--[a-z-]+) ((INT|UINT|FLOAT|TEXT)\\S*)"))) continue;
       ++options;
       // Options whose absence is the default: their descriptions say what that means.
-      static const std::set<std::string> unset = {"--model", "--prompt", "--logits", "--out", "--scenario", "--json", "--eos"};
+      static const std::set<std::string> unset = {"--model", "--prompt", "--prompt-ids", "--system", "--logprobs", "--stop",
+                                                   "--stop-token-id", "--logits", "--out", "--scenario", "--json", "--eos"};
       if (unset.count(m[1])) continue;
       EXPECT_NE(m[2].str().find('='), std::string::npos) << command << ": no default shown in\n" << line;
     }
@@ -185,7 +186,7 @@ std::vector<std::string> joined(std::vector<std::string> a, const std::vector<st
 TEST(CliLimits, TheContextIsCheckedBeforeAnythingIsAllocated) {
   Scratch s;
   for (const int prompts : {1, 12}) {
-    const Outcome o = run_asynct(joined({"generate", "--max-tokens", "1048576"}, repeated({"--prompt", "1"}, prompts)), s.dir());
+    const Outcome o = run_asynct(joined({"generate", "--max-tokens", "1048576"}, repeated({"--prompt-ids", "1"}, prompts)), s.dir());
     SCOPED_TRACE(std::to_string(prompts) + " prompts");
     EXPECT_EQ(o.code, 2) << o.describe();
     EXPECT_TRUE(contains(o.err, "1048577 tokens is over the model's context of 4096 tokens (max_position_embeddings)"))
@@ -205,7 +206,7 @@ TEST(CliLimits, TheKvCacheIsBoundedByMaxCacheMib) {
   // is Engine's PreemptionAndRecomputeChangeNothing.
   std::string prompt;
   for (int t = 0; t < 200; ++t) prompt += (t ? "," : "") + std::to_string((t * 37 + 11) % 256);
-  const std::vector<std::string> three = repeated({"--prompt", prompt}, 3);
+  const std::vector<std::string> three = repeated({"--prompt-ids", prompt}, 3);
   const Outcome capped = run_asynct(joined({"generate", "--max-tokens", "2", "--max-cache-mib", "1"}, three), s.dir());
   ASSERT_EQ(capped.code, 0) << capped.describe();
   EXPECT_TRUE(contains(capped.out, "KV cache 32 blocks of 16 tokens (1.00 MiB)")) << capped.describe();
@@ -214,13 +215,13 @@ TEST(CliLimits, TheKvCacheIsBoundedByMaxCacheMib) {
   for (const auto& t : g.tokens) EXPECT_EQ(t.size(), 2u) << capped.describe();
 
   // Under the cap: enough for every request at once (20 + 1 tokens in 2 blocks, 1 + 1 in 1).
-  const Outcome roomy = run_asynct({"generate", "--max-tokens", "1", "--prompt", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20",
-                                    "--prompt", "1"},
+  const Outcome roomy = run_asynct({"generate", "--max-tokens", "1", "--prompt-ids", "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20",
+                                    "--prompt-ids", "1"},
                                    s.dir());
   ASSERT_EQ(roomy.code, 0) << roomy.describe();
   EXPECT_TRUE(contains(roomy.out, "KV cache 3 blocks of 16 tokens")) << roomy.describe();
 
-  const Outcome too_long = run_asynct({"generate", "--prompt", "1", "--max-tokens", "1000", "--max-cache-mib", "1"}, s.dir());
+  const Outcome too_long = run_asynct({"generate", "--prompt-ids", "1", "--max-tokens", "1000", "--max-cache-mib", "1"}, s.dir());
   EXPECT_EQ(too_long.code, 2) << too_long.describe();
   EXPECT_TRUE(contains(too_long.err, "needs 63 KV blocks of 16 tokens")) << too_long.describe();
   EXPECT_TRUE(contains(too_long.err, "the cache has 32 (the most --max-cache-mib 1 allows)")) << too_long.describe();
@@ -246,7 +247,7 @@ TEST(CliLimits, BlockCountsDoNotOverflow) {
   std::ofstream(s.file("ckpt/config.json")) << config.dump();
   const Outcome o = run_asynct(joined({"generate", "--model", "ckpt", "--max-tokens", "1048576", "--block-size", "1",
                                        "--max-cache-mib", "64"},
-                                      repeated({"--prompt", "1"}, 2048)),
+                                      repeated({"--prompt-ids", "1"}, 2048)),
                                s.dir());
   EXPECT_EQ(o.code, 2) << o.describe();
   EXPECT_TRUE(contains(o.err, "needs 1048577 KV blocks of 1 tokens (2048.00 MiB) but the cache has 32768")) << o.describe();
@@ -257,7 +258,7 @@ TEST(CliLimits, BlockCountsDoNotOverflow) {
 TEST(CliGenerate, CountsPrefillAndDecodeTokensByPosition) {
   Scratch s;
   for (const char* budget : {"1", "2048"}) {
-    const Outcome o = run_asynct({"generate", "--prompt", "1,2,3", "--max-tokens", "4", "--max-batched-tokens", budget}, s.dir());
+    const Outcome o = run_asynct({"generate", "--prompt-ids", "1,2,3", "--max-tokens", "4", "--max-batched-tokens", budget}, s.dir());
     ASSERT_EQ(o.code, 0) << o.describe();
     EXPECT_TRUE(contains(o.out, " 3 prefill + 3 decode tokens")) << budget << "\n" << o.describe();
   }
@@ -268,8 +269,8 @@ TEST(CliGenerate, CountsPrefillAndDecodeTokensByPosition) {
 TEST(CliGenerate, EachRequestSamplesFromItsOwnStream) {
   Scratch s;
   const std::vector<std::string> sampled = {"generate", "--temperature", "1", "--max-tokens", "16"};
-  const Outcome two = run_asynct(joined(sampled, {"--seed", "5", "--prompt", "5,6", "--prompt", "5,6"}), s.dir());
-  const Outcome one = run_asynct(joined(sampled, {"--seed", "6", "--prompt", "5,6"}), s.dir());
+  const Outcome two = run_asynct(joined(sampled, {"--seed", "5", "--prompt-ids", "5,6", "--prompt-ids", "5,6"}), s.dir());
+  const Outcome one = run_asynct(joined(sampled, {"--seed", "6", "--prompt-ids", "5,6"}), s.dir());
   ASSERT_EQ(two.code, 0) << two.describe();
   ASSERT_EQ(one.code, 0) << one.describe();
   const Generated a = generated(two.out), b = generated(one.out);
@@ -281,11 +282,83 @@ TEST(CliGenerate, EachRequestSamplesFromItsOwnStream) {
   EXPECT_TRUE(contains(help.out, "seed + i")) << help.out;
 }
 
+// Token-id prompts with --logprobs (a table of ids), --json (one line per request, the header
+// on stderr) and --stop-token-id (ends the request with "stop", the token kept).
+TEST(CliGenerate, LogprobsJsonAndStopTokenIdsWithTokenIds) {
+  Scratch s;
+  const std::vector<std::string> base = {"generate", "--prompt-ids", "1,2,3", "--max-tokens", "6"};
+  const Outcome plain = run_asynct(base, s.dir());
+  ASSERT_EQ(plain.code, 0) << plain.describe();
+  const std::vector<int> tokens = generated(plain.out).tokens.at(0);
+  ASSERT_EQ(tokens.size(), 6u);
+
+  const Outcome table = run_asynct(joined(base, {"--logprobs", "2"}), s.dir());
+  ASSERT_EQ(table.code, 0) << table.describe();
+  EXPECT_EQ(generated(table.out).tokens.at(0), tokens) << table.describe();
+  const std::regex row("\n +[0-5]: ([0-9]+) -[0-9]+\\.[0-9]{4} \\| ([0-9]+) -[0-9.]+, [0-9]+ -[0-9.]+");
+  int rows = 0;
+  for (auto it = std::sregex_iterator(table.out.begin(), table.out.end(), row); it != std::sregex_iterator(); ++it, ++rows) {
+    EXPECT_EQ(std::stoi((*it)[1]), tokens.at(std::size_t(rows))) << table.out;
+    EXPECT_EQ((*it)[1], (*it)[2]) << "greedy: the token is the most likely one\n" << table.out;
+  }
+  EXPECT_EQ(rows, 6) << table.describe();
+
+  const Outcome json = run_asynct(joined(base, {"--json", "--logprobs", "0", "--prompt-ids", "5,6"}), s.dir());
+  ASSERT_EQ(json.code, 0) << json.describe();
+  EXPECT_TRUE(contains(json.err, "asynct generate: ")) << json.describe();
+  std::istringstream lines(json.out);
+  std::string line;
+  int requests = 0;
+  while (std::getline(lines, line)) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    ++requests;
+    EXPECT_FALSE(r.contains("text")) << line;
+    EXPECT_EQ(r["logprobs"].size(), r["token_ids"].size()) << line;
+    EXPECT_EQ(r["logprobs"][0]["top_logprobs"].size(), 0u) << line;
+    if (r["request"] == 0) EXPECT_EQ(r["token_ids"].get<std::vector<int>>(), tokens) << line;
+  }
+  EXPECT_EQ(requests, 2) << json.describe();
+
+  const auto ends_at = std::size_t(std::find(tokens.begin(), tokens.end(), tokens[2]) - tokens.begin()) + 1;
+  const Outcome stop = run_asynct(joined(base, {"--stop-token-id", std::to_string(tokens[2])}), s.dir());
+  ASSERT_EQ(stop.code, 0) << stop.describe();
+  const Generated g = generated(stop.out);
+  EXPECT_EQ(g.reasons.at(0), "stop") << stop.describe();
+  EXPECT_EQ(g.tokens.at(0), std::vector<int>(tokens.begin(), tokens.begin() + std::ptrdiff_t(ends_at)));
+  const Outcome outside = run_asynct(joined(base, {"--stop-token-id", "256"}), s.dir());
+  EXPECT_EQ(outside.code, 2) << outside.describe();
+  EXPECT_TRUE(contains(outside.err, "--stop-token-id 256 is outside the vocabulary [0, 256)")) << outside.describe();
+}
+
+// Text prompts need a tokenizer: the built-in models have none, and a build without text
+// support says so and how to get it; token ids work either way.
+TEST(CliGenerate, TextPromptsNeedATokenizerAndTextSupport) {
+  Scratch s;
+  const Outcome text = run_asynct({"generate", "--prompt", "hello"}, s.dir());
+  EXPECT_EQ(text.code, 2) << text.describe();
+  const Outcome chat = run_asynct({"generate", "--chat", "--prompt", "hello"}, s.dir());
+  EXPECT_EQ(chat.code, 2) << chat.describe();
+#ifdef ASYNCT_WITH_TEXT
+  EXPECT_TRUE(contains(text.err, "needs --model DIR with the model's tokenizer.json")) << text.describe();
+#else
+  for (const Outcome* o : {&text, &chat}) {
+    EXPECT_TRUE(contains(o->err, "this build of asynct does not have")) << o->describe();
+    EXPECT_TRUE(contains(o->err, "scripts/setup.sh")) << o->describe();
+    EXPECT_TRUE(contains(o->err, "--prompt-ids takes token ids")) << o->describe();
+  }
+  EXPECT_TRUE(contains(chat.err, "--chat needs text support")) << chat.describe();
+#endif
+  EXPECT_TRUE(contains(text.err, "--prompt-ids")) << text.describe();
+  const Outcome ids = run_asynct({"generate", "--prompt-ids", "1,2,3", "--max-tokens", "2"}, s.dir());
+  EXPECT_EQ(ids.code, 0) << ids.describe();
+  EXPECT_EQ(generated(ids.out).tokens.size(), 1u) << ids.describe();
+}
+
 // End-of-sequence tokens: none for the built-in models; --eos (repeatable) sets them, ids
 // outside the vocabulary are errors, --ignore-eos and --eos together are a command-line error.
 TEST(CliEos, EosOptions) {
   Scratch s;
-  const std::vector<std::string> base = {"generate", "--prompt", "1,2,3", "--max-tokens", "12"};
+  const std::vector<std::string> base = {"generate", "--prompt-ids", "1,2,3", "--max-tokens", "12"};
   const Outcome full = run_asynct(base, s.dir());
   ASSERT_EQ(full.code, 0) << full.describe();
   const Generated f = generated(full.out);
@@ -316,7 +389,7 @@ TEST(CliEos, EosOptions) {
 TEST(CliEos, TheCheckpointSaysWhereToStop) {
   Scratch s;
   ASSERT_EQ(run_asynct({"init-checkpoint", "--out", "ckpt"}, s.dir()).code, 0);
-  const std::vector<std::string> base = {"generate", "--model", "ckpt", "--prompt", "1,2,3", "--max-tokens", "12"};
+  const std::vector<std::string> base = {"generate", "--model", "ckpt", "--prompt-ids", "1,2,3", "--max-tokens", "12"};
   const Outcome full = run_asynct(base, s.dir());
   ASSERT_EQ(full.code, 0) << full.describe();
   const std::vector<int> tokens = generated(full.out).tokens.at(0);
@@ -397,7 +470,19 @@ TEST(CliFuzz, RandomArgumentsExitWithZeroOneOrTwo) {
       {"generate",
        {{"--model", {"", ".", "/dev/null", "nowhere"}},
         {"--builtin", {"asynct", "qwen3", "llama"}},
-        {"--prompt", {"1,2,3", "1,x", "", ",", "99999", "255", "-1", "0", "1,,2", "4294967296"}},
+        {"--prompt-ids", {"1,2,3", "1,x", "", ",", "99999", "255", "-1", "0", "1,,2", "4294967296"}},
+        {"--prompt", {"hello", "", "\xff", "1,2,3"}},
+        {"--chat", {}},
+        {"--system", {"be brief", ""}},
+        {"--no-thinking", {}},
+        {"--min-p", reals},
+        {"--repetition-penalty", reals},
+        {"--presence-penalty", reals},
+        {"--frequency-penalty", reals},
+        {"--logprobs", {"0", "3", "20", "21", "-1", "abc"}},
+        {"--stop", {"a", "", "\xff"}},
+        {"--stop-token-id", {"0", "255", "256", "-1", "abc"}},
+        {"--json", {}},
         {"--max-tokens", {"1", "4", "0", "-1", "abc", "1048577"}},
         {"--temperature", reals},
         {"--top-k", {"0", "1", "5", "-1", "300", "abc"}},

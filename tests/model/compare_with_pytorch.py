@@ -45,7 +45,7 @@ def engine_run(binary, checkpoint, workdir, device):
     cmd = [binary, "generate", "--model", checkpoint, "--max-tokens", str(STEPS), "--logits", logits_path,
            "--device", device]
     for p in PROMPTS:
-        cmd += ["--prompt", ",".join(map(str, p))]
+        cmd += ["--prompt-ids", ",".join(map(str, p))]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(logits_path) as f:
         return json.load(f)

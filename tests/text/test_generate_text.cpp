@@ -176,7 +176,9 @@ TEST_F(GenerateText, StopStringsEndTheTextBeforeThemAndTheRequest) {
   EXPECT_LT(requests(at_start).at(0)["token_ids"].size(), 16u);
 
   // The later stop string listed first: the text ends at the one that comes first.
-  const std::string later = text.substr(text.size() - char_length(text, text.size() - 1));
+  std::size_t last_char = text.size() - 1;
+  while (last_char > 0 && (static_cast<unsigned char>(text[last_char]) & 0xC0) == 0x80) --last_char;
+  const std::string later = text.substr(last_char);
   const Outcome several = generate({"--prompt", kPrompt, "--max-tokens", "16", "--json", "--stop", later, "--stop", across});
   ASSERT_EQ(several.code, 0) << several.describe();
   if (text.find(later) > text.find(across)) {

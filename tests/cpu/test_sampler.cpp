@@ -2,6 +2,7 @@
 // top-p, min-p, the penalties, their order), the distribution of many draws against the exact
 // probabilities (chi-square, fixed seeds: the test is deterministic), the tokens of a plain
 // full-sort definition exactly, logprobs against a naive log_softmax, and clear errors.
+// (Over 500 lines: every option's tests share the plain definition written here.)
 #include <algorithm>
 #include <cfloat>
 #include <cmath>

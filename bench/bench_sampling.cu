@@ -1,8 +1,8 @@
 // The device sampler's time per launch, at a decode step's shape: 32 rows of Qwen3's 151,936-token
 // vocabulary (19.4 MB of float32 logits), against the greedy summary (launch_summarize_logits,
 // what a greedy step runs) and against the time to read the logits once at the copy ceiling.
-// Rows are N(0, sigma^2) logits (sigma 2.5 unless given: a trained model's spread; a random
-// model's rows are much flatter, e.g. 0.3); penalised rows carry 256 entries (a 256-token context).
+// Rows are N(0, sigma^2) logits (sigma 2.5 unless given: a trained model's spread; 0.3 a flat
+// row; 45 a peaked one, like the random 1.7B model's); penalised rows carry 256 entries (a 256-token context).
 // Prints one line per configuration: microseconds per launch, median of 7 timings of 50 launches
 // replayed from a CUDA graph.
 // Run: build/<dir>/bench/asynct_bench_sampling [rows] [vocab] [sigma]

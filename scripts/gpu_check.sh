@@ -76,7 +76,7 @@ if want scenarios; then
 fi
 if want sampling; then
   echo "== the device sampler: the kernel, and decode_heavy_b32 greedy against sampled (1.7B) =="
-  for sigma in 2.5 0.3; do
+  for sigma in 2.5 0.3 45; do
     timeout 120 build/gpu/bench/asynct_bench_sampling 32 151936 "$sigma" 2>&1 | tee -a "$out/bench_sampling.txt" || status=1
   done
   for scenario in decode_heavy_b32 decode_heavy_b32_sampled; do

@@ -226,6 +226,7 @@ TEST(DeviceSampleRows, DrawsMatchTheHostAndTheDistribution) {
       {"top-p alone, flat row (bisection)", 1.0f, 0, 0.5f, 0.0f, 0.05f},
       {"top-k 3000 (bisection)", 1.0f, 3000, 0.95f, 0.0f, 1.0f},
       {"everything", 0.8f, 40, 0.9f, 0.02f, 2.5f},
+      {"peaked row, top-k past 64 nats", 0.8f, 50, 0.9f, 0.0f, 45.0f},
   };
   // The bisection configurations take ~1 ms a row: fewer launches of them.
   const auto launches = [](const Config& c, int n) { return std::string(c.name).find("bisection") != std::string::npos ? 1 : n; };

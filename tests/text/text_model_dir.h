@@ -1,5 +1,5 @@
 // Checkpoint directories with a real tokenizer for the generate tests: the Qwen3 tokenizer files
-// from scripts/fetch_text_assets.sh's cache (ASYNCT_TEXT_CACHE, set by the build), beside a
+// from scripts/fetch_text_assets.sh's cache (ASYNCT_TEXT_CACHE, set by the build from ASYNCT_TEST_CACHE), beside a
 // small random Qwen3 model whose vocabulary covers the tokenizer's (151936 ids, as Qwen3's).
 #pragma once
 

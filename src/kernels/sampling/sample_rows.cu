@@ -455,6 +455,14 @@ __device__ bool locate(Row& row, float peak, float temperature, bool by_count, d
   int sub = -1;
   u64 count = in_bin, before_count = bin_before.count;
   double before = bin_before.mass;
+  if (in_bin > kMaxCandidates && bin == kBins - 1 && by_count) {
+    // The last bin holds every token beyond 64 nats: a place there by count (top-k's k-th, the
+    // kept set's last) needs only the weight through it, all but e^-64 of the total; its id is
+    // never asked for (the draw cannot land there). A peaked row (a random model's, logits
+    // spread ~45 at temperature 0.8) has most of its tokens there.
+    if (zero) *place = Place{u64(value) - 1, -1, sh.bin_mass[kBins - 1]};
+    return true;
+  }
   if (in_bin > kMaxCandidates) {  // the sub-bin holding the place
     build_sub_histogram(row, peak, temperature, bin);  // over the candidates: whatever was loaded is gone
     loaded.bin = -1;
@@ -612,6 +620,7 @@ __device__ int draw(Row& row, const SamplingParams& p, std::uint64_t step, float
   if (fits) fits = locate(row, peak, t, false, u * kept, true, loaded, &place);
   if (fits && share_from_block0(row, zero && place.index >= keep ? 1 : 0))
     fits = locate(row, peak, t, true, double(keep), false, loaded, &place);
+  if (fits && share_from_block0(row, zero && place.id < 0 ? 1 : 0)) fits = false;  // (that place had no id)
   if (fits) return place.id;
   return draw_by_bisection(row, p, u, peak, vocab);
 }

@@ -20,6 +20,8 @@ const DeviceInfo& current_device_info() {
     DeviceInfo& info = cached[device];
     ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
     ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device));
+    ASYNCT_CUDA_CHECK(
+        cudaDeviceGetAttribute(&info.shared_memory_per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   });
   return cached[device];
 }

@@ -8,6 +8,7 @@ namespace asynct::kernels {
 struct DeviceInfo {
   int sm_count = 0;  // multiprocessors
   int major = 0;     // compute capability: 9 for Hopper
+  int shared_memory_per_block_optin = 0;  // bytes a block may ask for (227 KB on H200)
 };
 
 // The current device's (cudaGetDevice) info.

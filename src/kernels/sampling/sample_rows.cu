@@ -1,3 +1,6 @@
+// Over 500 lines: one kernel and the cluster primitives only it uses (block and cluster
+// reductions and scans, block 0's decisions shared over distributed shared memory), its two
+// histogram levels and the place-finding walk over them; the pieces call each other throughout.
 // One thread-block cluster per row: its 8 blocks each load an eighth of the row into shared
 // memory (76 KB at Qwen3's 151,936 tokens), so the row is read from global memory once, and
 // every later pass runs over shared memory, the blocks agreeing through distributed shared
@@ -797,9 +800,7 @@ void configure_kernel(std::size_t smem) {
 bool device_sampling_supported(int vocab) {
   const DeviceInfo& info = current_device_info();
   if (info.major < 9 || vocab < 1) return false;
-  int device = 0, optin = 0;
-  ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
-  ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int optin = info.shared_memory_per_block_optin;
   // A bin's fixed-point sum in one block stays below 2^32: at most 65,535 tokens a slice.
   return slice_floats(vocab) <= 65535 && slice_floats(vocab) * sizeof(float) + sizeof(Shared) <= std::size_t(optin);
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -52,6 +53,38 @@ float median_us(cudaStream_t stream, Issue issue) {
   return times[times.size() / 2];
 }
 
+// One more launch of `a` with the phase clocks on: the median over the rows of each phase's
+// time (block 0's clock, at the peak clock rate), from the end of the one before it.
+void print_phases(kernels::SampleRowsArgs a, cudaStream_t stream) {
+  const std::size_t slots = std::size_t(a.rows) * kernels::kSampleRowsPhases;
+  kernels::DeviceArray<long long> clocks(slots);
+  ASYNCT_CUDA_CHECK(cudaMemsetAsync(clocks.get(), 0xFF, slots * sizeof(long long), stream));
+  a.phase_clocks = clocks.get();
+  kernels::launch_sample_rows(a, stream);
+  std::vector<long long> host(slots);
+  ASYNCT_CUDA_CHECK(cudaMemcpyAsync(host.data(), clocks.get(), slots * sizeof(long long), cudaMemcpyDeviceToHost, stream));
+  ASYNCT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  int device = 0, khz = 0;
+  ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
+  ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));
+  const char* names[kernels::kSampleRowsPhases] = {"start", "load", "stats", "histogram", "head chosen", "head gathered",
+                                                    "head drawn", "drawn", "end"};
+  std::printf("    phases (median over rows, us):");
+  for (int k = 1; k < kernels::kSampleRowsPhases; ++k) {
+    std::vector<double> us;
+    for (int r = 0; r < a.rows; ++r) {
+      const long long* row = host.data() + std::size_t(r) * kernels::kSampleRowsPhases;
+      int before = k - 1;
+      while (before > 0 && row[before] < 0) --before;
+      if (row[k] >= 0 && row[before] >= 0) us.push_back(double(row[k] - row[before]) * 1e3 / double(khz));
+    }
+    if (us.empty()) continue;
+    std::sort(us.begin(), us.end());
+    std::printf(" %s %.1f,", names[k], us[us.size() / 2]);
+  }
+  std::printf("\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -93,7 +126,9 @@ int main(int argc, char** argv) {
   }) / 2.0f;  // a copy reads and writes
   const float greedy_us = median_us(stream, [&] { kernels::launch_summarize_logits(logits.get(), rows, vocab, summaries.get(), stream); });
   std::printf("device sampling, %d rows x %d vocabulary (%.1f MB float32), logits N(0, %.2g^2)\n", rows, vocab, double(host.size()) * 4 / 1e6, double(sigma));
-  std::printf("  rows' clusters resident at once: %d\n", kernels::sample_rows_resident_clusters(vocab));
+  const kernels::SampleRowsLayout layout = kernels::sample_rows_layout(rows, vocab);
+  std::printf("  %d-block clusters a row, %d resident at once (8-block: %d)\n", layout.cluster_blocks, layout.resident_clusters,
+              kernels::sample_rows_layout(1, vocab).resident_clusters);
   std::printf("  %-44s %8.1f us\n", "read once at the copy ceiling (copy / 2)", double(read_us));
   std::printf("  %-44s %8.1f us\n", "greedy summary (launch_summarize_logits)", double(greedy_us));
 
@@ -114,7 +149,10 @@ int main(int argc, char** argv) {
       {"top-k 50 + top-p 0.9 + penalties", 0.8f, 50, 0.9f, 0.0f, true, -1},
       {"top-k 50 + top-p 0.9 + penalties + logprobs 20", 0.8f, 50, 0.9f, 0.0f, true, 20},
   };
-  for (const Config& c : configs) {
+  // Each config in the launch's own layout; the last also in the other cluster size.
+  const int other_blocks = layout.cluster_blocks == 8 ? 7 : 8;
+  for (std::size_t ci = 0; ci < std::size(configs) + 1; ++ci) {
+    const Config& c = configs[ci < std::size(configs) ? ci : std::size(configs) - 2];
     std::vector<RowSampling> sampling(static_cast<std::size_t>(rows));
     for (int r = 0; r < rows; ++r) {
       RowSampling& s = sampling[std::size_t(r)];
@@ -145,8 +183,11 @@ int main(int argc, char** argv) {
     a.logit_rows = d_rows.get();
     a.summaries = summaries.get();
     a.top_logprobs = top.get();
+    if (ci == std::size(configs)) a.cluster_blocks = other_blocks;
     const float us = median_us(stream, [&] { kernels::launch_sample_rows(a, stream); });
-    std::printf("  %-44s %8.1f us\n", c.name, double(us));
+    const std::string name = ci == std::size(configs) ? std::string(c.name) + ", " + std::to_string(other_blocks) + "-block clusters" : c.name;
+    std::printf("  %-44s %8.1f us\n", name.c_str(), double(us));
+    if (ci == std::size(configs) - 2) print_phases(a, stream);
   }
   return 0;
 }

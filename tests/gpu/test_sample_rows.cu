@@ -8,7 +8,8 @@
 //   - logprobs: the sampled token's and the top-n, against a log-softmax in double (1e-4);
 //   - the paths: few candidates (top-k), the draw's bin (no cut), min-p, and more candidates
 //     than the gather holds (top-p alone on a flat row, top-k 3000, a row of equal logits);
-//     vocabularies of 151936, 49152 and odd sizes; the same launch twice gives the same tokens.
+//     vocabularies of 151936 (in 8- and 7-block clusters), 49152 and odd sizes; the same launch
+//     twice gives the same tokens.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -68,7 +69,7 @@ struct Sampled {
   std::vector<TopLogprob> top;  // [rows * kMaxTopLogprobs]
 };
 
-Sampled sample_on_device(const Batch& b) {
+Sampled sample_on_device(const Batch& b, int cluster_blocks = 0) {
   const int rows = b.rows();
   DeviceArray<float> logits = to_device(b.logits);
   DeviceArray<RowSampling> sampling = to_device(b.sampling);
@@ -91,6 +92,7 @@ Sampled sample_on_device(const Batch& b) {
   a.logit_rows = d_rows.get();
   a.summaries = summaries.get();
   a.top_logprobs = top.get();
+  a.cluster_blocks = cluster_blocks;
   kernels::launch_sample_rows(a, nullptr);
   testing::check_launch("sample_rows");
   return {to_host(summaries, std::size_t(rows)), to_host(top, std::size_t(rows) * kMaxTopLogprobs)};
@@ -171,7 +173,7 @@ struct Config {
 
 // Each config: 256 draws of one row (steps 0..255) in one launch, compared token by token with
 // the host; `launches` launches of different seeds for the chi-square.
-void check_draws(int vocab, const Config& c, int launches, std::uint64_t seed_base) {
+void check_draws(int vocab, const Config& c, int launches, std::uint64_t seed_base, int cluster_blocks = 0) {
   testing::Random rng(seed_base);
   Tensor logits = rng.normal({1, vocab}, c.scale);
   const float* row = logits.data_as<float>();
@@ -182,10 +184,10 @@ void check_draws(int vocab, const Config& c, int launches, std::uint64_t seed_ba
     Batch b;
     b.vocab = vocab;
     for (int s = 0; s < 256; ++s) b.add(row, sampled(c.temperature, c.top_k, c.top_p, c.min_p, seed_base + std::uint64_t(l), std::uint64_t(s)), 0);
-    const Sampled got = sample_on_device(b);
+    const Sampled got = sample_on_device(b, cluster_blocks);
     for (int s = 0; s < b.rows(); ++s) {
       const LogitSummary& g = got.summaries[std::size_t(s)];
-      ASSERT_EQ(g.nonfinite, -1) << c.name;
+      ASSERT_EQ(g.nonfinite, -1) << c.name << ", " << cluster_blocks << "-block clusters";
       ASSERT_TRUE(g.token >= 0 && g.token < vocab) << c.name << ": token " << g.token;
       ASSERT_GT(prob[std::size_t(g.token)], 0.0) << c.name << ": drew token " << g.token << ", which the cuts drop";
       ++counts[std::size_t(g.token)];
@@ -193,7 +195,7 @@ void check_draws(int vocab, const Config& c, int launches, std::uint64_t seed_ba
       if (l == 0) differ += g.token != host_token(b, s) ? 1 : 0;
     }
   }
-  EXPECT_LE(differ, 1) << c.name << ": tokens that differ from the host's for the same (seed, step), of 256";
+  EXPECT_LE(differ, 1) << c.name << ", " << cluster_blocks << "-block clusters" << ": tokens that differ from the host's for the same (seed, step), of 256";
   // Chi-square over the kept tokens, the rare ones (expected < 5) pooled.
   double chi2 = 0, pooled_expected = 0, pooled_observed = 0;
   int dof = -1;
@@ -211,7 +213,7 @@ void check_draws(int vocab, const Config& c, int launches, std::uint64_t seed_ba
   // Wilson-Hilferty: chi2/dof is about normal with mean 1 - 2/(9 dof) and sd sqrt(2/(9 dof));
   // z > 4.75 has probability 1e-6.
   const double k = dof, z = (std::cbrt(chi2 / k) - (1 - 2 / (9 * k))) / std::sqrt(2 / (9 * k));
-  EXPECT_LT(z, 4.75) << c.name << ": chi-square " << chi2 << " on " << dof << " degrees of freedom, " << draws << " draws";
+  EXPECT_LT(z, 4.75) << c.name << ", " << cluster_blocks << "-block clusters" << ": chi-square " << chi2 << " on " << dof << " degrees of freedom, " << draws << " draws";
 }
 
 TEST(DeviceSampleRows, DrawsMatchTheHostAndTheDistribution) {
@@ -230,7 +232,8 @@ TEST(DeviceSampleRows, DrawsMatchTheHostAndTheDistribution) {
   };
   // The bisection configurations take ~1 ms a row: fewer launches of them.
   const auto launches = [](const Config& c, int n) { return std::string(c.name).find("bisection") != std::string::npos ? 1 : n; };
-  for (const Config& c : configs) check_draws(151936, c, launches(c, 8), 100);
+  for (const Config& c : configs) check_draws(151936, c, launches(c, 8), 100, 8);
+  for (const Config& c : configs) check_draws(151936, c, launches(c, 4), 600, 7);
   for (const Config& c : configs) check_draws(49152, c, launches(c, 4), 200);
   check_draws(1000, configs[0], 8, 300);
   check_draws(7, configs[4], 8, 400);

@@ -83,6 +83,19 @@ def run_reference(model_dir, device):
     return name, records, step_logits
 
 
+def bf16_first_logits(model_dir, records):
+    """transformers' own bfloat16 run of each prompt on the GPU (its first-token logits): how far
+    bf16 arithmetic alone moves the logits from the float32 reference, beside the engine's."""
+    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda").eval()
+    out = []
+    with torch.no_grad():
+        for record in records:
+            logits = model(torch.tensor([record["prompt_ids"]], device="cuda")).logits[0, -1]
+            out.append(logits.double().cpu().numpy())
+    del model
+    return out
+
+
 def short(text, width=40):
     return text if len(text) <= width else text[: width - 3] + "..."
 
@@ -99,19 +112,21 @@ def compare_engine(binary, model_dir, device, records, step_logits):
             return len(records)
     seconds = time.monotonic() - start
     print(f"\nasynct --device {device} ({seconds:.1f} s) against the reference; logits bar {LOGIT_TOLERANCE[device]:.0e}")
-    print(f"{'device':6} {'prompt':40} {'ids':>4} {'logits rel err':>14} {'greedy':>7} {'EOS ref/asynct':>14}  result")
+    bf16 = bf16_first_logits(model_dir, records) if device == "cuda" and torch.cuda.is_available() else None
+    print(f"{'device':6} {'prompt':40} {'ids':>4} {'logits rel err':>14} {'hf bf16 err':>11} {'greedy':>7} {'EOS ref/asynct':>14}  result")
     failures = 0
     eos = set(golden.eos_token_ids(model_dir))
-    for record, logits, result in zip(records, step_logits, results):
+    for index, (record, logits, result) in enumerate(zip(records, step_logits, results)):
         reference = np.asarray(logits[0], dtype=np.float64)
         got = np.asarray(result["first_logits"], dtype=np.float64)
         error = np.linalg.norm(got - reference) / np.linalg.norm(reference)
+        bf16_error = f"{np.linalg.norm(bf16[index] - reference) / np.linalg.norm(reference):11.2e}" if bf16 else f"{'-':>11}"
         tie = TIE_FACTOR * float(np.sqrt(np.mean((got - reference) ** 2)))
         same, note, tokens_ok = golden.greedy_agreement(result["tokens"], record, tie, golden.STEPS)
         ok = error <= LOGIT_TOLERANCE[device] and tokens_ok
         failures += not ok
         engine_eos = next((i for i, t in enumerate(result["tokens"]) if t in eos), None)
-        print(f"{device:6} {short(record['text']):40} {len(record['prompt_ids']):4} {error:14.2e} "
+        print(f"{device:6} {short(record['text']):40} {len(record['prompt_ids']):4} {error:14.2e} {bf16_error} "
               f"{same:3}/{golden.STEPS:<3} {str(record['first_eos']):>6}/{str(engine_eos):<7}  "
               f"{'ok' if ok else 'FAIL'}{': ' + note if note else ''}")
     return failures

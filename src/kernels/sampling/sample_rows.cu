@@ -1,11 +1,12 @@
 // Over 500 lines: one kernel and the cluster primitives only it uses (block and cluster
 // reductions and scans, block 0's decisions shared over distributed shared memory), its two
 // histogram levels and the place-finding walk over them; the pieces call each other throughout.
-// One thread-block cluster per row: its 8 blocks each load an eighth of the row into shared
-// memory (76 KB at Qwen3's 151,936 tokens), so the row is read from global memory once, and
-// every later pass runs over shared memory, the blocks agreeing through distributed shared
-// memory at a few cluster barriers. For a row, in the reference sampler's order
-// (reference/sampler.h):
+// One thread-block cluster per row: its 8 blocks (7 when 8-block clusters would leave rows
+// waiting: the H200 holds 30 such clusters, 36 of 7) each load their share of the row into
+// shared memory (76 KB at Qwen3's 151,936 tokens in eighths, 87 KB in sevenths), so the row is
+// read from global memory once, and every later pass runs over shared memory, the blocks
+// agreeing through distributed shared memory at a few cluster barriers. For a row, in the
+// reference sampler's order (reference/sampler.h):
 //   1. one pass: the raw row's maximum, argmax, first non-finite logit and (for logprobs) its
 //      sum of exponentials; the penalties, applied to the shared-memory copy (the row in global
 //      memory stays raw); the processed row's maximum and argmax. One cluster reduction.
@@ -15,12 +16,16 @@
 //      below the maximum their tempered logit lies, d = (max - x) / T, 1/32 nat a bin, with each
 //      bin's count and mass. A token's weight exp(-d) is kept in its bin's fixed point:
 //      q = round(exp(b/32 - d) * 2^16) in bin b, worth q * 2^-16 * exp(-b/32) (relative error
-//      <= 1.6e-5): 32-bit shared-memory atomics, and sums that do not depend on their order.
-//   3. Positions in the order (logit desc, id asc) are found bin by bin from the histogram's
-//      prefix sums: top-k's k-th token, top-p's cut over what top-k kept, min-p's, the kept
-//      mass, the draw. Only the bins a cut or the draw falls in are gathered (by block 0),
-//      sorted and walked exactly as the host walks them.
-//   4. A bin of more than kMaxCandidates tokens (a nearly flat row): every cut and the draw by
+//      <= 1.6e-5): one 64-bit shared-memory atomic a token, and sums that do not depend on
+//      their order.
+//   3. The head: the bins up to the one holding the first place that bounds the kept set
+//      (top-k's k-th token, else top-p's or min-p's cut, else the draw). When it fits the
+//      gather (kMaxCandidates tokens, as with top-k 50 on any row), block 0 gathers, sorts and
+//      walks it exactly as the host walks the order, every cut and the draw in one go.
+//   4. Otherwise positions in the order (logit desc, id asc) are found one by one from the
+//      histogram's prefix sums: top-k's k-th token, top-p's cut over what top-k kept, min-p's,
+//      the kept mass, the draw. Only the bins a cut or the draw falls in are gathered.
+//   5. A bin of more than kMaxCandidates tokens (a nearly flat row): every cut and the draw by
 //      bisection on the tokens' order keys instead (exact, 64 passes over shared memory each).
 // Needs sm_90 (clusters); the runners sample on the host elsewhere.
 #include "kernels/sampling/sample_rows.h"
@@ -29,6 +34,9 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include <cooperative_groups.h>
 
@@ -43,22 +51,25 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kClusterBlocks = 8;
-constexpr int kThreads = 512;  // two blocks per multiprocessor: 32 rows fill 128 of 132 SMs
+constexpr int kMaxClusterBlocks = 8;  // a row's blocks: 8, or 7 when 8-block clusters leave rows waiting (launch_sample_rows)
+constexpr int kThreads = 512;         // two blocks per multiprocessor
 constexpr int kWarps = kThreads / 32;
-constexpr int kBins = 2048;  // 1/32 nat each; the last also takes everything beyond 64 nats
+constexpr int kBins = 1536;  // 1/32 nat each; the last also takes everything beyond 48 nats
 constexpr int kMaxCandidates = 2 * kThreads;
 constexpr int kSubBins = 256;  // a bin too full to gather is split this finely (1/8192 nat)
 
 using u64 = unsigned long long;
 
 struct Shared {
-  unsigned bin_count[kBins];  // a block's counts; then, in block 0, their prefix sums
-  double bin_mass[kBins];     // in block 0: the prefix sums of the bins' masses
-  // A block's bin masses (fixed point) while the histogram is built; then block 0's gathered
-  // order keys, sorted in place (first = most likely).
+  unsigned bin_count[kBins];  // in block 0: the prefix sums of the bins' counts
+  // While the histogram is built, a block's bins, each a count (high 24 bits) and a fixed-point
+  // mass (low 40 bits) in one word; then, in block 0, the prefix sums of the bins' masses.
   union {
-    unsigned bin_fixed[kBins];
+    u64 bin_packed[kBins];
+    double bin_mass[kBins];
+  };
+  // Block 0's gathered order keys, sorted in place (first = most likely).
+  union {
     u64 candidates[kMaxCandidates];
     struct {  // one bin's tokens by sub-bin: a block's counts and weights; block 0's prefix sums
       unsigned count[kSubBins];
@@ -75,7 +86,9 @@ struct Shared {
   int gathered;        // in block 0: candidates gathered so far (every block adds to it)
   int newest_found;    // the row's input token was among its penalty entries
 };
-static_assert(sizeof(unsigned) * kBins == sizeof(u64) * kMaxCandidates, "the union's halves agree");
+// Two blocks a multiprocessor (228 KB) with a seventh of a 151,936-token row each (86,832 bytes),
+// 1 KB reserved per block.
+static_assert(sizeof(Shared) <= (233472 - 2 * 1024) / 2 - 86832, "two 7-way Qwen3 blocks fit a multiprocessor");
 static_assert(3 * sizeof(unsigned) * kSubBins + sizeof(u64) * kSubBins <= sizeof(u64) * kMaxCandidates, "fits the union");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -103,7 +116,9 @@ __device__ __forceinline__ float value_of(u64 key) { return value_of_bits(unsign
 
 // How far below the maximum a logit lies, in nats of tempered weight, and its bin.
 __device__ __forceinline__ float depth(float x, float peak, float temperature) { return (peak - x) / temperature; }
-__device__ __forceinline__ int bin_of_depth(float d) { return d < 64.0f ? min(int(d * kBinsPerNat), kBins - 1) : kBins - 1; }
+__device__ __forceinline__ int bin_of_depth(float d) {
+  return d < float(kBins) / kBinsPerNat ? min(int(d * kBinsPerNat), kBins - 1) : kBins - 1;
+}
 // A token's weight in its bin's fixed point, and what one unit of bin b weighs.
 __device__ __forceinline__ unsigned fixed_in_bin(float d, int bin) {
   return unsigned(expf(float(bin) / kBinsPerNat - d) * kFixedOne + 0.5f);
@@ -172,13 +187,20 @@ struct CountWeight {
 struct Row {
   cg::cluster_group cluster;
   unsigned rank;
+  int blocks;  // the cluster's
   Shared& sh;
   float* x;
   int n;
   int base;
   int phase;           // which exchange slot the next cluster-wide exchange uses
   int decision_phase;  // which decision slot the next share_from_block0 uses
+  long long* clocks;   // SampleRowsArgs::phase_clocks' slots for this row, or null
 };
+
+// Block 0's clock at the end of a phase (SampleRowsPhase), when the launch asks.
+__device__ __forceinline__ void mark(const Row& row, SampleRowsPhase phase) {
+  if (row.clocks && row.rank == 0 && threadIdx.x == 0) row.clocks[int(phase)] = clock64();
+}
 
 // Every thread of the block gets op over all threads' values, combined in a fixed order.
 template <typename T, typename Op>
@@ -228,9 +250,9 @@ __device__ T cluster_allreduce(T v, Op op, Row& row) {
   if (threadIdx.x == 0) *slot = v;
   row.cluster.sync();
   if (threadIdx.x < 32) {
-    const T mine = *row.cluster.map_shared_rank(slot, threadIdx.x % kClusterBlocks);
+    const T mine = *row.cluster.map_shared_rank(slot, threadIdx.x % unsigned(row.blocks));
     T r = shuffle_from(mine, 0);
-    for (int b = 1; b < kClusterBlocks; ++b) r = op(r, shuffle_from(mine, b));
+    for (int b = 1; b < row.blocks; ++b) r = op(r, shuffle_from(mine, b));
     if (threadIdx.x == 0) *reinterpret_cast<T*>(&row.sh.reduced[0]) = r;
   }
   __syncthreads();
@@ -246,9 +268,9 @@ __device__ CountWeight cluster_exclusive_scan(CountWeight own, Row& row) {
   if (threadIdx.x == 0) *slot = own;
   row.cluster.sync();
   if (threadIdx.x < 32) {
-    const CountWeight mine = *row.cluster.map_shared_rank(slot, threadIdx.x % kClusterBlocks);
+    const CountWeight mine = *row.cluster.map_shared_rank(slot, threadIdx.x % unsigned(row.blocks));
     CountWeight before{0, 0.0};
-    for (int b = 0; b < kClusterBlocks; ++b) {
+    for (int b = 0; b < row.blocks; ++b) {
       const CountWeight other = shuffle_from(mine, b);
       if (unsigned(b) < row.rank) before.count += other.count, before.mass += other.mass;
     }
@@ -267,52 +289,58 @@ __device__ u64 share_from_block0(Row& row, u64 value) {
   row.decision_phase ^= 1;
   if (row.rank == 0 && threadIdx.x < 32) {
     value = __shfl_sync(0xffffffffu, value, 0);
-    if (threadIdx.x < kClusterBlocks) *row.cluster.map_shared_rank(&row.sh.decision[slot], threadIdx.x) = value;
+    if (int(threadIdx.x) < row.blocks) *row.cluster.map_shared_rank(&row.sh.decision[slot], threadIdx.x) = value;
   }
   row.cluster.sync();
   return row.sh.decision[slot];
 }
 
 // Step 2's histogram by bin_of, with each bin's mass when `mass`, merged over the cluster into
-// block 0 as prefix sums (bin_count[b]: tokens in bins 0..b; bin_mass[b]: their weight). Block r
-// merges bins [r * kRange, (r + 1) * kRange) of every block, one bin a thread, and stores
-// their prefix sums into block 0. Every block returns after a cluster barrier.
+// block 0 as prefix sums (bin_count[b]: tokens in bins 0..b; bin_mass[b]: their weight). A token
+// adds its count and fixed-point weight to its bin in one 64-bit shared atomic; the last bin's
+// tokens (a peaked row's most) are summed in registers and added once a warp. Block r merges
+// bins [r * range, (r + 1) * range) of every block, one bin a thread, and stores their prefix
+// sums into block 0. Every block returns after a cluster barrier.
 __device__ void build_histogram(Row& row, float peak, float temperature, bool mass) {
-  constexpr int kRange = kBins / kClusterBlocks;
-  static_assert(kRange <= kThreads, "a bin a thread");
+  constexpr int kCountShift = 40;  // a slice's fixed-point sum stays below 2^40 (< 2^24 tokens of <= 2^16.05)
+  constexpr u64 kFixedMask = (u64(1) << kCountShift) - 1;
   Shared& sh = row.sh;
-  for (int b = int(threadIdx.x); b < kBins; b += kThreads) sh.bin_count[b] = 0, sh.bin_fixed[b] = 0;
+  for (int b = int(threadIdx.x); b < kBins; b += kThreads) sh.bin_packed[b] = 0;
   __syncthreads();
+  u64 deep = 0;
   for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
     const float d = depth(row.x[i], peak, temperature);
     const int bin = bin_of_depth(d);
-    atomicAdd(&sh.bin_count[bin], 1u);
-    if (mass) atomicAdd(&sh.bin_fixed[bin], fixed_in_bin(d, bin));
+    const u64 add = (u64(1) << kCountShift) | (mass ? u64(fixed_in_bin(d, bin)) : 0);
+    if (bin == kBins - 1) deep += add;
+    else atomicAdd(&sh.bin_packed[bin], add);
   }
-  row.cluster.sync();
-  const int bin = int(row.rank) * kRange + int(threadIdx.x);
-  CountWeight own{0, 0.0};
-  if (int(threadIdx.x) < kRange) {
-    unsigned counts[kClusterBlocks], fixed[kClusterBlocks];  // every load issued before any is used
 #pragma unroll
-    for (int r = 0; r < kClusterBlocks; ++r) {
-      counts[r] = row.cluster.map_shared_rank(sh.bin_count, r)[bin];
-      fixed[r] = mass ? row.cluster.map_shared_rank(sh.bin_fixed, r)[bin] : 0u;
-    }
+  for (int mask = 16; mask > 0; mask /= 2) deep += __shfl_xor_sync(0xffffffffu, deep, mask);
+  if (threadIdx.x % 32 == 0 && deep != 0) atomicAdd(&sh.bin_packed[kBins - 1], deep);
+  row.cluster.sync();
+  const int range = (kBins + row.blocks - 1) / row.blocks;
+  const int bin = int(row.rank) * range + int(threadIdx.x);
+  CountWeight own{0, 0.0};
+  if (int(threadIdx.x) < range && bin < kBins) {
+    u64 parts[kMaxClusterBlocks];  // every load issued before any is used
+#pragma unroll
+    for (int r = 0; r < kMaxClusterBlocks; ++r) parts[r] = r < row.blocks ? row.cluster.map_shared_rank(sh.bin_packed, r)[bin] : 0;
     u64 mass_fixed = 0;
 #pragma unroll
-    for (int r = 0; r < kClusterBlocks; ++r) own.count += counts[r], mass_fixed += fixed[r];
+    for (int r = 0; r < kMaxClusterBlocks; ++r) own.count += parts[r] >> kCountShift, mass_fixed += parts[r] & kFixedMask;
     own.mass = double(mass_fixed) * bin_unit(bin);
   }
   const CountWeight in_range = exclusive_block_scan(own, sh);
   // The range's total as its last bin's prefix sum (the same additions, so the prefix sums rise).
   __syncthreads();  // the scan's readers of warp_partial are done
-  if (int(threadIdx.x) == kRange - 1)
+  if (int(threadIdx.x) == range - 1)
     *reinterpret_cast<CountWeight*>(&sh.warp_partial[0][0]) = CountWeight{in_range.count + own.count, in_range.mass + own.mass};
   __syncthreads();
   const CountWeight range_total = *reinterpret_cast<const CountWeight*>(&sh.warp_partial[0][0]);
-  const CountWeight before = cluster_exclusive_scan(range_total, row);  // every merge is done after it
-  if (int(threadIdx.x) < kRange) {
+  // Every block's reads of the packed bins are done after it: block 0's become its prefix sums.
+  const CountWeight before = cluster_exclusive_scan(range_total, row);
+  if (int(threadIdx.x) < range && bin < kBins) {
     row.cluster.map_shared_rank(sh.bin_count, 0)[bin] = unsigned(before.count + in_range.count + own.count);
     row.cluster.map_shared_rank(sh.bin_mass, 0)[bin] = before.mass + in_range.mass + own.mass;
   }
@@ -384,8 +412,8 @@ __device__ void sort_candidates(Shared& sh, int c) {
 // Bin `bin`'s tokens by sub-bin, merged into block 0 as prefix sums in the bin's fixed point
 // (like build_histogram, one level down); overwrites the candidates.
 __device__ void build_sub_histogram(Row& row, float peak, float temperature, int bin) {
-  constexpr int kRange = kSubBins / kClusterBlocks;
   Shared& sh = row.sh;
+  const int range = (kSubBins + row.blocks - 1) / row.blocks;
   for (int b = int(threadIdx.x); b < kSubBins; b += kThreads) sh.sub.count[b] = 0, sh.sub.fixed[b] = 0;
   __syncthreads();
   for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
@@ -396,21 +424,21 @@ __device__ void build_sub_histogram(Row& row, float peak, float temperature, int
     atomicAdd(&sh.sub.fixed[sub], fixed_in_bin(d, bin));
   }
   row.cluster.sync();
-  const int sub = int(row.rank) * kRange + int(threadIdx.x);
+  const int sub = int(row.rank) * range + int(threadIdx.x);
   CountMass own{0, 0};
-  if (int(threadIdx.x) < kRange)
-    for (int r = 0; r < kClusterBlocks; ++r) {
+  if (int(threadIdx.x) < range && sub < kSubBins)
+    for (int r = 0; r < row.blocks; ++r) {
       own.count += row.cluster.map_shared_rank(sh.sub.count, r)[sub];
       own.mass += row.cluster.map_shared_rank(sh.sub.fixed, r)[sub];
     }
   const CountMass in_range = exclusive_block_scan(own, sh);
   __syncthreads();
-  if (int(threadIdx.x) == kRange - 1)
+  if (int(threadIdx.x) == range - 1)
     *reinterpret_cast<CountMass*>(&sh.warp_partial[0][0]) = CountMass{in_range.count + own.count, in_range.mass + own.mass};
   __syncthreads();
   const CountMass range_total = *reinterpret_cast<const CountMass*>(&sh.warp_partial[0][0]);
   const CountWeight before = cluster_exclusive_scan(CountWeight{range_total.count, double(range_total.mass)}, row);
-  if (int(threadIdx.x) < kRange) {
+  if (int(threadIdx.x) < range && sub < kSubBins) {
     row.cluster.map_shared_rank(sh.sub.cum_count, 0)[sub] = unsigned(before.count + in_range.count + own.count);
     row.cluster.map_shared_rank(sh.sub.cum_fixed, 0)[sub] = u64(before.mass) + in_range.mass + own.mass;
   }
@@ -459,7 +487,7 @@ __device__ bool locate(Row& row, float peak, float temperature, bool by_count, d
   u64 count = in_bin, before_count = bin_before.count;
   double before = bin_before.mass;
   if (in_bin > kMaxCandidates && bin == kBins - 1 && by_count) {
-    // The last bin holds every token beyond 64 nats: a place there by count (top-k's k-th, the
+    // The last bin holds every token beyond 48 nats: a place there by count (top-k's k-th, the
     // kept set's last) needs only the weight through it, all but e^-64 of the total; its id is
     // never asked for (the draw cannot land there). A peaked row has most of its tokens there: the
     // random 1.7B model's logits spread ~45 (sqrt(2048) for unit-scale LM-head rows), 200 nats
@@ -582,6 +610,79 @@ __device__ int draw_by_bisection(Row& row, const SamplingParams& p, double u, fl
   return id_of(max(drawn, cut_key));
 }
 
+// The head: the tokens of bins 0..head_bin(), which hold every place the draw needs: top-k's
+// k-th token when top-k cuts (top-p's and min-p's cuts and the draw come after it in the order);
+// else top-p's cut and min-p's (a bin more for expf's rounding), whichever comes first; with no
+// cut, the draw itself. Block 0, on the prefix sums.
+__device__ int head_bin(const Shared& sh, const SamplingParams& p, double u, double total, int vocab) {
+  if (p.top_k > 0 && p.top_k < vocab) return bin_reaching_count(sh, u64(p.top_k));
+  int last = kBins - 1;
+  if (p.top_p < 1.0f) last = bin_reaching_mass(sh, double(p.top_p) * total, false);
+  if (p.min_p > 0.0f) last = min(last, min(bin_of_depth(-logf(p.min_p)) + 1, kBins - 1));
+  if (p.top_p >= 1.0f && p.min_p <= 0.0f) last = bin_reaching_mass(sh, u * total, true);
+  return last;
+}
+
+// Block 0, with the head's c tokens gathered: sorts them and takes every cut and the draw on
+// them, in the reference sampler's order. Thread t holds the weights through tokens 2t and
+// 2t + 1 (each token's weight in its bin's fixed point, as the histogram sums it). Returns -1
+// when a place the draw needs lies past the head (the histogram's and the head's sums round
+// apart); every thread returns the same.
+__device__ int draw_on_head(Shared& sh, const SamplingParams& p, double u, float peak, double total, int c, int vocab) {
+  sort_candidates(sh, c);
+  const float t = p.temperature;
+  double w[2];
+  for (int k = 0; k < 2; ++k) {
+    const int i = 2 * int(threadIdx.x) + k;
+    w[k] = 0.0;
+    if (i < c) {
+      const float d = depth(value_of(sh.candidates[i]), peak, t);
+      const int bin = bin_of_depth(d);
+      w[k] = double(fixed_in_bin(d, bin)) * bin_unit(bin);
+    }
+  }
+  const double start = exclusive_block_scan(CountWeight{0, w[0] + w[1]}, sh).mass;
+  const double through[2] = {start + w[0], start + w[0] + w[1]};
+  // The index of the first token whose weight through it reaches x (>= x; > x when strict); c if none.
+  const auto first_reaching = [&](double x, bool strict) {
+    u64 below = 0;
+    for (int k = 0; k < 2; ++k) {
+      const int i = 2 * int(threadIdx.x) + k;
+      below += i < c && (strict ? through[k] <= x : through[k] < x) ? 1 : 0;
+    }
+    return int(block_allreduce(below, SumOp{}, sh));
+  };
+  const auto through_token = [&](int j) {
+    __syncthreads();
+    if (j / 2 == int(threadIdx.x)) sh.scratch = u64(__double_as_longlong(through[j % 2]));
+    __syncthreads();
+    return __longlong_as_double((long long)(sh.scratch));
+  };
+  const bool top_k = p.top_k > 0 && p.top_k < vocab;
+  bool cut = top_k;  // else the kept set is the whole row
+  int keep = top_k ? p.top_k : c;
+  if (p.top_p < 1.0f) {
+    const double base = top_k ? through_token(keep - 1) : total;
+    const int j = first_reaching(double(p.top_p) * base, false);
+    if (j < keep) keep = j + 1, cut = true;
+    else if (!top_k && p.min_p <= 0.0f) return -1;
+  }
+  if (p.min_p > 0.0f) {  // the heavy tokens are a prefix of the order, the top one among them
+    u64 heavy = 0;
+    for (int k = 0; k < 2; ++k) {
+      const int i = 2 * int(threadIdx.x) + k;
+      heavy += i < c && expf(-depth(value_of(sh.candidates[i]), peak, t)) >= p.min_p ? 1 : 0;
+    }
+    const int at_least = max(1, int(block_allreduce(heavy, SumOp{}, sh)));
+    keep = cut ? min(keep, at_least) : at_least;
+    cut = true;
+  }
+  const double kept = cut ? through_token(keep - 1) : total;
+  const int j = first_reaching(u * kept, true);
+  if (!cut && j >= c) return -1;
+  return id_of(sh.candidates[cut ? min(j, keep - 1) : j]);
+}
+
 // The processed row's draw (temperature > 0), in the reference sampler's order: the token id,
 // in block 0 (the others may return anything). The kept set is the first `keep` tokens of the
 // order; each cut and the draw is a place found by locate().
@@ -590,8 +691,24 @@ __device__ int draw(Row& row, const SamplingParams& p, std::uint64_t step, float
   const float t = p.temperature;
   const double u = uniform_draw(p.seed, step);
   build_histogram(row, peak, t, true);
+  mark(row, SampleRowsPhase::kHistogram);
   const bool zero = row.rank == 0;
   const double total = zero ? sh.bin_mass[kBins - 1] : 0.0;
+  u64 head = 0;  // the head's last bin, and its tokens
+  if (zero) {
+    const int last = head_bin(sh, p, u, total, vocab);
+    head = u64(last) | (u64(sh.bin_count[last]) << 32);
+  }
+  head = share_from_block0(row, head);
+  mark(row, SampleRowsPhase::kHeadChosen);
+  if ((head >> 32) <= u64(kMaxCandidates)) {
+    gather(row, peak, t, 0, int(head & 0xffffffffu), -1);
+    mark(row, SampleRowsPhase::kHeadGathered);
+    const int token = zero ? draw_on_head(sh, p, u, peak, total, int(head >> 32), vocab) : 0;
+    mark(row, SampleRowsPhase::kHeadDrawn);
+    if (int(unsigned(share_from_block0(row, u64(unsigned(token))))) >= 0) return token;
+  }
+  // A larger head, or a place past it: the places one by one.
   Loaded loaded;
   Place place{};
   bool fits = true;
@@ -734,7 +851,9 @@ __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float
     if (row.rank == 0 && threadIdx.x == 0) a.summaries[r] = summary;
     return;
   }
+  mark(row, SampleRowsPhase::kStats);
   const int token = p.temperature == 0.0f ? s.id : draw(row, p, rs.step, s.max, a.vocab);
+  mark(row, SampleRowsPhase::kDrawn);
   if (row.rank == 0 && threadIdx.x == 0) {
     summary.token = token;
     summary.logprob = p.logprobs >= 0 ? logits[token] - (s.raw_max + logf(s.raw_sum)) : 0.0f;
@@ -751,9 +870,12 @@ __global__ void __launch_bounds__(kThreads, 2) sample_rows_kernel(SampleRowsArgs
   wait_for_prior_grids();
   allow_next_grid();
   cg::cluster_group cluster = cg::this_cluster();
-  const int r = int(blockIdx.x) / kClusterBlocks;
+  const int blocks = int(cluster.num_blocks());
+  const int r = int(blockIdx.x) / blocks;
   const unsigned rank = cluster.block_rank();
-  Row row{cluster, rank, sh, reinterpret_cast<float*>(dynamic_smem), 0, int(rank) * slice_len, 0, 0};
+  Row row{cluster, rank, blocks, sh, reinterpret_cast<float*>(dynamic_smem), 0, int(rank) * slice_len, 0, 0,
+          a.phase_clocks ? a.phase_clocks + std::size_t(r) * kSampleRowsPhases : nullptr};
+  mark(row, SampleRowsPhase::kStart);
   row.n = max(0, min(slice_len, a.vocab - row.base));
   if (threadIdx.x == 0) sh.gathered = 0;
   const float* logits = a.logits + std::size_t(r) * std::size_t(a.vocab);
@@ -778,77 +900,108 @@ __global__ void __launch_bounds__(kThreads, 2) sample_rows_kernel(SampleRowsArgs
     for (int i = int(threadIdx.x); i < row.n; i += kThreads) row.x[i] = __ldcs(logits + row.base + i);
   }
   __syncthreads();
+  mark(row, SampleRowsPhase::kLoaded);
   sample_row(row, a, r, logits);
   cluster.sync();  // no block leaves while another may still read its shared memory
+  mark(row, SampleRowsPhase::kEnd);
 #endif
 }
 
-std::size_t slice_floats(int vocab) { return std::size_t((vocab + kClusterBlocks - 1) / kClusterBlocks + 3) / 4 * 4; }
+// A block's slice of the row, rounded up to 16 bytes.
+std::size_t slice_floats(int vocab, int blocks) { return std::size_t((vocab + blocks - 1) / blocks + 3) / 4 * 4; }
 
 // Allows the kernel `smem` bytes of dynamic shared memory (once per size that grows), with the
-// whole carveout as shared memory (two blocks of a Qwen3 row's slice need 221 of its 228 KB).
+// whole carveout as shared memory (two blocks of a Qwen3 row's eighth need 218 of its 228 KB).
 void configure_kernel(std::size_t smem) {
+  static std::mutex mutex;
   static std::size_t configured = 0;
+  const std::lock_guard<std::mutex> lock(mutex);
   if (smem <= configured) return;
   ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
   configured = smem;
 }
 
-}  // namespace
-
-bool device_sampling_supported(int vocab) {
-  const DeviceInfo& info = current_device_info();
-  if (info.major < 9 || vocab < 1) return false;
-  const int optin = info.shared_memory_per_block_optin;
-  // A bin's fixed-point sum in one block stays below 2^32: at most 65,535 tokens a slice.
-  return slice_floats(vocab) <= 65535 && slice_floats(vocab) * sizeof(float) + sizeof(Shared) <= std::size_t(optin);
+bool fits_shared_memory(int vocab, int blocks) {
+  // A bin's count stays below 2^24 within a block (build_histogram's packing).
+  return slice_floats(vocab, blocks) < (std::size_t(1) << 24) &&
+         slice_floats(vocab, blocks) * sizeof(float) + sizeof(Shared) <= std::size_t(current_device_info().shared_memory_per_block_optin);
 }
 
-void launch_sample_rows(const SampleRowsArgs& a, cudaStream_t stream) {
-  check(a.rows >= 0 && a.vocab >= 1, "sample_rows: bad sizes (rows ", a.rows, ", vocab ", a.vocab, ")");
-  if (a.rows == 0) return;
-  check(a.logits && a.sampling && a.tokens && a.logit_rows && a.summaries, "sample_rows: null pointer");
-  check(device_sampling_supported(a.vocab), "sample_rows: this device cannot sample a ", a.vocab,
-        "-token vocabulary (needs sm_90 and the row in one cluster's shared memory)");
-  const std::size_t smem = slice_floats(a.vocab) * sizeof(float);
+// How many clusters of `blocks` blocks fit the device at once (cudaOccupancyMaxActiveClusters:
+// a cluster's blocks share one GPC), once per device, vocabulary and cluster size.
+int resident_clusters(int vocab, int blocks) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int, int>, int> known;
+  int device = 0;
+  ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, vocab, blocks);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  const std::size_t smem = slice_floats(vocab, blocks) * sizeof(float);
   configure_kernel(smem);
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(a.rows) * kClusterBlocks);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attrs[2]{};
-  attrs[0].id = cudaLaunchAttributeClusterDimension;
-  attrs[0].val.clusterDim.x = kClusterBlocks;
-  attrs[0].val.clusterDim.y = 1;
-  attrs[0].val.clusterDim.z = 1;
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attrs;
-  config.numAttrs = dependent_launch_enabled() ? 2 : 1;
-  ASYNCT_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_rows_kernel, a, int(slice_floats(a.vocab))));
-  check_launch("sample_rows");
-}
-
-int sample_rows_resident_clusters(int vocab) {
-  check(device_sampling_supported(vocab), "sample_rows: this device cannot sample a ", vocab, "-token vocabulary");
-  const std::size_t smem = slice_floats(vocab) * sizeof(float);
-  configure_kernel(smem);
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(unsigned(kClusterBlocks));
+  config.gridDim = dim3(unsigned(blocks));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kClusterBlocks;
+  attr.val.clusterDim.x = unsigned(blocks);
   attr.val.clusterDim.y = 1;
   attr.val.clusterDim.z = 1;
   config.attrs = &attr;
   config.numAttrs = 1;
   int clusters = 0;
   ASYNCT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, sample_rows_kernel, &config));
-  return clusters;
+  return known[key] = clusters;
+}
+
+}  // namespace
+
+bool device_sampling_supported(int vocab) {
+  return current_device_info().major >= 9 && vocab >= 1 && fits_shared_memory(vocab, kMaxClusterBlocks);
+}
+
+SampleRowsLayout sample_rows_layout(int rows, int vocab) {
+  check(rows >= 1, "sample_rows: bad row count ", rows);
+  check(device_sampling_supported(vocab), "sample_rows: this device cannot sample a ", vocab,
+        "-token vocabulary (needs sm_90 and the row in one cluster's shared memory)");
+  // The fewest turns of rows, 8 blocks a row on ties. The H200's GPCs hold 30 eight-block
+  // clusters at two blocks a multiprocessor, so 32 rows in 8-block clusters take two turns.
+  const SampleRowsLayout eight{kMaxClusterBlocks, resident_clusters(vocab, kMaxClusterBlocks)};
+  if (rows <= eight.resident_clusters || !fits_shared_memory(vocab, kMaxClusterBlocks - 1)) return eight;
+  const SampleRowsLayout seven{kMaxClusterBlocks - 1, resident_clusters(vocab, kMaxClusterBlocks - 1)};
+  const auto turns = [&](const SampleRowsLayout& l) { return l.resident_clusters > 0 ? (rows + l.resident_clusters - 1) / l.resident_clusters : INT_MAX; };
+  return turns(seven) < turns(eight) ? seven : eight;
+}
+
+void launch_sample_rows(const SampleRowsArgs& a, cudaStream_t stream) {
+  check(a.rows >= 0 && a.vocab >= 1, "sample_rows: bad sizes (rows ", a.rows, ", vocab ", a.vocab, ")");
+  if (a.rows == 0) return;
+  check(a.logits && a.sampling && a.tokens && a.logit_rows && a.summaries, "sample_rows: null pointer");
+  check(a.cluster_blocks == 0 || a.cluster_blocks == kMaxClusterBlocks || a.cluster_blocks == kMaxClusterBlocks - 1,
+        "sample_rows: cluster_blocks is 0, 7 or 8, not ", a.cluster_blocks);
+  const int blocks = a.cluster_blocks ? a.cluster_blocks : sample_rows_layout(a.rows, a.vocab).cluster_blocks;
+  check(device_sampling_supported(a.vocab) && fits_shared_memory(a.vocab, blocks), "sample_rows: this device cannot sample a ",
+        a.vocab, "-token vocabulary in ", blocks, "-block clusters (needs sm_90 and the row in one cluster's shared memory)");
+  const std::size_t smem = slice_floats(a.vocab, blocks) * sizeof(float);
+  configure_kernel(smem);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(unsigned(a.rows) * unsigned(blocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeClusterDimension;
+  attrs[0].val.clusterDim.x = unsigned(blocks);
+  attrs[0].val.clusterDim.y = 1;
+  attrs[0].val.clusterDim.z = 1;
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attrs;
+  config.numAttrs = dependent_launch_enabled() ? 2 : 1;
+  ASYNCT_CUDA_CHECK(cudaLaunchKernelEx(&config, sample_rows_kernel, a, int(slice_floats(a.vocab, blocks))));
+  check_launch("sample_rows");
 }
 
 }  // namespace asynct::kernels

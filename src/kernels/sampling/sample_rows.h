@@ -13,6 +13,20 @@
 
 namespace asynct::kernels {
 
+// Where a row's time goes (benches): block 0's clock64() at the end of each phase, in order.
+enum class SampleRowsPhase : int {
+  kStart,          // the kernel began (after the previous kernel's results are visible)
+  kLoaded,         // the row's slices are in shared memory
+  kStats,          // maxima reduced over the cluster (penalties applied)
+  kHistogram,      // the histogram merged into block 0 (sampled rows)
+  kHeadChosen,     // every block knows the head's last bin
+  kHeadGathered,   // the head's tokens are in block 0
+  kHeadDrawn,      // block 0 has the token from the head
+  kDrawn,          // the token is known (however it was found)
+  kEnd,            // the cluster's last barrier passed
+};
+constexpr int kSampleRowsPhases = 9;
+
 struct SampleRowsArgs {
   const float* logits = nullptr;  // [rows, vocab], device; read, never written
   int rows = 0;
@@ -25,15 +39,24 @@ struct SampleRowsArgs {
   const std::int32_t* logit_rows = nullptr;
   LogitSummary* summaries = nullptr;      // [rows] out: token, non-finite check, logprob
   TopLogprob* top_logprobs = nullptr;     // [rows * kMaxTopLogprobs] out; null when no row asks
+  // Blocks a row (7 or 8); 0: sample_rows_layout's choice for the rows. Tests and benches set it.
+  int cluster_blocks = 0;
+  // [rows * kSampleRowsPhases] out, or null: each row's phase clocks (SampleRowsPhase); a phase
+  // the row skips keeps what was there.
+  long long* phase_clocks = nullptr;
 };
 
 // Whether rows of this vocabulary can be sampled on the current device: it needs thread-block
 // clusters (sm_90) and a row that fits the shared memory of one cluster (vocab <= 376,832).
 bool device_sampling_supported(int vocab);
 
-// How many rows' clusters fit on the device at once (cudaOccupancyMaxActiveClusters): rows
-// beyond it wait for a cluster to finish.
-int sample_rows_resident_clusters(int vocab);
+// How a launch spreads its rows: a cluster of 8 blocks a row, or of 7 when that leaves fewer
+// rows waiting for a cluster to finish, and how many such clusters fit the device at once.
+struct SampleRowsLayout {
+  int cluster_blocks = 8;
+  int resident_clusters = 0;
+};
+SampleRowsLayout sample_rows_layout(int rows, int vocab);
 
 // Throws Error for bad sizes or a device without support (device_sampling_supported).
 void launch_sample_rows(const SampleRowsArgs& args, cudaStream_t stream);

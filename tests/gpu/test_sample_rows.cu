@@ -228,7 +228,8 @@ TEST(DeviceSampleRows, DrawsMatchTheHostAndTheDistribution) {
       {"top-p alone, flat row (bisection)", 1.0f, 0, 0.5f, 0.0f, 0.05f},
       {"top-k 3000 (bisection)", 1.0f, 3000, 0.95f, 0.0f, 1.0f},
       {"everything", 0.8f, 40, 0.9f, 0.02f, 2.5f},
-      {"peaked row, top-k past 64 nats", 0.8f, 50, 0.9f, 0.0f, 45.0f},
+      {"peaked row, top-k past 48 nats", 0.8f, 50, 0.9f, 0.0f, 45.0f},
+      {"peaked row, top-k alone", 1.0f, 50, 1.0f, 0.0f, 45.0f},
   };
   // The bisection configurations take ~1 ms a row: fewer launches of them.
   const auto launches = [](const Config& c, int n) { return std::string(c.name).find("bisection") != std::string::npos ? 1 : n; };
@@ -350,6 +351,39 @@ TEST(DeviceSampleRows, ReportsNonFiniteRowsAndIsDeterministic) {
   for (int r = 0; r < 32; ++r) {
     if (r != 3 && r != 4) EXPECT_EQ(first.summaries[std::size_t(r)].nonfinite, -1);
     EXPECT_EQ(first.summaries[std::size_t(r)].token, second.summaries[std::size_t(r)].token) << "row " << r;
+  }
+}
+
+// The penalties clamp what they touch to the finite floats: a non-finite raw logit among the
+// penalised tokens (or the input token) is still reported, the lowest id first.
+TEST(DeviceSampleRows, ReportsNonFiniteLogitsThePenaltiesTouch) {
+  testing::require_gpu();
+  if (!kernels::device_sampling_supported(151936)) GTEST_SKIP() << "device sampling needs sm_90";
+  const int vocab = 151936;
+  testing::Random rng(13);
+  Tensor logits = rng.normal({4, vocab}, 2.0f);
+  float* rows = logits.data_as<float>();
+  const float inf = std::numeric_limits<float>::infinity();
+  rows[0 * std::int64_t(vocab) + 500] = NAN;            // a penalty entry
+  rows[1 * std::int64_t(vocab) + 90000] = inf;          // the input token, not an entry
+  rows[2 * std::int64_t(vocab) + 70000] = -inf;         // untouched ...
+  rows[2 * std::int64_t(vocab) + 600] = NAN;            // ... and a lower penalised id
+  const int expected[4] = {500, 90000, 600, -1};
+  Batch b;
+  b.vocab = vocab;
+  for (int r = 0; r < 4; ++r) {
+    RowSampling rs = sampled(r % 2 ? 0.0f : 0.9f, 40, 0.9f, 0.0f, 3, std::uint64_t(r));
+    rs.params.repetition_penalty = 1.3f;
+    rs.params.frequency_penalty = 0.2f;
+    rs.newest_is_output = 1;
+    b.add(rows + std::int64_t(r) * vocab, rs, r == 1 ? 90000 : 7, {{500, 1, 0}, {600, 0, 1}, {1234, 2, 0}});
+  }
+  for (int blocks : {8, 7}) {
+    const Sampled got = sample_on_device(b, blocks);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(got.summaries[std::size_t(r)].nonfinite, expected[r]) << "row " << r << ", " << blocks << "-block clusters";
+      if (expected[r] < 0) EXPECT_EQ(got.summaries[std::size_t(r)].token, host_token(b, r)) << "row " << r;
+    }
   }
 }
 

@@ -16,8 +16,8 @@
 //      below the maximum their tempered logit lies, d = (max - x) / T, 1/32 nat a bin, with each
 //      bin's count and mass. A token's weight exp(-d) is kept in its bin's fixed point:
 //      q = round(exp(b/32 - d) * 2^16) in bin b, worth q * 2^-16 * exp(-b/32) (relative error
-//      <= 1.6e-5): one 64-bit shared-memory atomic a token, and sums that do not depend on
-//      their order.
+//      <= 1.6e-5): 32-bit shared-memory atomics, and sums that do not depend on their order.
+//      With top-k, counts alone (the head's weights are its own; step 4 builds them again).
 //   3. The head: the bins up to the one holding the first place that bounds the kept set
 //      (top-k's k-th token, else top-p's or min-p's cut, else the draw). When it fits the
 //      gather (kMaxCandidates tokens, as with top-k 50 on any row), block 0 gathers, sorts and
@@ -54,6 +54,7 @@ namespace cg = cooperative_groups;
 constexpr int kMaxClusterBlocks = 8;  // a row's blocks: 8, or 7 when 8-block clusters leave rows waiting (launch_sample_rows)
 constexpr int kThreads = 512;         // two blocks per multiprocessor
 constexpr int kWarps = kThreads / 32;
+static_assert(kWarps <= 32 && (kWarps & (kWarps - 1)) == 0, "block_allreduce's tree");
 constexpr int kBins = 1536;  // 1/32 nat each; the last also takes everything beyond 48 nats
 constexpr int kMaxCandidates = 2 * kThreads;
 constexpr int kSubBins = 256;  // a bin too full to gather is split this finely (1/8192 nat)
@@ -61,12 +62,10 @@ constexpr int kSubBins = 256;  // a bin too full to gather is split this finely 
 using u64 = unsigned long long;
 
 struct Shared {
-  unsigned bin_count[kBins];  // in block 0: the prefix sums of the bins' counts
-  // While the histogram is built, a block's bins, each a count (high 24 bits) and a fixed-point
-  // mass (low 40 bits) in one word; then, in block 0, the prefix sums of the bins' masses.
+  unsigned bin_count[kBins];  // a block's counts; then, in block 0, their prefix sums
   union {
-    u64 bin_packed[kBins];
-    double bin_mass[kBins];
+    unsigned bin_fixed[kBins];  // a block's bin masses in fixed point while the histogram is built
+    double bin_mass[kBins];     // then, in block 0, the prefix sums of the bins' masses
   };
   // Block 0's gathered order keys, sorted in place (first = most likely).
   union {
@@ -85,6 +84,7 @@ struct Shared {
   u64 scratch;         // block 0's locate
   int gathered;        // in block 0: candidates gathered so far (every block adds to it)
   int newest_found;    // the row's input token was among its penalty entries
+  int penalised_nonfinite;  // the lowest id whose raw logit the penalties changed and was not finite
 };
 // Two blocks a multiprocessor (228 KB) with a seventh of a 151,936-token row each (86,832 bytes),
 // 1 KB reserved per block.
@@ -115,7 +115,8 @@ __device__ __forceinline__ int id_of(u64 key) { return int(0xffffffffu - unsigne
 __device__ __forceinline__ float value_of(u64 key) { return value_of_bits(unsigned(key >> 32)); }
 
 // How far below the maximum a logit lies, in nats of tempered weight, and its bin.
-__device__ __forceinline__ float depth(float x, float peak, float temperature) { return (peak - x) / temperature; }
+// (A product with 1/T, which the passes hoist: a division costs them more than the rest.)
+__device__ __forceinline__ float depth(float x, float peak, float temperature) { return (peak - x) * (1.0f / temperature); }
 __device__ __forceinline__ int bin_of_depth(float d) {
   return d < float(kBins) / kBinsPerNat ? min(int(d * kBinsPerNat), kBins - 1) : kBins - 1;
 }
@@ -144,6 +145,17 @@ __device__ __forceinline__ T shuffle_xor(const T& v, int mask) {
 #pragma unroll
   for (int i = 0; i < int(sizeof(T) / 4); ++i) dst[i] = __shfl_xor_sync(0xffffffffu, src[i], mask);
   return out;
+}
+
+// f(x, i) for each logit x = row.x[i] of the slice (float4 loads; i rises within a thread).
+template <typename Slice, typename F>
+__device__ __forceinline__ void for_each_logit(const Slice& row, F&& f) {
+  const int quads = row.n / 4;
+  for (int j = int(threadIdx.x); j < quads; j += kThreads) {
+    const float4 q = reinterpret_cast<const float4*>(row.x)[j];
+    f(q.x, 4 * j), f(q.y, 4 * j + 1), f(q.z, 4 * j + 2), f(q.w, 4 * j + 3);
+  }
+  for (int i = 4 * quads + int(threadIdx.x); i < row.n; i += kThreads) f(row.x[i], i);
 }
 
 // What step 1 learns about a row: the raw best (value, lowest id), the lowest non-finite id,
@@ -202,7 +214,8 @@ __device__ __forceinline__ void mark(const Row& row, SampleRowsPhase phase) {
   if (row.clocks && row.rank == 0 && threadIdx.x == 0) row.clocks[int(phase)] = clock64();
 }
 
-// Every thread of the block gets op over all threads' values, combined in a fixed order.
+// Every thread of the block gets op over all threads' values, combined in a fixed order (op
+// commutative).
 template <typename T, typename Op>
 __device__ T block_allreduce(T v, Op op, Shared& sh) {
   static_assert(sizeof(T) <= sizeof(sh.warp_partial[0]), "fits a slot");
@@ -211,8 +224,11 @@ __device__ T block_allreduce(T v, Op op, Shared& sh) {
   __syncthreads();  // an earlier call's readers are done
   if (threadIdx.x % 32 == 0) *reinterpret_cast<T*>(&sh.warp_partial[threadIdx.x / 32][0]) = v;
   __syncthreads();
-  T r = *reinterpret_cast<const T*>(&sh.warp_partial[0][0]);
-  for (int w = 1; w < kWarps; ++w) r = op(r, *reinterpret_cast<const T*>(&sh.warp_partial[w][0]));
+  // Each half-warp combines the warps' values as a tree: op is commutative, so every lane ends
+  // with the same value.
+  T r = *reinterpret_cast<const T*>(&sh.warp_partial[threadIdx.x % kWarps][0]);
+#pragma unroll
+  for (int mask = kWarps / 2; mask > 0; mask /= 2) r = op(r, shuffle_xor(r, mask));
   return r;
 }
 
@@ -296,39 +312,46 @@ __device__ u64 share_from_block0(Row& row, u64 value) {
 }
 
 // Step 2's histogram by bin_of, with each bin's mass when `mass`, merged over the cluster into
-// block 0 as prefix sums (bin_count[b]: tokens in bins 0..b; bin_mass[b]: their weight). A token
-// adds its count and fixed-point weight to its bin in one 64-bit shared atomic; the last bin's
-// tokens (a peaked row's most) are summed in registers and added once a warp. Block r merges
-// bins [r * range, (r + 1) * range) of every block, one bin a thread, and stores their prefix
-// sums into block 0. Every block returns after a cluster barrier.
+// block 0 as prefix sums (bin_count[b]: tokens in bins 0..b; bin_mass[b]: their weight). The last
+// bin's tokens (a peaked row's most) are summed in registers and added once a warp. Block r
+// merges bins [r * range, (r + 1) * range) of every block, one bin a thread, and stores their
+// prefix sums into block 0. Every block returns after a cluster barrier.
 __device__ void build_histogram(Row& row, float peak, float temperature, bool mass) {
-  constexpr int kCountShift = 40;  // a slice's fixed-point sum stays below 2^40 (< 2^24 tokens of <= 2^16.05)
-  constexpr u64 kFixedMask = (u64(1) << kCountShift) - 1;
   Shared& sh = row.sh;
-  for (int b = int(threadIdx.x); b < kBins; b += kThreads) sh.bin_packed[b] = 0;
+  for (int b = int(threadIdx.x); b < kBins; b += kThreads) sh.bin_count[b] = 0, sh.bin_fixed[b] = 0;
   __syncthreads();
-  u64 deep = 0;
-  for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
-    const float d = depth(row.x[i], peak, temperature);
+  unsigned deep = 0, deep_fixed = 0;
+  for_each_logit(row, [&](float x, int) {
+    const float d = depth(x, peak, temperature);
     const int bin = bin_of_depth(d);
-    const u64 add = (u64(1) << kCountShift) | (mass ? u64(fixed_in_bin(d, bin)) : 0);
-    if (bin == kBins - 1) deep += add;
-    else atomicAdd(&sh.bin_packed[bin], add);
-  }
+    const unsigned fixed = mass ? fixed_in_bin(d, bin) : 0u;
+    if (bin == kBins - 1) {
+      deep += 1, deep_fixed += fixed;
+      return;
+    }
+    atomicAdd(&sh.bin_count[bin], 1u);
+    if (mass) atomicAdd(&sh.bin_fixed[bin], fixed);
+  });
 #pragma unroll
-  for (int mask = 16; mask > 0; mask /= 2) deep += __shfl_xor_sync(0xffffffffu, deep, mask);
-  if (threadIdx.x % 32 == 0 && deep != 0) atomicAdd(&sh.bin_packed[kBins - 1], deep);
+  for (int mask = 16; mask > 0; mask /= 2) {
+    deep += __shfl_xor_sync(0xffffffffu, deep, mask);
+    deep_fixed += __shfl_xor_sync(0xffffffffu, deep_fixed, mask);
+  }
+  if (threadIdx.x % 32 == 0 && deep != 0) atomicAdd(&sh.bin_count[kBins - 1], deep), atomicAdd(&sh.bin_fixed[kBins - 1], deep_fixed);
   row.cluster.sync();
   const int range = (kBins + row.blocks - 1) / row.blocks;
   const int bin = int(row.rank) * range + int(threadIdx.x);
   CountWeight own{0, 0.0};
   if (int(threadIdx.x) < range && bin < kBins) {
-    u64 parts[kMaxClusterBlocks];  // every load issued before any is used
+    unsigned counts[kMaxClusterBlocks], fixed[kMaxClusterBlocks];  // every load issued before any is used
 #pragma unroll
-    for (int r = 0; r < kMaxClusterBlocks; ++r) parts[r] = r < row.blocks ? row.cluster.map_shared_rank(sh.bin_packed, r)[bin] : 0;
+    for (int r = 0; r < kMaxClusterBlocks; ++r) {
+      counts[r] = r < row.blocks ? row.cluster.map_shared_rank(sh.bin_count, r)[bin] : 0u;
+      fixed[r] = mass && r < row.blocks ? row.cluster.map_shared_rank(sh.bin_fixed, r)[bin] : 0u;
+    }
     u64 mass_fixed = 0;
 #pragma unroll
-    for (int r = 0; r < kMaxClusterBlocks; ++r) own.count += parts[r] >> kCountShift, mass_fixed += parts[r] & kFixedMask;
+    for (int r = 0; r < kMaxClusterBlocks; ++r) own.count += counts[r], mass_fixed += fixed[r];
     own.mass = double(mass_fixed) * bin_unit(bin);
   }
   const CountWeight in_range = exclusive_block_scan(own, sh);
@@ -338,7 +361,7 @@ __device__ void build_histogram(Row& row, float peak, float temperature, bool ma
     *reinterpret_cast<CountWeight*>(&sh.warp_partial[0][0]) = CountWeight{in_range.count + own.count, in_range.mass + own.mass};
   __syncthreads();
   const CountWeight range_total = *reinterpret_cast<const CountWeight*>(&sh.warp_partial[0][0]);
-  // Every block's reads of the packed bins are done after it: block 0's become its prefix sums.
+  // Every block's reads of the bins are done after it: block 0's become its prefix sums.
   const CountWeight before = cluster_exclusive_scan(range_total, row);
   if (int(threadIdx.x) < range && bin < kBins) {
     row.cluster.map_shared_rank(sh.bin_count, 0)[bin] = unsigned(before.count + in_range.count + own.count);
@@ -381,32 +404,36 @@ __device__ __forceinline__ int sub_of(float d, int bin) {
 __device__ void gather(Row& row, float peak, float temperature, int lo, int hi, int sub) {
   u64* out = row.cluster.map_shared_rank(row.sh.candidates, 0);
   int* counter = row.cluster.map_shared_rank(&row.sh.gathered, 0);
-  for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
-    const float v = row.x[i];
+  for_each_logit(row, [&](float v, int i) {
     const float d = depth(v, peak, temperature);
     const int bin = bin_of_depth(d);
     if (bin >= lo && bin <= hi && (sub < 0 || sub_of(d, bin) == sub)) out[atomicAdd(counter, 1)] = order_key(v, row.base + i);
-  }
+  });
   row.cluster.sync();  // block 0 holds them all
 }
 
-// Block 0: sorts the c gathered keys in place, largest first: each key's rank is the number of
-// keys above it (keys are unique), found by a thread holding it (two a thread).
-__device__ void sort_candidates(Shared& sh, int c) {
-  static_assert(kMaxCandidates == 2 * kThreads, "two keys a thread");
+// Sorts the c gathered keys in place, largest first, by a team of kSize threads (block 0's
+// whole block, or its first warp) whose barrier is sync: each key's rank is the number of keys
+// above it (keys are unique), found by the thread holding it (two a thread).
+template <int kSize, typename Sync>
+__device__ void rank_sort(Shared& sh, int c, int member, Sync sync) {
   u64 key[2];
   int rank[2] = {0, 0};
-  for (int j = 0; j < 2; ++j) key[j] = int(threadIdx.x) + j * kThreads < c ? sh.candidates[threadIdx.x + j * kThreads] : 0;
+  for (int j = 0; j < 2; ++j) key[j] = member + j * kSize < c ? sh.candidates[member + j * kSize] : 0;
   for (int m = 0; m < c; ++m) {
     const u64 other = sh.candidates[m];
     rank[0] += other > key[0] ? 1 : 0;
     rank[1] += other > key[1] ? 1 : 0;
   }
-  __syncthreads();
+  sync();
   for (int j = 0; j < 2; ++j)
-    if (int(threadIdx.x) + j * kThreads < c) sh.candidates[rank[j]] = key[j];
-  if (threadIdx.x == 0) sh.gathered = 0;  // for the next gather (after a barrier)
-  __syncthreads();
+    if (member + j * kSize < c) sh.candidates[rank[j]] = key[j];
+  if (member == 0) sh.gathered = 0;  // for the next gather (after a barrier)
+  sync();
+}
+__device__ void sort_candidates(Shared& sh, int c) {
+  static_assert(kMaxCandidates == 2 * kThreads, "two keys a thread");
+  rank_sort<kThreads>(sh, c, int(threadIdx.x), [] { __syncthreads(); });
 }
 
 // Bin `bin`'s tokens by sub-bin, merged into block 0 as prefix sums in the bin's fixed point
@@ -613,9 +640,14 @@ __device__ int draw_by_bisection(Row& row, const SamplingParams& p, double u, fl
 // The head: the tokens of bins 0..head_bin(), which hold every place the draw needs: top-k's
 // k-th token when top-k cuts (top-p's and min-p's cuts and the draw come after it in the order);
 // else top-p's cut and min-p's (a bin more for expf's rounding), whichever comes first; with no
-// cut, the draw itself. Block 0, on the prefix sums.
+// cut, the draw itself. A k-th token past 48 nats (a peaked row's) ends the head at the last bin
+// but one: draw_on_head treats the tokens beyond as weightless (each < e^-48 of the top token).
+// Block 0, on the prefix sums (with top-k, of the counts alone).
 __device__ int head_bin(const Shared& sh, const SamplingParams& p, double u, double total, int vocab) {
-  if (p.top_k > 0 && p.top_k < vocab) return bin_reaching_count(sh, u64(p.top_k));
+  if (p.top_k > 0 && p.top_k < vocab) {
+    const int bin = bin_reaching_count(sh, u64(p.top_k));
+    return bin == kBins - 1 && sh.bin_count[kBins - 2] <= unsigned(kMaxCandidates) ? kBins - 2 : bin;
+  }
   int last = kBins - 1;
   if (p.top_p < 1.0f) last = bin_reaching_mass(sh, double(p.top_p) * total, false);
   if (p.min_p > 0.0f) last = min(last, min(bin_of_depth(-logf(p.min_p)) + 1, kBins - 1));
@@ -623,44 +655,80 @@ __device__ int head_bin(const Shared& sh, const SamplingParams& p, double u, dou
   return last;
 }
 
-// Block 0, with the head's c tokens gathered: sorts them and takes every cut and the draw on
-// them, in the reference sampler's order. Thread t holds the weights through tokens 2t and
-// 2t + 1 (each token's weight in its bin's fixed point, as the histogram sums it). Returns -1
-// when a place the draw needs lies past the head (the histogram's and the head's sums round
-// apart); every thread returns the same.
-__device__ int draw_on_head(Shared& sh, const SamplingParams& p, double u, float peak, double total, int c, int vocab) {
-  sort_candidates(sh, c);
+// Who walks the head in block 0: the whole block (any head), or its first warp (a head of at most
+// 64 tokens, with no block barriers). Member m holds the sorted head's tokens 2m and 2m + 1.
+struct BlockTeam {
+  Shared& sh;
+  static constexpr int kMaxHead = 2 * kThreads;
+  __device__ int member() const { return int(threadIdx.x); }
+  __device__ void sort(int c) const { sort_candidates(sh, c); }
+  __device__ u64 sum(u64 v) const { return block_allreduce(v, SumOp{}, sh); }
+  __device__ double exclusive_sum(double v) const { return exclusive_block_scan(CountWeight{0, v}, sh).mass; }
+  __device__ double from(double v, int m) const {  // member m's v
+    __syncthreads();
+    if (m == member()) sh.scratch = u64(__double_as_longlong(v));
+    __syncthreads();
+    return __longlong_as_double((long long)(sh.scratch));
+  }
+};
+static_assert(BlockTeam::kMaxHead == kMaxCandidates, "the block walks any head the gather holds");
+struct WarpTeam {
+  Shared& sh;
+  static constexpr int kMaxHead = 64;
+  __device__ int member() const { return int(threadIdx.x % 32); }
+  __device__ void sort(int c) const { rank_sort<32>(sh, c, member(), [] { __syncwarp(); }); }
+  __device__ u64 sum(u64 v) const {
+#pragma unroll
+    for (int mask = 16; mask > 0; mask /= 2) v += shuffle_xor(v, mask);
+    return v;
+  }
+  __device__ double exclusive_sum(double v) const {
+    const int lane = member();
+    double inclusive = v;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const double up = shuffle_from(inclusive, lane >= offset ? lane - offset : lane);
+      if (lane >= offset) inclusive += up;
+    }
+    return inclusive - v;
+  }
+  __device__ double from(double v, int m) const { return shuffle_from(v, m); }
+};
+
+// The team, with the head's c tokens (at most Team::kMaxHead) gathered into block 0: sorts them
+// and takes every cut and the draw on them, in the reference sampler's order. Each token weighs
+// its bin's fixed-point share, as the histogram sums it. `total` is the row's weight (without
+// top-k). With top-k the kept weights are the head's own: top-k's tokens past the head (past 48
+// nats) count as weightless. Returns -1 when a place the draw needs lies past the head (the
+// histogram's and the head's sums round apart); every member returns the same.
+template <typename Team>
+__device__ int draw_on_head(const Team& team, const SamplingParams& p, double u, float peak, double total, int c, int vocab) {
+  const u64* head = team.sh.candidates;
+  team.sort(c);
   const float t = p.temperature;
+  const int m = team.member();
   double w[2];
   for (int k = 0; k < 2; ++k) {
-    const int i = 2 * int(threadIdx.x) + k;
+    const int i = 2 * m + k;
     w[k] = 0.0;
     if (i < c) {
-      const float d = depth(value_of(sh.candidates[i]), peak, t);
+      const float d = depth(value_of(head[i]), peak, t);
       const int bin = bin_of_depth(d);
       w[k] = double(fixed_in_bin(d, bin)) * bin_unit(bin);
     }
   }
-  const double start = exclusive_block_scan(CountWeight{0, w[0] + w[1]}, sh).mass;
+  const double start = team.exclusive_sum(w[0] + w[1]);
   const double through[2] = {start + w[0], start + w[0] + w[1]};
   // The index of the first token whose weight through it reaches x (>= x; > x when strict); c if none.
   const auto first_reaching = [&](double x, bool strict) {
     u64 below = 0;
-    for (int k = 0; k < 2; ++k) {
-      const int i = 2 * int(threadIdx.x) + k;
-      below += i < c && (strict ? through[k] <= x : through[k] < x) ? 1 : 0;
-    }
-    return int(block_allreduce(below, SumOp{}, sh));
+    for (int k = 0; k < 2; ++k) below += 2 * m + k < c && (strict ? through[k] <= x : through[k] < x) ? 1 : 0;
+    return int(team.sum(below));
   };
-  const auto through_token = [&](int j) {
-    __syncthreads();
-    if (j / 2 == int(threadIdx.x)) sh.scratch = u64(__double_as_longlong(through[j % 2]));
-    __syncthreads();
-    return __longlong_as_double((long long)(sh.scratch));
-  };
+  const auto through_token = [&](int j) { return team.from(through[j % 2], j / 2); };
   const bool top_k = p.top_k > 0 && p.top_k < vocab;
   bool cut = top_k;  // else the kept set is the whole row
-  int keep = top_k ? p.top_k : c;
+  int keep = top_k ? min(p.top_k, c) : c;
   if (p.top_p < 1.0f) {
     const double base = top_k ? through_token(keep - 1) : total;
     const int j = first_reaching(double(p.top_p) * base, false);
@@ -669,18 +737,15 @@ __device__ int draw_on_head(Shared& sh, const SamplingParams& p, double u, float
   }
   if (p.min_p > 0.0f) {  // the heavy tokens are a prefix of the order, the top one among them
     u64 heavy = 0;
-    for (int k = 0; k < 2; ++k) {
-      const int i = 2 * int(threadIdx.x) + k;
-      heavy += i < c && expf(-depth(value_of(sh.candidates[i]), peak, t)) >= p.min_p ? 1 : 0;
-    }
-    const int at_least = max(1, int(block_allreduce(heavy, SumOp{}, sh)));
+    for (int k = 0; k < 2; ++k) heavy += 2 * m + k < c && expf(-depth(value_of(head[2 * m + k]), peak, t)) >= p.min_p ? 1 : 0;
+    const int at_least = max(1, int(team.sum(heavy)));
     keep = cut ? min(keep, at_least) : at_least;
     cut = true;
   }
   const double kept = cut ? through_token(keep - 1) : total;
   const int j = first_reaching(u * kept, true);
   if (!cut && j >= c) return -1;
-  return id_of(sh.candidates[cut ? min(j, keep - 1) : j]);
+  return id_of(head[cut ? min(j, keep - 1) : j]);
 }
 
 // The processed row's draw (temperature > 0), in the reference sampler's order: the token id,
@@ -690,10 +755,11 @@ __device__ int draw(Row& row, const SamplingParams& p, std::uint64_t step, float
   Shared& sh = row.sh;
   const float t = p.temperature;
   const double u = uniform_draw(p.seed, step);
-  build_histogram(row, peak, t, true);
+  const bool top_k = p.top_k > 0 && p.top_k < vocab;
+  build_histogram(row, peak, t, !top_k);
   mark(row, SampleRowsPhase::kHistogram);
   const bool zero = row.rank == 0;
-  const double total = zero ? sh.bin_mass[kBins - 1] : 0.0;
+  double total = zero && !top_k ? sh.bin_mass[kBins - 1] : 0.0;
   u64 head = 0;  // the head's last bin, and its tokens
   if (zero) {
     const int last = head_bin(sh, p, u, total, vocab);
@@ -704,11 +770,23 @@ __device__ int draw(Row& row, const SamplingParams& p, std::uint64_t step, float
   if ((head >> 32) <= u64(kMaxCandidates)) {
     gather(row, peak, t, 0, int(head & 0xffffffffu), -1);
     mark(row, SampleRowsPhase::kHeadGathered);
-    const int token = zero ? draw_on_head(sh, p, u, peak, total, int(head >> 32), vocab) : 0;
+    // Block 0's first warp walks a short head alone; share_from_block0 takes its first lane's token.
+    const int c = int(head >> 32);
+    int token = 0;
+    if (zero && c <= WarpTeam::kMaxHead) {
+      if (threadIdx.x < 32) token = draw_on_head(WarpTeam{sh}, p, u, peak, total, c, vocab);
+    } else if (zero) {
+      token = draw_on_head(BlockTeam{sh}, p, u, peak, total, c, vocab);
+    }
     mark(row, SampleRowsPhase::kHeadDrawn);
-    if (int(unsigned(share_from_block0(row, u64(unsigned(token))))) >= 0) return token;
+    token = int(unsigned(share_from_block0(row, u64(unsigned(token)))));
+    if (token >= 0) return token;
   }
-  // A larger head, or a place past it: the places one by one.
+  // A larger head, or a place past it: the places one by one, on the masses too.
+  if (top_k) {
+    build_histogram(row, peak, t, true);
+    total = zero ? sh.bin_mass[kBins - 1] : 0.0;
+  }
   Loaded loaded;
   Place place{};
   bool fits = true;
@@ -775,20 +853,22 @@ __device__ void top_logprobs(Row& row, int n, float peak, float log_sum, TopLogp
   }
 }
 
-// Applies the penalties to the slice: the row's entries, and its input token `newest`.
+// Applies the penalties to the slice: the row's entries, and its input token `newest`. Notes the
+// lowest id among them whose raw logit was not finite (the clamp hides it).
 __device__ void apply_penalties(Row& row, const SamplingParams& p, const PenaltyToken* entries, int count,
-                                int newest, bool newest_is_output) {
+                                int newest, bool newest_is_output, const PenaltyToken& first) {
   Shared& sh = row.sh;
-  if (threadIdx.x == 0) sh.newest_found = 0;
+  if (threadIdx.x == 0) sh.newest_found = 0, sh.penalised_nonfinite = INT_MAX;
   __syncthreads();
   const auto penalise = [&](int id, int output_count, bool in_prompt) {
     float v = row.x[id - row.base];
+    if (!isfinite(v)) atomicMin(&sh.penalised_nonfinite, id);
     if (in_prompt || output_count > 0) v = v > 0.0f ? v / p.repetition_penalty : v * p.repetition_penalty;
     v -= float(output_count) * p.frequency_penalty + (output_count > 0 ? p.presence_penalty : 0.0f);
     row.x[id - row.base] = fminf(fmaxf(v, -FLT_MAX), FLT_MAX);  // clamped to the finite floats, as the host does
   };
   for (int e = int(threadIdx.x); e < count; e += kThreads) {
-    const PenaltyToken t = entries[e];
+    const PenaltyToken t = e == int(threadIdx.x) ? first : entries[e];
     if (t.id < row.base || t.id >= row.base + row.n) continue;
     const bool is_newest = t.id == newest;
     if (is_newest) sh.newest_found = 1;
@@ -820,21 +900,61 @@ __device__ void processed_best(const Row& row, RowStats& s) {
   }
 }
 
-__device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float* logits) {
-  const RowSampling rs = a.sampling[r];
+// The slice's best and lowest non-finite logit in one pass, four at a time (ids rise in each thread).
+__device__ RowStats best_and_nonfinite(const Row& row) {
+  RowStats s{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, {0, 0}};
+  for_each_logit(row, [&](float v, int i) {
+    if (!isfinite(v)) s.nonfinite = min(s.nonfinite, row.base + i);
+    else if (v > s.max || s.id == INT_MAX) s.max = v, s.id = row.base + i;
+  });
+  return s;
+}
+
+// What a row's sampling reads from global memory besides the logits, loaded while the slice
+// copies in: its parameters, its input token and this thread's first penalty entry.
+struct RowInputs {
+  RowSampling rs;
+  int newest = 0;
+  PenaltyToken first{};
+};
+__device__ RowInputs load_row_inputs(const SampleRowsArgs& a, int r) {
+  RowInputs in;
+  in.rs = a.sampling[r];
+  if (in.rs.params.has_penalties()) {
+    in.newest = a.tokens[a.logit_rows[r]];
+    const int e = in.rs.penalty_begin + int(threadIdx.x);
+    if (e < in.rs.penalty_end) in.first = a.penalty_tokens[e];
+  }
+  return in;
+}
+
+__device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float* logits, const RowInputs& in) {
+  const RowSampling& rs = in.rs;
   const SamplingParams& p = rs.params;
   const bool penalties = p.has_penalties(), top_n = p.logprobs > 0;
-  RowStats s = raw_stats(row, p.logprobs >= 0);
+  RowStats s;
+  if (p.logprobs < 0) {
+    // One pass over the processed row, the penalties first: the raw row's non-finite logits are
+    // those the pass finds and those the penalties changed.
+    if (penalties)
+      apply_penalties(row, p, a.penalty_tokens + rs.penalty_begin, rs.penalty_end - rs.penalty_begin, in.newest,
+                      rs.newest_is_output != 0, in.first);
+    RowStats local = best_and_nonfinite(row);
+    if (penalties) local.nonfinite = min(local.nonfinite, row.sh.penalised_nonfinite);
+    s = cluster_allreduce(local, StatsOp{}, row);
+  } else {
+    s = raw_stats(row, true);
+  }
   if (top_n) {  // the top-n raw logits before the penalties change the copy
     s.max = s.raw_max, s.id = s.raw_id;
     s = cluster_allreduce(s, StatsOp{}, row);
     if (s.nonfinite == INT_MAX)
       top_logprobs(row, min(p.logprobs, a.vocab), s.raw_max, s.raw_max + logf(s.raw_sum), a.top_logprobs + std::size_t(r) * kMaxTopLogprobs);
   }
-  if (s.nonfinite == INT_MAX || !top_n) {
+  if (p.logprobs >= 0 && (s.nonfinite == INT_MAX || !top_n)) {
     if (penalties)
-      apply_penalties(row, p, a.penalty_tokens + rs.penalty_begin, rs.penalty_end - rs.penalty_begin,
-                      a.tokens[a.logit_rows[r]], rs.newest_is_output != 0);
+      apply_penalties(row, p, a.penalty_tokens + rs.penalty_begin, rs.penalty_end - rs.penalty_begin, in.newest,
+                      rs.newest_is_output != 0, in.first);
     if (penalties || !top_n) {
       RowStats local = top_n ? RowStats{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, {0, 0}} : s;
       if (penalties) processed_best(row, local);
@@ -879,6 +999,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_rows_kernel(SampleRowsArgs
   row.n = max(0, min(slice_len, a.vocab - row.base));
   if (threadIdx.x == 0) sh.gathered = 0;
   const float* logits = a.logits + std::size_t(r) * std::size_t(a.vocab);
+  RowInputs in;
   if (a.vocab % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.logits) % 16 == 0) {
     // Slices start 16-byte aligned: the copy engine brings the slice in, 16 KB a copy.
     __shared__ SharedBarrier loaded;
@@ -895,13 +1016,15 @@ __global__ void __launch_bounds__(kThreads, 2) sample_rows_kernel(SampleRowsArgs
                             min(16384u, bytes - at), loaded, policy);
       loaded.arrive_expecting(bytes);
     }
+    in = load_row_inputs(a, r);
     loaded.wait(0);
   } else {
+    in = load_row_inputs(a, r);
     for (int i = int(threadIdx.x); i < row.n; i += kThreads) row.x[i] = __ldcs(logits + row.base + i);
   }
   __syncthreads();
   mark(row, SampleRowsPhase::kLoaded);
-  sample_row(row, a, r, logits);
+  sample_row(row, a, r, logits, in);
   cluster.sync();  // no block leaves while another may still read its shared memory
   mark(row, SampleRowsPhase::kEnd);
 #endif
@@ -923,8 +1046,8 @@ void configure_kernel(std::size_t smem) {
 }
 
 bool fits_shared_memory(int vocab, int blocks) {
-  // A bin's count stays below 2^24 within a block (build_histogram's packing).
-  return slice_floats(vocab, blocks) < (std::size_t(1) << 24) &&
+  // A bin's fixed-point sum in one block stays below 2^32: at most 65,535 tokens a slice.
+  return slice_floats(vocab, blocks) <= 65535 &&
          slice_floats(vocab, blocks) * sizeof(float) + sizeof(Shared) <= std::size_t(current_device_info().shared_memory_per_block_optin);
 }
 

@@ -313,13 +313,10 @@ __device__ u64 share_from_block0(Row& row, u64 value) {
 
 // Step 2's histogram by bin_of, with each bin's mass when `mass`, merged over the cluster into
 // block 0 as prefix sums (bin_count[b]: tokens in bins 0..b; bin_mass[b]: their weight). The last
-// bin's tokens (a peaked row's most) are summed in registers and added once a warp. After one
-// cluster barrier block 0 reads every block's bins, kBins / kThreads consecutive bins a thread;
-// the other blocks return at once and leave their bins alone until the next cluster barrier,
-// which block 0 reaches after its merge.
+// bin's tokens (a peaked row's most) are summed in registers and added once a warp. Block r
+// merges bins [r * range, (r + 1) * range) of every block, one bin a thread, and stores their
+// prefix sums into block 0. Every block returns after a cluster barrier.
 __device__ void build_histogram(Row& row, float peak, float temperature, bool mass) {
-  constexpr int kPerThread = kBins / kThreads;
-  static_assert(kBins % kThreads == 0, "whole bins a thread");
   Shared& sh = row.sh;
   for (int b = int(threadIdx.x); b < kBins; b += kThreads) sh.bin_count[b] = 0, sh.bin_fixed[b] = 0;
   __syncthreads();
@@ -342,35 +339,35 @@ __device__ void build_histogram(Row& row, float peak, float temperature, bool ma
   }
   if (threadIdx.x % 32 == 0 && deep != 0) atomicAdd(&sh.bin_count[kBins - 1], deep), atomicAdd(&sh.bin_fixed[kBins - 1], deep_fixed);
   row.cluster.sync();
-  if (row.rank != 0) return;
-  u64 count[kPerThread];
-  double weight[kPerThread];
+  const int range = (kBins + row.blocks - 1) / row.blocks;
+  const int bin = int(row.rank) * range + int(threadIdx.x);
   CountWeight own{0, 0.0};
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const int bin = int(threadIdx.x) * kPerThread + j;
+  if (int(threadIdx.x) < range && bin < kBins) {
     unsigned counts[kMaxClusterBlocks], fixed[kMaxClusterBlocks];  // every load issued before any is used
 #pragma unroll
     for (int r = 0; r < kMaxClusterBlocks; ++r) {
       counts[r] = r < row.blocks ? row.cluster.map_shared_rank(sh.bin_count, r)[bin] : 0u;
       fixed[r] = mass && r < row.blocks ? row.cluster.map_shared_rank(sh.bin_fixed, r)[bin] : 0u;
     }
-    u64 c = 0, f = 0;
+    u64 mass_fixed = 0;
 #pragma unroll
-    for (int r = 0; r < kMaxClusterBlocks; ++r) c += counts[r], f += fixed[r];
-    count[j] = c, weight[j] = double(f) * bin_unit(bin);
-    own.count += c, own.mass += weight[j];
+    for (int r = 0; r < kMaxClusterBlocks; ++r) own.count += counts[r], mass_fixed += fixed[r];
+    own.mass = double(mass_fixed) * bin_unit(bin);
   }
-  // Every read of block 0's own bins is done after the scan's barriers: they become prefix sums.
-  CountWeight through = exclusive_block_scan(own, sh);
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const int bin = int(threadIdx.x) * kPerThread + j;
-    through.count += count[j], through.mass += weight[j];
-    sh.bin_count[bin] = unsigned(through.count);
-    sh.bin_mass[bin] = through.mass;
-  }
+  const CountWeight in_range = exclusive_block_scan(own, sh);
+  // The range's total as its last bin's prefix sum (the same additions, so the prefix sums rise).
+  __syncthreads();  // the scan's readers of warp_partial are done
+  if (int(threadIdx.x) == range - 1)
+    *reinterpret_cast<CountWeight*>(&sh.warp_partial[0][0]) = CountWeight{in_range.count + own.count, in_range.mass + own.mass};
   __syncthreads();
+  const CountWeight range_total = *reinterpret_cast<const CountWeight*>(&sh.warp_partial[0][0]);
+  // Every block's reads of the bins are done after it: block 0's become its prefix sums.
+  const CountWeight before = cluster_exclusive_scan(range_total, row);
+  if (int(threadIdx.x) < range && bin < kBins) {
+    row.cluster.map_shared_rank(sh.bin_count, 0)[bin] = unsigned(before.count + in_range.count + own.count);
+    row.cluster.map_shared_rank(sh.bin_mass, 0)[bin] = before.mass + in_range.mass + own.mass;
+  }
+  row.cluster.sync();
 }
 
 // Block 0, on the prefix sums: the first bin whose cumulative count reaches `count`.

@@ -2,7 +2,7 @@
 // reductions and scans, block 0's decisions shared over distributed shared memory), its two
 // histogram levels and the place-finding walk over them; the pieces call each other throughout.
 // One thread-block cluster per row: its 8 blocks (7 when 8-block clusters would leave rows
-// waiting: the H200 holds 30 such clusters, 36 of 7) each load their share of the row into
+// waiting: the H200 holds 30 such clusters, 32 of 7) each load their share of the row into
 // shared memory (76 KB at Qwen3's 151,936 tokens in eighths, 87 KB in sevenths), so the row is
 // read from global memory once, and every later pass runs over shared memory, the blocks
 // agreeing through distributed shared memory at a few cluster barriers. For a row, in the
@@ -1090,7 +1090,7 @@ SampleRowsLayout sample_rows_layout(int rows, int vocab) {
   check(device_sampling_supported(vocab), "sample_rows: this device cannot sample a ", vocab,
         "-token vocabulary (needs sm_90 and the row in one cluster's shared memory)");
   // The fewest turns of rows, 8 blocks a row on ties. The H200's GPCs hold 30 eight-block
-  // clusters at two blocks a multiprocessor, so 32 rows in 8-block clusters take two turns.
+  // clusters at two blocks a multiprocessor, so 32 rows in 8-block clusters take two turns (32 seven-block clusters fit).
   const SampleRowsLayout eight{kMaxClusterBlocks, resident_clusters(vocab, kMaxClusterBlocks)};
   if (rows <= eight.resident_clusters || !fits_shared_memory(vocab, kMaxClusterBlocks - 1)) return eight;
   const SampleRowsLayout seven{kMaxClusterBlocks - 1, resident_clusters(vocab, kMaxClusterBlocks - 1)};

@@ -22,6 +22,12 @@ scripts/fetch_smollm2.sh >/dev/null || {
   exit 1
 }
 
+# The server's test speaks through the OpenAI Python client (pinned versions, same cache).
+scripts/fetch_client_assets.sh >/dev/null || {
+  echo "scripts/test.sh: scripts/fetch_client_assets.sh failed: the server test needs the openai package" >&2
+  exit 1
+}
+
 echo "== release build (CUDA when nvcc is found) =="
 cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DASYNCT_TEXT=ON >/dev/null
 cmake --build build/release -j "$jobs"

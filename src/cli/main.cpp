@@ -21,6 +21,7 @@
 #include "core/sampling_params.h"
 #include "models/weights.h"
 #include "jobs/scenarios.h"
+#include "jobs/serve.h"
 #include "jobs/tokenize.h"
 #ifdef ASYNCT_WITH_CUDA
 #include "kernels/common/tuning.h"
@@ -150,6 +151,29 @@ int main(int argc, char** argv) {
       ->check(integer_in(1, 100));
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
 
+  asynct::ServeOptions serve;
+  CLI::App* serve_cmd = app.add_subcommand(
+      "serve", "Serve a checkpoint through the OpenAI API (/v1/completions, /v1/chat/completions) over HTTP");
+  serve_cmd->add_option("--model", serve.model_dir, "checkpoint directory (tokenizer.json; a chat template for chat)")->required();
+  serve_cmd->add_option("--host", serve.host, "address to listen on");
+  serve_cmd->add_option("--port", serve.port, "port to listen on (0: any free port)")->check(integer_in(0, 65535));
+  serve_cmd->add_option("--served-model-name", serve.served_model_name, "the model name clients ask for (default: the directory's name)");
+  serve_cmd->add_option("--device", serve.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  serve_cmd->add_option("--max-num-seqs", serve.max_num_seqs, "sequences in one step")->check(integer_in(1, 4096));
+  serve_cmd->add_option("--max-waiting", serve.max_waiting, "requests accepted beyond --max-num-seqs (more get 429)")
+      ->check(integer_in(0, 1 << 16));
+  serve_cmd->add_option("--max-model-len", serve.max_model_len, "prompt + output tokens of a request (0: the model's context)")
+      ->check(integer_in(0, 1 << 30));
+  serve_cmd->add_option("--block-size", serve.block_size, "KV cache block size in tokens")->check(integer_in(1, 1 << 20));
+  serve_cmd->add_option("--num-blocks", serve.num_blocks, "KV cache blocks (0: --max-num-seqs requests of the whole context)")
+      ->check(integer_in(0, std::numeric_limits<int>::max()));
+  serve_cmd->add_option("--max-cache-mib", serve.max_cache_mib, "the most memory the KV cache may take, in MiB")
+      ->check(integer_in(std::int64_t(1), std::int64_t(1) << 30));
+  serve_cmd->add_option("--max-batched-tokens", serve.max_batched_tokens, "new tokens in one step (chunked prefill)")
+      ->check(integer_in(1, 1 << 20));
+  serve_cmd->add_option("--max-body-mib", serve.max_body_mib, "larger request bodies get 413")->check(integer_in(std::int64_t(1), std::int64_t(1024)));
+  serve_cmd->add_flag("!--no-cuda-graphs", serve.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
+
   asynct::TokenizeOptions tok;
   CLI::App* tok_cmd = app.add_subcommand(
       "tokenize", "Text on stdin to token ids (space-separated), or ids to text with --decode");
@@ -174,6 +198,7 @@ int main(int argc, char** argv) {
 #endif
     if (*demo_cmd) return asynct::run_attention_demo(demo);
     if (*tok_cmd) return asynct::run_tokenize(tok, std::cin, std::cout);
+    if (*serve_cmd) return asynct::run_serve(serve);
     if (*bench_cmd) return asynct::run_scenarios(bench);
     if (*init_cmd) {
       const auto config = asynct::builtin_config(asynct::architecture_from_name(init_arch), init_size);

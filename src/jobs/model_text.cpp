@@ -102,10 +102,13 @@ class TokenizerFiles final : public ModelText {
     bos_ = special_id("add_bos_token", "bos_token");
     eos_ = special_id("add_eos_token", "eos_token");
 
-    if (!chat.enabled) return;
+    if (!chat.enabled && !chat.load_if_present) return;
     // transformers reads chat_template.jinja before tokenizer_config.json's chat_template.
     const std::string jinja_path = (fs::path(dir) / "chat_template.jinja").string();
     std::string source;
+    if (!chat.enabled && !fs::exists(jinja_path) &&
+        (config_.is_null() || !config_.contains("chat_template") || config_["chat_template"].is_null()))
+      return;  // no template, and none asked for
     if (fs::exists(jinja_path)) {
       template_path_ = jinja_path;
       source = read_file(jinja_path);
@@ -135,7 +138,7 @@ class TokenizerFiles final : public ModelText {
   std::vector<std::int32_t> prompt_ids(const std::string& prompt, const std::string& what) const override {
     const auto bad = text::find_invalid_utf8(prompt);
     check(!bad, what, " is not valid UTF-8 (byte ", bad.value_or(0), ")");
-    if (template_) {
+    if (template_ && chat_.enabled) {
       nlohmann::ordered_json messages = nlohmann::ordered_json::array();
       if (!chat_.system.empty()) messages.push_back({{"role", "system"}, {"content", chat_.system}});
       messages.push_back({{"role", "user"}, {"content", prompt}});
@@ -156,6 +159,21 @@ class TokenizerFiles final : public ModelText {
     return ids;
   }
 
+  bool has_chat_template() const override { return template_.has_value(); }
+
+  std::vector<std::int32_t> chat_ids(const nlohmann::ordered_json& messages) const override {
+    check(template_.has_value(), "this model has no chat template (tokenizer_config.json's chat_template or chat_template.jinja)");
+    for (const auto& m : messages) {
+      const auto bad = text::find_invalid_utf8(m.value("content", std::string()));
+      check(!bad, "a message's content is not valid UTF-8 (byte ", bad.value_or(0), ")");
+    }
+    try {
+      return tokenizer_.encode(template_->render(chat_template_variables(config_, messages, nullptr, true)));
+    } catch (const Error& e) {
+      throw Error("the chat template in " + template_path_ + ": " + e.what());
+    }
+  }
+
   std::unique_ptr<OutputText> output(const std::vector<std::string>& stop_strings) const override {
     return std::make_unique<CompletionOutput>(tokenizer_, stop_strings);
   }
@@ -168,7 +186,7 @@ class TokenizerFiles final : public ModelText {
 
   std::string summary() const override {
     std::string s = "tokenizer of " + std::to_string(tokenizer_.vocab_size()) + " tokens";
-    if (template_) return s + ", chat template " + fs::path(template_path_).filename().string() +
+    if (template_ && chat_.enabled) return s + ", chat template " + fs::path(template_path_).filename().string() +
                           (chat_.thinking ? "" : " (enable_thinking false)");
     return s + (bos_ ? ", BOS " + std::to_string(*bos_) : ", no BOS") + (eos_ ? ", EOS appended" : "");
   }

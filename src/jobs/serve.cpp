@@ -1,0 +1,139 @@
+#include "jobs/serve.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <thread>
+
+#include <pthread.h>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "engine/step_batch.h"
+#include "jobs/model_text.h"
+#include "models/config.h"
+#include "models/runner_factory.h"
+#include "models/weights.h"
+#ifdef ASYNCT_WITH_SERVER
+#include "serve/engine_worker.h"
+#include "serve/http_server.h"
+#endif
+
+namespace asynct {
+
+#ifndef ASYNCT_WITH_SERVER
+
+int run_serve(const ServeOptions&) {
+  throw Error("this build of asynct has no server: it needs cpp-httplib (Debian's libcpp-httplib-dev; scripts/setup.sh "
+              "installs it) and text support when it is configured");
+}
+
+#else
+
+// How long a signal lets the requests in flight end before the server closes.
+constexpr int kDrainSeconds = 10;
+
+int run_serve(const ServeOptions& o) {
+  // Everything is checked before the weights are loaded or the cache is allocated.
+  check(!o.model_dir.empty(), "--model is required: a checkpoint directory with tokenizer.json");
+  check(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535], got ", o.port);
+  check(o.max_num_seqs >= 1, "--max-num-seqs must be >= 1, got ", o.max_num_seqs);
+  check(o.max_waiting >= 0, "--max-waiting must be >= 0, got ", o.max_waiting);
+  check(o.max_body_mib >= 1 && o.max_body_mib <= 1024, "--max-body-mib must be in [1, 1024], got ", o.max_body_mib);
+  check(o.num_blocks >= 0, "--num-blocks must be >= 0, got ", o.num_blocks);
+  check(o.max_cache_mib >= 1, "--max-cache-mib must be >= 1, got ", o.max_cache_mib);
+  const ModelConfig config = load_checkpoint_config(o.model_dir);
+  ChatFormat chat;
+  chat.load_if_present = true;
+  const std::unique_ptr<ModelText> text = ModelText::open(o.model_dir, chat);
+  const std::int64_t context = o.max_model_len > 0 ? o.max_model_len : config.max_position_embeddings;
+  check(context <= config.max_position_embeddings, "--max-model-len ", o.max_model_len, " is over the model's context of ",
+        config.max_position_embeddings, " tokens (max_position_embeddings)");
+  const std::string device = resolve_device(o.device);
+  require_device(device);
+  check_block_size(o.block_size, device == "cuda" ? Backend::Cuda : Backend::Cpu);
+
+  const std::int64_t block_bytes = kv_cache_bytes_per_token(config, device) * o.block_size;
+  const std::int64_t per_request = (context + o.block_size - 1) / o.block_size;
+  const std::int64_t cap = std::min<std::int64_t>(o.max_cache_mib * (std::int64_t(1) << 20) / block_bytes,
+                                                  std::numeric_limits<int>::max());
+  check(o.num_blocks <= cap, "--num-blocks ", o.num_blocks, " is over --max-cache-mib ", o.max_cache_mib, " (", cap, " blocks)");
+  const int num_blocks = int(o.num_blocks > 0 ? o.num_blocks : std::min(cap, per_request * o.max_num_seqs));
+  check(num_blocks >= per_request, "the KV cache (", num_blocks, " blocks of ", o.block_size,
+        " tokens) cannot hold one request of the whole context (", context,
+        " tokens): raise --max-cache-mib or --num-blocks, or lower --max-model-len");
+
+  std::fprintf(stderr, "asynct serve: loading %s\n", o.model_dir.c_str());
+  ModelWeights weights = load_weights(o.model_dir);
+  EngineOptions engine_options;
+  engine_options.max_num_seqs = o.max_num_seqs;
+  engine_options.max_num_batched_tokens = o.max_batched_tokens;
+  engine_options.max_model_len = int(context);
+  RunnerOptions ro;
+  ro.device = device;
+  ro.num_blocks = num_blocks;
+  ro.block_size = o.block_size;
+  ro.max_tokens_per_step = o.max_batched_tokens;
+  ro.cuda_graphs = o.cuda_graphs;
+  std::string backend;
+  auto engine = std::make_unique<Engine>(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);
+
+  // SIGINT and SIGTERM go to one thread, which stops the server; every thread started after
+  // this line inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const int in_flight = o.max_num_seqs + o.max_waiting;
+  serve::EngineWorker worker(std::move(engine), in_flight);
+  serve::HttpOptions http;
+  http.host = o.host;
+  http.port = o.port;
+  http.threads = in_flight + 8;  // every request in flight may hold a streaming connection
+  http.max_body_bytes = std::size_t(o.max_body_mib) << 20;
+  http.model_name = o.served_model_name.empty() ? std::filesystem::path(o.model_dir).lexically_normal().filename().string()
+                                                : o.served_model_name;
+  if (http.model_name.empty()) http.model_name = std::filesystem::path(o.model_dir).lexically_normal().parent_path().filename().string();
+  http.context = context;
+  http.eos_token_ids = config.eos_token_ids;
+  serve::HttpServer server(worker, *text, http);
+  const int port = server.bind();
+
+  std::thread watcher([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    std::fprintf(stderr, "asynct serve: %s: ending %d requests in flight\n", signal == SIGINT ? "SIGINT" : "SIGTERM",
+                 worker.in_flight());
+    // Every request ends at its next token and its stream gets its last chunk, within the
+    // deadline; then the server closes.
+    worker.drain();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kDrainSeconds);
+    while ((worker.in_flight() > 0 || server.open_streams() > 0) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    server.stop();
+  });
+  std::fprintf(stderr,
+               "asynct serve: %s (%s), %s backend, KV cache %d blocks of %d tokens, context %lld, up to %d sequences "
+               "a step and %d waiting; %s, chat %s\n"
+               "asynct serve: listening on http://%s:%d/v1 (model '%s')\n",
+               config.architecture_name().c_str(), o.model_dir.c_str(), backend.c_str(), num_blocks, o.block_size,
+               static_cast<long long>(context), o.max_num_seqs, o.max_waiting, text->summary().c_str(),
+               text->has_chat_template() ? "on" : "off (no chat template)", o.host.c_str(), port, http.model_name.c_str());
+  std::fflush(stderr);
+  server.listen();
+  pthread_kill(watcher.native_handle(), SIGTERM);  // wakes the watcher when listen() ended otherwise
+  watcher.join();
+  worker.stop();
+  std::fprintf(stderr, "asynct serve: stopped\n");
+  return 0;
+}
+
+#endif  // ASYNCT_WITH_SERVER
+
+}  // namespace asynct

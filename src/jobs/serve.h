@@ -1,0 +1,34 @@
+// `asynct serve`: a checkpoint directory served through the OpenAI API over HTTP
+// (serve/http_server.h), until SIGINT or SIGTERM: then new requests get 503, the requests in
+// flight end (finish reason "abort", their streams closed properly) within 10 s, and it exits 0.
+//
+// The KV cache holds max_num_seqs requests of the whole context unless --num-blocks or
+// --max-cache-mib say less (requests then take turns); requests beyond max_num_seqs +
+// max_waiting at once are refused with 429.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace asynct {
+
+struct ServeOptions {
+  std::string model_dir;            // a checkpoint with tokenizer.json (a chat template for chat)
+  std::string host = "127.0.0.1";
+  int port = 8000;                  // 0: any free port (printed)
+  std::string served_model_name;    // the name clients ask for; empty: the directory's name
+  std::string device = "auto";      // auto, cpu or cuda
+  int max_num_seqs = 64;            // sequences in one step
+  int max_waiting = 64;             // requests accepted beyond those, waiting for a place
+  int max_model_len = 0;            // prompt + output tokens of a request; 0: the model's context
+  int block_size = 16;
+  int num_blocks = 0;               // 0: max_num_seqs requests of max_model_len, up to max_cache_mib
+  std::int64_t max_cache_mib = 8192;
+  int max_batched_tokens = 2048;
+  std::int64_t max_body_mib = 8;    // larger request bodies get 413
+  bool cuda_graphs = true;
+};
+
+int run_serve(const ServeOptions& options);
+
+}  // namespace asynct

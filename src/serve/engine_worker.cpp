@@ -1,0 +1,148 @@
+#include "serve/engine_worker.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+
+namespace asynct::serve {
+
+bool RequestStream::next(StreamEvent& event, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;
+  event = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+void RequestStream::push(StreamEvent event) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    events_.push_back(std::move(event));
+  }
+  ready_.notify_one();
+}
+
+EngineWorker::EngineWorker(std::unique_ptr<Engine> engine, int max_in_flight)
+    : engine_(std::move(engine)), max_in_flight_(max_in_flight), thread_([this] { run(); }) {}
+
+EngineWorker::~EngineWorker() { stop(); }
+
+std::shared_ptr<RequestStream> EngineWorker::submit(Request request, std::unique_ptr<OutputText> text) {
+  std::shared_ptr<RequestStream> stream;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (draining_ || stopping_ || in_flight_ >= max_in_flight_) return nullptr;
+    ++in_flight_;
+    stream = std::make_shared<RequestStream>([this] { --in_flight_; });
+    all_.push_back(stream);
+    inbox_.push_back({std::move(request), std::move(text), stream});
+  }
+  wake_.notify_one();
+  return stream;
+}
+
+void EngineWorker::drain() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  draining_ = true;
+  for (const auto& stream : all_) stream->cancel();
+}
+
+void EngineWorker::stop() {
+  drain();
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void EngineWorker::finish(const std::shared_ptr<RequestStream>& stream, StreamEvent last) {
+  last.done = true;
+  stream->push(std::move(last));
+  const std::lock_guard<std::mutex> lock(mutex_);
+  all_.erase(std::remove(all_.begin(), all_.end(), stream), all_.end());
+}
+
+void EngineWorker::run() {
+  for (;;) {
+    std::vector<Pending> incoming;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || engine_->has_unfinished(); });
+      if (stopping_ && inbox_.empty() && !engine_->has_unfinished()) return;
+      incoming.swap(inbox_);
+    }
+    for (Pending& p : incoming) {
+      auto active = std::make_shared<Active>();
+      active->text = std::move(p.text);
+      active->stream = p.stream;
+      // The engine thread calls it for each token: the text piece it makes safe to show goes
+      // to the reader; a reader that left, or a stop string, ends the request.
+      p.request.on_token = [a = active.get()](const GeneratedToken& g) {
+        if (a->stream->cancelled()) {
+          a->aborted = true;
+          return false;
+        }
+        std::string piece = a->text->push(g.token);
+        if (!piece.empty()) {
+          StreamEvent event;
+          event.text = std::move(piece);
+          a->stream->push(std::move(event));
+        }
+        return !a->text->stopped();
+      };
+      try {
+        active_[engine_->add_request(p.request)] = active;
+      } catch (const std::exception& e) {
+        StreamEvent refused;
+        refused.error = e.what();
+        finish(p.stream, std::move(refused));
+      }
+    }
+    if (!engine_->has_unfinished()) continue;
+    std::vector<RequestOutput> outputs;
+    try {
+      outputs = engine_->step();
+    } catch (const std::exception& e) {
+      // The engine cannot go on: every request ends with the error, and no new one is taken.
+      std::fprintf(stderr, "asynct serve: the engine failed: %s\n", e.what());
+      {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        stopping_ = true;
+      }
+      for (auto& [id, active] : active_) {
+        StreamEvent failed;
+        failed.error = std::string("the engine failed: ") + e.what();
+        failed.engine_failed = true;
+        finish(active->stream, std::move(failed));
+      }
+      active_.clear();
+      std::vector<Pending> left;
+      {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        left.swap(inbox_);
+      }
+      for (Pending& p : left) {
+        StreamEvent failed;
+        failed.error = "the engine failed";
+        failed.engine_failed = true;
+        finish(p.stream, std::move(failed));
+      }
+      return;
+    }
+    for (const RequestOutput& out : outputs) {
+      const auto it = active_.find(out.id);
+      if (it == active_.end()) continue;
+      const std::shared_ptr<Active> active = it->second;
+      active_.erase(it);
+      StreamEvent last;
+      last.text = active->text->finish();
+      last.finish_reason = active->aborted ? "abort" : active->text->stopped() ? "stop" : out.finish_reason;
+      last.completion_tokens = std::int64_t(out.tokens.size());
+      finish(active->stream, std::move(last));
+    }
+  }
+}
+
+}  // namespace asynct::serve

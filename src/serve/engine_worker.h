@@ -1,0 +1,111 @@
+// The engine on its own thread, for a server: HTTP threads submit requests and read each one's
+// stream of text pieces; the engine thread adds them between steps and steps while any is
+// unfinished. A stream the client abandons is cancelled: its request ends at its next token
+// (finish reason "abort") and its blocks are freed.
+//
+// At most max_in_flight requests are in flight at once, from submit() until their reader lets go
+// of the stream (running or waiting in the engine, or their text still being sent): submit()
+// refuses more (the server's 429), so memory is bounded by the options.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "jobs/model_text.h"
+
+namespace asynct::serve {
+
+// What a request's reader gets, in order: text pieces, then one final event.
+struct StreamEvent {
+  std::string text;            // the next piece of output text (may be empty on the final event)
+  bool done = false;
+  std::string finish_reason;   // on the final event: the engine's ("eos", "stop", "length") or "abort"
+  std::string error;           // on the final event, when the engine refused the request
+  bool engine_failed = false;  // ... or failed (no request is taken after that)
+  std::int64_t completion_tokens = 0;  // on the final event
+};
+
+// One request's stream: written by the engine thread, read by one HTTP thread.
+class RequestStream {
+ public:
+  explicit RequestStream(std::function<void()> on_release) : on_release_(std::move(on_release)) {}
+  ~RequestStream() { on_release_(); }
+  RequestStream(const RequestStream&) = delete;
+  RequestStream& operator=(const RequestStream&) = delete;
+
+  // The next event, waiting at most `timeout`; false when none came in time.
+  bool next(StreamEvent& event, std::chrono::milliseconds timeout);
+  // The reader has gone: the request ends at its next token.
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
+  // The engine thread's side.
+  void push(StreamEvent event);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<StreamEvent> events_;
+  std::atomic<bool> cancelled_{false};
+  std::function<void()> on_release_;
+};
+
+class EngineWorker {
+ public:
+  EngineWorker(std::unique_ptr<Engine> engine, int max_in_flight);
+  ~EngineWorker();  // cancels what is left and joins the thread
+
+  // Queues a request (its prompt, limits and sampling set; on_token is the worker's) whose
+  // output text `text` makes; nullptr when max_in_flight requests are unfinished.
+  std::shared_ptr<RequestStream> submit(Request request, std::unique_ptr<OutputText> text);
+
+  // Requests submitted whose streams are still held.
+  int in_flight() const { return in_flight_; }
+  // Whether submit() refuses every request now (draining or stopped): the server's 503.
+  bool draining() const { return draining_; }
+  // Refuses new requests and cancels every one in flight: each ends at its next token with
+  // finish reason "abort" (its reader gets the final event). The thread keeps stepping.
+  void drain();
+  // drain(), then stops the thread once every request has ended.
+  void stop();
+
+ private:
+  struct Pending {
+    Request request;
+    std::unique_ptr<OutputText> text;
+    std::shared_ptr<RequestStream> stream;
+  };
+  struct Active {
+    std::unique_ptr<OutputText> text;
+    std::shared_ptr<RequestStream> stream;
+    bool aborted = false;  // ended because its reader left
+  };
+  void run();
+  // Sends the request's final event and forgets it.
+  void finish(const std::shared_ptr<RequestStream>& stream, StreamEvent last);
+
+  std::unique_ptr<Engine> engine_;
+  const int max_in_flight_;
+  std::atomic<int> in_flight_{0};
+  std::atomic<bool> draining_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<Pending> inbox_;
+  bool stopping_ = false;
+  std::vector<std::shared_ptr<RequestStream>> all_;  // every unfinished stream (stop() cancels them)
+  std::map<std::int64_t, std::shared_ptr<Active>> active_;  // the engine thread's: engine id -> its request
+  std::thread thread_;
+};
+
+}  // namespace asynct::serve

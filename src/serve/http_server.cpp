@@ -1,0 +1,204 @@
+#include "serve/http_server.h"
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <exception>
+
+#include <httplib.h>
+
+#include "core/error.h"
+#include "serve/openai_api.h"
+
+namespace asynct::serve {
+namespace {
+
+using json = nlohmann::ordered_json;
+using namespace std::chrono_literals;
+
+// A body's text; bytes that are not UTF-8 (an error message can quote the client's) become U+FFFD.
+std::string text_of(const json& body) { return body.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
+  res.set_content(text_of(error_body(e)), "application/json");
+}
+
+std::int64_t now_seconds() { return std::int64_t(std::time(nullptr)); }
+
+// A response id unique in this server's life.
+std::string next_id(const char* prefix) {
+  static std::atomic<std::uint64_t> counter{0};
+  return std::string(prefix) + std::to_string(now_seconds()) + "-" + std::to_string(++counter);
+}
+
+std::string sse(const json& data) { return "data: " + text_of(data) + "\n\n"; }
+
+// A streaming response's state, shared by its content provider and its releaser.
+struct StreamState {
+  CompletionRequest request;
+  std::shared_ptr<RequestStream> stream;
+  std::string id;
+  std::int64_t created = 0;
+  Usage usage;
+  bool first = true;
+};
+
+}  // namespace
+
+HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, HttpOptions options)
+    : worker_(worker), text_(text), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {
+  httplib::Server& s = *server_;
+  const int threads = options_.threads;
+  s.new_task_queue = [threads] { return new httplib::ThreadPool(std::size_t(threads)); };
+  s.set_payload_max_length(options_.max_body_bytes);
+
+  const auto completion = [this](Endpoint endpoint) {
+    return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
+      try {
+        CompletionRequest r = parse_completion_request(endpoint, req.body, options_.model_name);
+        std::vector<std::int32_t> ids;
+        std::unique_ptr<OutputText> out;
+        {
+          const std::lock_guard<std::mutex> lock(text_mutex_);
+          try {
+            if (endpoint == Endpoint::ChatCompletions) {
+              if (!text_.has_chat_template()) throw ApiError(400, "this model has no chat template: use /v1/completions", "messages");
+              ids = text_.chat_ids(r.messages);
+            } else {
+              ids = text_.prompt_ids(r.prompt, "prompt");
+            }
+            out = text_.output(r.stop);
+          } catch (const Error& e) {
+            throw ApiError(400, e.what(), endpoint == Endpoint::ChatCompletions ? "messages" : "prompt");
+          }
+        }
+        if (ids.empty()) throw ApiError(400, "the prompt is empty", "prompt");
+        const std::int64_t prompt = std::int64_t(ids.size());
+        if (prompt >= options_.context)
+          throw ApiError(400, "the prompt is " + std::to_string(prompt) + " tokens; the model's context is " +
+                                  std::to_string(options_.context) + " tokens (prompt and output together)",
+                         endpoint == Endpoint::ChatCompletions ? "messages" : "prompt");
+        const std::int64_t max_tokens = r.max_tokens > 0 ? r.max_tokens : options_.context - prompt;
+        if (prompt + max_tokens > options_.context)
+          throw ApiError(400, "the prompt (" + std::to_string(prompt) + " tokens) and max_tokens (" +
+                                  std::to_string(max_tokens) + ") are over the model's context of " +
+                                  std::to_string(options_.context) + " tokens",
+                         "max_tokens");
+        Request engine_request;
+        engine_request.prompt = std::move(ids);
+        engine_request.max_tokens = int(max_tokens);
+        engine_request.sampling = r.sampling;
+        engine_request.eos_token_ids = options_.eos_token_ids;
+        std::shared_ptr<RequestStream> stream = worker_.submit(std::move(engine_request), std::move(out));
+        if (!stream && worker_.draining()) throw ApiError(503, "the server is shutting down");
+        if (!stream) throw ApiError(429, "the server is busy: too many requests at once; try again");
+
+        const std::string id = next_id(endpoint == Endpoint::ChatCompletions ? "chatcmpl-" : "cmpl-");
+        const std::int64_t created = now_seconds();
+        if (!r.stream) {
+          std::string text;
+          StreamEvent event;
+          for (;;) {
+            if (!stream->next(event, 1000ms)) continue;
+            text += event.text;
+            if (event.done) break;
+          }
+          if (!event.error.empty()) throw ApiError(event.engine_failed ? 500 : 400, event.error);
+          res.set_content(text_of(completion_response(r, id, created, text, openai_finish_reason(event.finish_reason),
+                                                      Usage{prompt, event.completion_tokens})),
+                          "application/json");
+          return;
+        }
+        auto state = std::make_shared<StreamState>();
+        state->request = std::move(r);
+        state->stream = stream;
+        state->id = id;
+        state->created = created;
+        state->usage.prompt_tokens = prompt;
+        res.set_header("Cache-Control", "no-cache");
+        ++open_streams_;
+        res.set_chunked_content_provider(
+            "text/event-stream",
+            [state](std::size_t, httplib::DataSink& sink) {
+              StreamEvent event;
+              if (!state->stream->next(event, 100ms)) {
+                if (sink.is_writable()) return true;  // nothing yet; asked again
+                state->stream->cancel();
+                return false;
+              }
+              std::string out;
+              if (!event.done) {
+                out = sse(completion_chunk(state->request, state->id, state->created, event.text, "", state->first));
+                state->first = false;
+              } else if (!event.error.empty()) {
+                out = sse(error_body(ApiError(500, event.error)));
+              } else {
+                state->usage.completion_tokens = event.completion_tokens;
+                out = sse(completion_chunk(state->request, state->id, state->created, event.text,
+                                           openai_finish_reason(event.finish_reason), state->first));
+                if (state->request.include_usage)
+                  out += sse(usage_chunk(state->request, state->id, state->created, state->usage));
+              }
+              if (event.done) out += "data: [DONE]\n\n";
+              if (!sink.write(out.data(), out.size())) {
+                state->stream->cancel();
+                return false;
+              }
+              if (event.done) sink.done();
+              return true;
+            },
+            [this, state](bool success) {
+              if (!success) state->stream->cancel();  // the client left
+              --open_streams_;
+            });
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      }
+    };
+  };
+  s.Post("/v1/completions", completion(Endpoint::Completions));
+  s.Post("/v1/chat/completions", completion(Endpoint::ChatCompletions));
+  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    const json model = {{"id", options_.model_name}, {"object", "model"}, {"created", now_seconds()},
+                        {"owned_by", "asynct"}, {"max_model_len", options_.context}};
+    res.set_content(text_of(json{{"object", "list"}, {"data", json::array({model})}}), "application/json");
+  });
+  s.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, ApiError(500, "internal error: " + what));
+  });
+  // httplib's own answers (no such route, a body over the limit) as OpenAI error objects.
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
+                                : res.status == 413 ? "the request body is over the server's limit"
+                                                    : "the request failed (HTTP " + std::to_string(res.status) + ")";
+    send_error(res, ApiError(res.status, message));
+  });
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind() {
+  const int port = options_.port == 0 ? server_->bind_to_any_port(options_.host)
+                                      : (server_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+  check(port > 0, "cannot listen on ", options_.host, ":", options_.port, " (in use, or not an address of this machine)");
+  return port;
+}
+
+void HttpServer::listen() { server_->listen_after_bind(); }
+
+void HttpServer::stop() { server_->stop(); }
+
+}  // namespace asynct::serve

@@ -1,0 +1,66 @@
+// `asynct serve`'s HTTP side, on cpp-httplib: the OpenAI routes over an EngineWorker.
+//
+//   POST /v1/completions, POST /v1/chat/completions   (stream: true as Server-Sent Events,
+//                                                       ending in "data: [DONE]")
+//   GET  /v1/models, GET /health
+//
+// Each connection has a thread of a pool of `threads`; a streaming response holds its thread
+// until it ends, so the pool is sized above the requests the worker takes at once. Errors are
+// OpenAI's error object: 400 for a bad body or field, a prompt that does not fit the context,
+// or text the tokenizer refuses; 404 for another model or route; 413 for a body over
+// max_body_bytes; 429 (Retry-After: 1) when the worker is full, 503 while it drains; 500 for a
+// failure inside.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "jobs/model_text.h"
+#include "serve/engine_worker.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace asynct::serve {
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                          // 0: any free port (bind() says which)
+  int threads = 64;
+  std::size_t max_body_bytes = 8u << 20;
+  std::string model_name;                   // what /v1/models lists and requests must name
+  std::int64_t context = 0;                 // the model's context (prompt + output tokens)
+  std::vector<std::int32_t> eos_token_ids;  // the model's end-of-sequence tokens
+};
+
+class HttpServer {
+ public:
+  // `text` turns prompts into ids and ids into text; it and `worker` outlive the server.
+  HttpServer(EngineWorker& worker, const ModelText& text, HttpOptions options);
+  ~HttpServer();
+
+  // Binds the address; returns the port. Throws Error when it cannot.
+  int bind();
+  // Serves until stop(); returns then.
+  void listen();
+  // From any thread (a signal handler's thread): stops accepting and ends listen().
+  void stop();
+  // Streaming responses not yet closed.
+  int open_streams() const { return open_streams_; }
+
+ private:
+  EngineWorker& worker_;
+  const ModelText& text_;
+  std::mutex text_mutex_;  // the tokenizer and the chat template, one request at a time
+  HttpOptions options_;
+  std::unique_ptr<httplib::Server> server_;
+  std::atomic<int> open_streams_{0};
+};
+
+}  // namespace asynct::serve

@@ -1,0 +1,270 @@
+#include "serve/openai_api.h"
+
+#include <cmath>
+#include <limits>
+#include <optional>
+
+namespace asynct::serve {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr int kMaxStopStrings = 4;  // OpenAI's limit
+
+ApiError bad(const std::string& param, const std::string& message) { return ApiError(400, message, param); }
+
+const char* type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "a boolean";
+    case json::value_t::string: return "a string";
+    case json::value_t::array: return "an array";
+    case json::value_t::object: return "an object";
+    case json::value_t::number_float: return "a number";
+    default: return "an integer";
+  }
+}
+
+// The field's value when present and not null.
+const json* field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::optional<double> number(const json& body, const char* name, double lo, double hi) {
+  const json* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) throw bad(name, std::string(name) + " must be a number, not " + type_name(*v));
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    throw bad(name, std::string(name) + " must be in [" + std::to_string(lo).substr(0, 6) + ", " +
+                        std::to_string(hi).substr(0, 6) + "], got " + v->dump());
+  return x;
+}
+
+std::optional<std::int64_t> integer(const json& body, const char* name, std::int64_t lo, std::int64_t hi) {
+  const json* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) throw bad(name, std::string(name) + " must be an integer, not " + type_name(*v));
+  if (v->is_number_unsigned() ? v->get<std::uint64_t>() > std::uint64_t(hi) : (v->get<std::int64_t>() < lo || v->get<std::int64_t>() > hi))
+    throw bad(name, std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v->dump());
+  return v->is_number_unsigned() ? std::int64_t(v->get<std::uint64_t>()) : v->get<std::int64_t>();
+}
+
+std::optional<bool> boolean(const json& body, const char* name) {
+  const json* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) throw bad(name, std::string(name) + " must be a boolean, not " + type_name(*v));
+  return v->get<bool>();
+}
+
+std::string string_field(const json& body, const char* name) {
+  const json* v = field(body, name);
+  if (!v) return "";
+  if (!v->is_string()) throw bad(name, std::string(name) + " must be a string, not " + type_name(*v));
+  return v->get<std::string>();
+}
+
+// A message's content: a string, or a list of {"type": "text", "text": ...} parts (joined).
+std::string message_content(const json& message, std::size_t index) {
+  const std::string param = "messages[" + std::to_string(index) + "].content";
+  const auto it = message.find("content");
+  if (it == message.end() || it->is_null()) throw bad(param, param + " is missing");
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array()) throw bad(param, param + " must be a string or a list of text parts, not " + type_name(*it));
+  std::string text;
+  for (std::size_t p = 0; p < it->size(); ++p) {
+    const json& part = (*it)[p];
+    const std::string part_param = param + "[" + std::to_string(p) + "]";
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text")
+      throw bad(part_param, part_param + " must be a text part ({\"type\": \"text\", \"text\": ...}); asynct reads text only");
+    if (!part.contains("text") || !part["text"].is_string()) throw bad(part_param, part_param + ".text must be a string");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+json chat_messages(const json& body) {
+  const json* v = field(body, "messages");
+  if (!v) throw bad("messages", "messages is missing");
+  if (!v->is_array()) throw bad("messages", std::string("messages must be an array, not ") + type_name(*v));
+  if (v->empty()) throw bad("messages", "messages is empty");
+  json out = json::array();
+  for (std::size_t i = 0; i < v->size(); ++i) {
+    const json& m = (*v)[i];
+    const std::string param = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw bad(param, param + " must be an object, not " + type_name(m));
+    const auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) throw bad(param + ".role", param + ".role must be a string");
+    const std::string r = role->get<std::string>();
+    if (r != "system" && r != "user" && r != "assistant" && r != "developer")
+      throw bad(param + ".role", param + ".role '" + r + "' is not one of system, developer, user, assistant");
+    // A developer message is OpenAI's newer name for a system message.
+    out.push_back({{"role", r == "developer" ? "system" : r}, {"content", message_content(m, i)}});
+  }
+  return out;
+}
+
+std::vector<std::string> stop_strings(const json& body) {
+  const json* v = field(body, "stop");
+  if (!v) return {};
+  if (v->is_string()) return {v->get<std::string>()};
+  if (!v->is_array()) throw bad("stop", std::string("stop must be a string or an array of strings, not ") + type_name(*v));
+  if (v->size() > kMaxStopStrings) throw bad("stop", "stop has " + std::to_string(v->size()) + " strings; at most 4");
+  std::vector<std::string> out;
+  for (const json& s : *v) {
+    if (!s.is_string()) throw bad("stop", std::string("stop must hold strings, not ") + type_name(s));
+    out.push_back(s.get<std::string>());
+  }
+  for (const std::string& s : out)
+    if (s.empty()) throw bad("stop", "stop strings must not be empty");
+  return out;
+}
+
+// A field asynct reads but does not implement yet: an error unless it has its neutral value.
+void refuse_unless_neutral(const json& body, const char* name, const json& neutral, const std::string& why) {
+  const json* v = field(body, name);
+  if (v && *v != neutral) throw bad(name, std::string(name) + " " + why);
+}
+
+json base_object(const CompletionRequest& r, const std::string& id, std::int64_t created, bool chunk) {
+  const bool chat = r.endpoint == Endpoint::ChatCompletions;
+  return json{{"id", id},
+              {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+              {"created", created},
+              {"model", r.model}};
+}
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens}, {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+}
+
+json finish_value(const std::string& finish_reason) { return finish_reason.empty() ? json(nullptr) : json(finish_reason); }
+
+}  // namespace
+
+ApiError::ApiError(int status_, std::string message, std::string param_, std::string type_)
+    : std::runtime_error(std::move(message)), status(status_), type(std::move(type_)), param(std::move(param_)) {
+  if (type.empty())
+    type = status == 404 ? "not_found_error" : status == 429 ? "rate_limit_error" : status >= 500 ? "server_error" : "invalid_request_error";
+}
+
+json error_body(const ApiError& e) {
+  return {{"error", {{"message", e.what()}, {"type", e.type}, {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+                     {"code", nullptr}}}};
+}
+
+CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body_text, const std::string& served_model) {
+  json body;
+  try {
+    body = json::parse(body_text);
+  } catch (const json::exception& e) {
+    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
+  }
+  if (!body.is_object()) throw ApiError(400, std::string("the body must be a JSON object, not ") + type_name(body));
+  CompletionRequest r;
+  r.endpoint = endpoint;
+  const bool chat = endpoint == Endpoint::ChatCompletions;
+
+  r.model = string_field(body, "model");
+  if (r.model.empty()) throw bad("model", "model is missing (this server serves '" + served_model + "')");
+  if (r.model != served_model)
+    throw ApiError(404, "The model '" + r.model + "' does not exist; this server serves '" + served_model + "'", "model");
+
+  if (chat) {
+    r.messages = chat_messages(body);
+  } else {
+    const json* p = field(body, "prompt");
+    if (!p) throw bad("prompt", "prompt is missing");
+    if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
+    if (!p->is_string()) throw bad("prompt", std::string("prompt must be a string (one prompt a request), not ") + type_name(*p));
+    r.prompt = p->get<std::string>();
+  }
+
+  const std::int64_t kMaxInt = std::numeric_limits<int>::max();
+  std::optional<std::int64_t> max_tokens = integer(body, "max_tokens", 1, kMaxInt);
+  if (chat && !max_tokens) max_tokens = integer(body, "max_completion_tokens", 1, kMaxInt);
+  r.max_tokens = int(max_tokens.value_or(chat ? 0 : 16));
+
+  SamplingParams& s = r.sampling;
+  s.temperature = float(number(body, "temperature", 0.0, 2.0).value_or(1.0));
+  s.top_p = float(number(body, "top_p", 0.0, 1.0).value_or(1.0));
+  if (s.top_p <= 0.0f) throw bad("top_p", "top_p must be in (0, 1], got 0");
+  const std::int64_t top_k = integer(body, "top_k", -1, kMaxInt).value_or(0);
+  s.top_k = top_k < 0 ? 0 : int(top_k);  // -1: off, as vLLM reads it
+  s.min_p = float(number(body, "min_p", 0.0, 1.0).value_or(0.0));
+  s.presence_penalty = float(number(body, "presence_penalty", -2.0, 2.0).value_or(0.0));
+  s.frequency_penalty = float(number(body, "frequency_penalty", -2.0, 2.0).value_or(0.0));
+  s.repetition_penalty = float(number(body, "repetition_penalty", 0.0, 1e6).value_or(1.0));
+  if (!(s.repetition_penalty > 0.0f)) throw bad("repetition_penalty", "repetition_penalty must be > 0");
+  const json* seed = field(body, "seed");
+  if (seed) {
+    if (!seed->is_number_integer()) throw bad("seed", std::string("seed must be an integer, not ") + type_name(*seed));
+    s.seed = seed->is_number_unsigned() ? seed->get<std::uint64_t>() : std::uint64_t(seed->get<std::int64_t>());
+  }
+  r.stop = stop_strings(body);
+  r.stream = boolean(body, "stream").value_or(false);
+  if (const json* options = field(body, "stream_options")) {
+    if (!options->is_object()) throw bad("stream_options", std::string("stream_options must be an object, not ") + type_name(*options));
+    if (!r.stream) throw bad("stream_options", "stream_options needs stream: true");
+    r.include_usage = boolean(*options, "include_usage").value_or(false);
+  }
+  const std::int64_t n = integer(body, "n", 1, 128).value_or(1);
+  if (n != 1) throw bad("n", "n > 1 is not supported yet (one choice a request)");
+  refuse_unless_neutral(body, "logprobs", chat ? json(false) : json(nullptr), "is not supported yet");
+  refuse_unless_neutral(body, "top_logprobs", json(0), "is not supported yet");
+  refuse_unless_neutral(body, "echo", json(false), "is not supported");
+  refuse_unless_neutral(body, "best_of", json(1), "is not supported (one choice a request)");
+  refuse_unless_neutral(body, "suffix", json(nullptr), "is not supported");
+  if (chat && field(body, "tools") && !field(body, "tools")->empty()) throw bad("tools", "tools are not supported yet");
+  validate_sampling(s);  // the engine's own ranges (a backstop: the checks above are stricter)
+  return r;
+}
+
+json completion_response(const CompletionRequest& r, const std::string& id, std::int64_t created, const std::string& text,
+                         const std::string& finish_reason, const Usage& usage) {
+  json out = base_object(r, id, created, false);
+  json choice = {{"index", 0}};
+  if (r.endpoint == Endpoint::ChatCompletions)
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else
+    choice["text"] = text;
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_value(finish_reason);
+  out["choices"] = json::array({choice});
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+json completion_chunk(const CompletionRequest& r, const std::string& id, std::int64_t created, const std::string& text,
+                      const std::string& finish_reason, bool first) {
+  json out = base_object(r, id, created, true);
+  json choice = {{"index", 0}};
+  if (r.endpoint == Endpoint::ChatCompletions) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || (first && finish_reason.empty())) delta["content"] = text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = text;
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = finish_value(finish_reason);
+  out["choices"] = json::array({choice});
+  if (r.include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+json usage_chunk(const CompletionRequest& r, const std::string& id, std::int64_t created, const Usage& usage) {
+  json out = base_object(r, id, created, true);
+  out["choices"] = json::array();
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+std::string openai_finish_reason(const std::string& engine_reason) {
+  return engine_reason == "length" ? "length" : engine_reason == "abort" ? "abort" : "stop";
+}
+
+}  // namespace asynct::serve

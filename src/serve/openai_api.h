@@ -1,0 +1,75 @@
+// The OpenAI API's completions and chat completions as asynct serves them: a request body in,
+// checked field by field; the response bodies and stream chunks out. No I/O: the HTTP server
+// (serve/http_server.h) moves the bytes, the engine worker (serve/engine_worker.h) the tokens.
+//
+// Fields read (others are ignored, as OpenAI ignores unknown ones): model, prompt (a string) or
+// messages (role system / user / assistant, content a string or a list of text parts),
+// max_tokens (chat also max_completion_tokens), temperature, top_p, top_k, min_p, presence /
+// frequency / repetition penalty, seed, stop (a string or up to 4), stream,
+// stream_options.include_usage, n. A wrong type or a value out of range is an ApiError 400
+// naming the field, with OpenAI's error object; so is a field asynct does not implement yet
+// (n > 1, logprobs, tools), rather than a silent approximation.
+//
+// Defaults as OpenAI's: temperature 1, top_p 1; max_tokens 16 for completions, for chat the
+// rest of the model's context.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/sampling_params.h"
+
+namespace asynct::serve {
+
+// An error the client gets as {"error": {"message", "type", "param", "code"}} with `status`.
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string message, std::string param = "", std::string type = "");
+  int status;
+  std::string type;   // invalid_request_error, not_found_error, rate_limit_error, server_error
+  std::string param;  // the field at fault; empty: none
+};
+nlohmann::ordered_json error_body(const ApiError& error);
+
+enum class Endpoint { Completions, ChatCompletions };
+
+struct CompletionRequest {
+  Endpoint endpoint = Endpoint::Completions;
+  std::string model;
+  std::string prompt;                        // completions
+  nlohmann::ordered_json messages;           // chat: [{role, content (a string)}]
+  int max_tokens = 0;                        // 0: not given (the endpoint's default)
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;
+};
+
+// Parses and checks a request body (served_model: the name /v1/models lists; a request for
+// another model is a 404). Throws ApiError.
+CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body, const std::string& served_model);
+
+// What a finished or streaming request reports.
+struct Usage {
+  std::int64_t prompt_tokens = 0, completion_tokens = 0;
+};
+
+// The non-streaming response: one choice with the whole text.
+nlohmann::ordered_json completion_response(const CompletionRequest& request, const std::string& id, std::int64_t created,
+                                           const std::string& text, const std::string& finish_reason, const Usage& usage);
+
+// One stream chunk: `text` (may be empty) and, on the last one, the finish reason. The chat
+// stream's first chunk carries the assistant role (first = true).
+nlohmann::ordered_json completion_chunk(const CompletionRequest& request, const std::string& id, std::int64_t created,
+                                        const std::string& text, const std::string& finish_reason, bool first);
+// The chunk with the usage and no choices (stream_options.include_usage), before [DONE].
+nlohmann::ordered_json usage_chunk(const CompletionRequest& request, const std::string& id, std::int64_t created,
+                                   const Usage& usage);
+
+// OpenAI's finish_reason for the engine's ("eos" and "stop" are both "stop").
+std::string openai_finish_reason(const std::string& engine_reason);
+
+}  // namespace asynct::serve

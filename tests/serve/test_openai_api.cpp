@@ -1,0 +1,136 @@
+// The OpenAI request checks and response bodies (serve/openai_api.h), without a server.
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "serve/openai_api.h"
+
+namespace asynct::serve {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+CompletionRequest parse(Endpoint e, const json& body) { return parse_completion_request(e, body.dump(), "m"); }
+
+// The status and the field an ApiError names for a body.
+std::pair<int, std::string> refusal(Endpoint e, const std::string& body) {
+  try {
+    parse_completion_request(e, body, "m");
+  } catch (const ApiError& error) {
+    return {error.status, error.param};
+  }
+  return {0, "accepted"};
+}
+
+TEST(OpenAiApi, DefaultsAreOpenAis) {
+  const CompletionRequest c = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", "hi"}});
+  EXPECT_EQ(c.prompt, "hi");
+  EXPECT_EQ(c.max_tokens, 16);
+  EXPECT_EQ(c.sampling.temperature, 1.0f);
+  EXPECT_EQ(c.sampling.top_p, 1.0f);
+  EXPECT_FALSE(c.stream);
+  const CompletionRequest chat = parse(Endpoint::ChatCompletions, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+  EXPECT_EQ(chat.max_tokens, 0);  // the rest of the context
+  EXPECT_EQ(chat.messages[0]["content"], "hi");
+}
+
+TEST(OpenAiApi, ReadsEveryField) {
+  const CompletionRequest r = parse(
+      Endpoint::ChatCompletions,
+      {{"model", "m"},
+       {"messages", {{{"role", "developer"}, {"content", "be brief"}}, {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}}}}}},
+       {"max_completion_tokens", 7}, {"temperature", 0.5}, {"top_p", 0.9}, {"top_k", 40}, {"min_p", 0.05},
+       {"presence_penalty", 0.3}, {"frequency_penalty", -0.2}, {"repetition_penalty", 1.1}, {"seed", 12},
+       {"stop", {"x", "yz"}}, {"stream", true}, {"stream_options", {{"include_usage", true}}}, {"n", 1},
+       {"unknown_field", {1, 2}}});
+  EXPECT_EQ(r.messages[0]["role"], "system");
+  EXPECT_EQ(r.messages[1]["content"], "ab");
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_EQ(r.sampling.top_k, 40);
+  EXPECT_EQ(r.sampling.seed, 12u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"x", "yz"}));
+  EXPECT_TRUE(r.stream && r.include_usage);
+  EXPECT_EQ(parse(Endpoint::Completions, {{"model", "m"}, {"prompt", {"one"}}, {"top_k", -1}}).sampling.top_k, 0);
+}
+
+TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
+  const auto completions = [](const std::string& body) { return refusal(Endpoint::Completions, body); };
+  const auto chat = [](const std::string& body) { return refusal(Endpoint::ChatCompletions, body); };
+  EXPECT_EQ(completions("{not json"), (std::pair<int, std::string>{400, ""}));
+  EXPECT_EQ(completions("[1, 2]"), (std::pair<int, std::string>{400, ""}));
+  EXPECT_EQ(completions(R"({"prompt": "hi"})"), (std::pair<int, std::string>{400, "model"}));
+  EXPECT_EQ(completions(R"({"model": "other", "prompt": "hi"})"), (std::pair<int, std::string>{404, "model"}));
+  EXPECT_EQ(completions(R"({"model": "m"})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": 5})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": ["a", "b"]})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "max_tokens": -1})"), (std::pair<int, std::string>{400, "max_tokens"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "max_tokens": 1e3})"), (std::pair<int, std::string>{400, "max_tokens"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "max_tokens": 99999999999})"), (std::pair<int, std::string>{400, "max_tokens"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "temperature": "hot"})"), (std::pair<int, std::string>{400, "temperature"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "temperature": 2.5})"), (std::pair<int, std::string>{400, "temperature"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "top_p": 0})"), (std::pair<int, std::string>{400, "top_p"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]})"), (std::pair<int, std::string>{400, "stop"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "stop": [""]})"), (std::pair<int, std::string>{400, "stop"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "n": 2})"), (std::pair<int, std::string>{400, "n"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "logprobs": 3})"), (std::pair<int, std::string>{400, "logprobs"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "stream": "yes"})"), (std::pair<int, std::string>{400, "stream"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "stream_options": {"include_usage": true}})"),
+            (std::pair<int, std::string>{400, "stream_options"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "seed": 1.5})"), (std::pair<int, std::string>{400, "seed"}));
+  EXPECT_EQ(completions(std::string("{\"model\": \"m\", \"prompt\": \"\xff\"}")), (std::pair<int, std::string>{400, ""}));
+  EXPECT_EQ(chat(R"({"model": "m", "messages": []})"), (std::pair<int, std::string>{400, "messages"}));
+  EXPECT_EQ(chat(R"({"model": "m", "messages": "hi"})"), (std::pair<int, std::string>{400, "messages"}));
+  EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]})"),
+            (std::pair<int, std::string>{400, "messages[0].role"}));
+  EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user"}]})"), (std::pair<int, std::string>{400, "messages[0].content"}));
+  EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
+            (std::pair<int, std::string>{400, "messages[0].content[0]"}));
+  EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true})"),
+            (std::pair<int, std::string>{400, "logprobs"}));
+  // Neutral values of what asynct does not implement are fine.
+  EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": false, "n": 1, "tools": []})"),
+            (std::pair<int, std::string>{0, "accepted"}));
+}
+
+TEST(OpenAiApi, ErrorObjectIsOpenAis) {
+  const json body = error_body(ApiError(400, "max_tokens must be >= 1", "max_tokens"));
+  EXPECT_EQ(body["error"]["message"], "max_tokens must be >= 1");
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(body["error"]["param"], "max_tokens");
+  EXPECT_TRUE(body["error"]["code"].is_null());
+  EXPECT_EQ(error_body(ApiError(429, "busy"))["error"]["type"], "rate_limit_error");
+  EXPECT_TRUE(error_body(ApiError(500, "x"))["error"]["param"].is_null());
+}
+
+TEST(OpenAiApi, ResponsesAndChunksHaveOpenAisShape) {
+  CompletionRequest chat = parse(Endpoint::ChatCompletions, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                                             {"stream", true}, {"stream_options", {{"include_usage", true}}}});
+  const json whole = completion_response(chat, "id1", 5, "Hello", "stop", Usage{3, 2});
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["message"]["content"], "Hello");
+  EXPECT_EQ(whole["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(whole["usage"]["total_tokens"], 5);
+  const json first = completion_chunk(chat, "id1", 5, "He", "", true);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(first["choices"][0]["delta"]["content"], "He");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(first["usage"].is_null());
+  const json last = completion_chunk(chat, "id1", 5, "", "length", false);
+  EXPECT_TRUE(last["choices"][0]["delta"].empty());
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  const json usage = usage_chunk(chat, "id1", 5, Usage{3, 2});
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 2);
+  const CompletionRequest text = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", "hi"}});
+  EXPECT_EQ(completion_response(text, "c", 1, "x", "length", Usage{})["choices"][0]["text"], "x");
+  EXPECT_EQ(completion_chunk(text, "c", 1, "y", "", true)["object"], "text_completion");
+  EXPECT_EQ(openai_finish_reason("eos"), "stop");
+  EXPECT_EQ(openai_finish_reason("length"), "length");
+  EXPECT_EQ(openai_finish_reason("abort"), "abort");
+}
+
+}  // namespace
+}  // namespace asynct::serve

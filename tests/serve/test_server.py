@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""`asynct serve` through the OpenAI Python client (and raw HTTP for what a client library
+would not send), on 127.0.0.1, against `asynct generate` on the same model.
+
+    python3 tests/serve/test_server.py --asynct build/release/src/asynct \\
+        --tokenizer-from ~/.cache/asynct/smollm2-135m-instruct --client ~/.cache/asynct/python-openai
+
+The model: a tiny random LlamaForCausalLM written here (2 layers, hidden 64) with SmolLM2's
+tokenizer files and chat template, so that requests take milliseconds even under a sanitizer.
+Checked:
+- completions and chat, streamed and not: the same text as `asynct generate` for the same
+  prompt (greedy, and seeded sampling), usage counts, finish reasons, stop strings;
+- 16 concurrent streams, 4 closed mid-stream: every finished one complete and equal to its
+  request alone, the server alive after;
+- bad requests, each with its status and OpenAI's error object;
+- 429 past the queue bound, 413 past the body limit;
+- SIGTERM: an open stream ends with finish_reason "abort" and [DONE], the server exits 0.
+Every request has a timeout; every server started is stopped. Exit 77 (skipped) without the
+client or the tokenizer files.
+"""
+import argparse
+import http.client
+import json
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+TIMEOUT = 60  # seconds for any one request
+
+
+def write_tiny_llama(directory, tokenizer_dir):
+    """A random tiny LlamaForCausalLM (bf16 safetensors) with tokenizer_dir's tokenizer files."""
+    import random
+    vocab, hidden, layers, heads, kv_heads, inter = 49152, 64, 2, 4, 2, 128
+    head_dim = hidden // heads
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+              "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
+              "num_key_value_heads": kv_heads, "head_dim": head_dim, "vocab_size": vocab,
+              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+              "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+              "torch_dtype": "bfloat16"}
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+                       p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+                       p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+                       p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+                       p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+                       p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+                       p + "mlp.down_proj.weight": (hidden, inter)})
+    rng = random.Random(5)
+    header, blobs, offset = {}, [], 0
+    for name, shape in shapes.items():
+        count = 1
+        for d in shape:
+            count *= d
+        if name.endswith("norm.weight"):
+            values = [1.0] * count
+        else:
+            scale = 1.0 if "embed" in name else 0.2
+            values = [rng.gauss(0.0, scale) for _ in range(count)]
+        # bf16: the high half of each float32 (truncated; exact enough for random weights)
+        raw = struct.pack(f"<{count}f", *values)
+        blob = b"".join(raw[i + 2:i + 4] for i in range(0, len(raw), 4))
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded)
+        for blob in blobs:
+            f.write(blob)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(directory, name))
+
+
+class Server:
+    """`asynct serve` on 127.0.0.1 at a free port, stopped on exit."""
+
+    def __init__(self, binary, model, *extra):
+        self.process = subprocess.Popen([binary, "serve", "--model", model, "--port", "0", "--served-model-name", "tiny",
+                                         *extra], stderr=subprocess.PIPE, text=True)
+        self.port, self.log = None, []
+        deadline = time.monotonic() + TIMEOUT
+        while self.port is None:
+            line = self.process.stderr.readline()
+            if not line:
+                raise RuntimeError("asynct serve exited before listening:\n" + "".join(self.log))
+            self.log.append(line)
+            match = re.search(r"listening on http://127\.0\.0\.1:(\d+)/v1", line)
+            if match:
+                self.port = int(match.group(1))
+            if time.monotonic() > deadline:
+                raise RuntimeError("asynct serve did not listen in time")
+        threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True).start()
+
+    def url(self):
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise RuntimeError("asynct serve did not stop within a minute of SIGTERM")
+        return self.process.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def raw(port, method, path, body=b"", headers=None):
+    """(status, parsed JSON or text) of one plain HTTP request."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
+    connection.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    try:
+        return response.status, json.loads(data), response
+    except ValueError:
+        return response.status, data.decode(errors="replace"), response
+
+
+def generate(binary, model, prompt, max_tokens, chat=False, extra=()):
+    """What `asynct generate` prints for one text prompt (the reference for the server's text)."""
+    command = [binary, "generate", "--model", model, "--prompt", prompt, "--max-tokens", str(max_tokens), *extra]
+    if chat:
+        command.append("--chat")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+    if result.returncode != 0:
+        raise RuntimeError(f"asynct generate failed: {result.stderr}")
+    return result.stdout.rstrip("\n")
+
+
+class Checks:
+    def __init__(self):
+        self.failures = 0
+
+    def equal(self, what, got, want):
+        ok = got == want
+        self.failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {what}" + ("" if ok else f": got {got!r}, want {want!r}"), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--asynct", required=True)
+    parser.add_argument("--tokenizer-from", required=True, help="a directory with tokenizer.json and a chat template")
+    parser.add_argument("--client", required=True, help="where the openai package is (scripts/fetch_client_assets.sh)")
+    args = parser.parse_args()
+    if not os.path.isfile(os.path.join(args.tokenizer_from, "tokenizer.json")):
+        print(f"skipped: no tokenizer at {args.tokenizer_from} (scripts/fetch_smollm2.sh)")
+        sys.exit(77)
+    sys.path.insert(0, args.client)
+    try:
+        import openai
+    except ImportError:
+        print(f"skipped: no openai package at {args.client} (scripts/fetch_client_assets.sh)")
+        sys.exit(77)
+
+    c = Checks()
+    with tempfile.TemporaryDirectory() as work:
+        model = os.path.join(work, "tiny")
+        write_tiny_llama(model, args.tokenizer_from)
+        with Server(args.asynct, model, "--max-num-seqs", "8", "--max-waiting", "16", "--max-body-mib", "1") as server:
+            client = openai.OpenAI(base_url=server.url(), api_key="unused", timeout=TIMEOUT, max_retries=0)
+            c.equal("/v1/models lists the model", [m.id for m in client.models.list().data], ["tiny"])
+
+            prompt = "The quick brown fox"
+            want = generate(args.asynct, model, prompt, 12)
+            done = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0)
+            c.equal("completion text = asynct generate's (greedy)", done.choices[0].text, want)
+            c.equal("completion usage", (done.usage.completion_tokens, done.usage.total_tokens - done.usage.prompt_tokens),
+                    (12, 12))
+            c.equal("completion finish_reason", done.choices[0].finish_reason, "length")
+            chunks = list(client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, stream=True,
+                                                    stream_options={"include_usage": True}))
+            c.equal("streamed completion = the whole one", "".join(ch.choices[0].text for ch in chunks if ch.choices), want)
+            c.equal("stream ends with usage", chunks[-1].usage.completion_tokens if chunks[-1].usage else None, 12)
+
+            sampled = ["--temperature", "0.9", "--top-k", "40", "--seed", "7"]
+            want_sampled = generate(args.asynct, model, prompt, 10, extra=sampled)
+            got = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0.9,
+                                            extra_body={"top_k": 40}, seed=7)
+            c.equal("seeded sampling = asynct generate's", got.choices[0].text, want_sampled)
+
+            question = "What is the capital of France?"
+            want_chat = generate(args.asynct, model, question, 9, chat=True)
+            messages = [{"role": "user", "content": question}]
+            done = client.chat.completions.create(model="tiny", messages=messages, max_tokens=9, temperature=0)
+            c.equal("chat text = asynct generate --chat's", done.choices[0].message.content, want_chat)
+            streamed = "".join(ch.choices[0].delta.content or "" for ch in
+                               client.chat.completions.create(model="tiny", messages=messages, max_tokens=9,
+                                                              temperature=0, stream=True))
+            c.equal("streamed chat = the whole one", streamed, want_chat)
+
+            if len(want) > 6:
+                stop = want[3:6]
+                got = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, stop=[stop])
+                c.equal("a stop string ends the text before it", (got.choices[0].text, got.choices[0].finish_reason),
+                        (want[:want.index(stop)], "stop"))
+
+            # Concurrent streams, some closed mid-stream.
+            results, lock = {}, threading.Lock()
+
+            def stream(i):
+                s = client.completions.create(model="tiny", prompt=f"{prompt} {i}", max_tokens=24, temperature=0,
+                                              stream=True)
+                text = ""
+                for n, chunk in enumerate(s):
+                    text += chunk.choices[0].text
+                    if i % 4 == 0 and n == 2:
+                        s.close()
+                        text = None
+                        break
+                with lock:
+                    results[i] = text
+
+            threads = [threading.Thread(target=stream, args=(i,)) for i in range(16)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(TIMEOUT)
+            alone = {i: client.completions.create(model="tiny", prompt=f"{prompt} {i}", max_tokens=24,
+                                                  temperature=0).choices[0].text for i in range(16) if i % 4}
+            c.equal("16 concurrent streams (4 closed): the others complete and as if alone",
+                    {i: results.get(i) for i in alone}, alone)
+            c.equal("the server is alive after", raw(server.port, "GET", "/health")[0], 200)
+
+            # Bad requests: status and the field named.
+            context_prompt = "word " * 5000
+            bad = [
+                ("/v1/completions", b"{not json", 400, None),
+                ("/v1/completions", b'{"model": "tiny", "prompt": 3}', 400, "prompt"),
+                ("/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": -5}', 400, "max_tokens"),
+                ("/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": 100000}', 400, "max_tokens"),
+                ("/v1/completions", json.dumps({"model": "tiny", "prompt": context_prompt}).encode(), 400, "prompt"),
+                ("/v1/completions", b'{"model": "tiny", "prompt": "x", "temperature": "warm"}', 400, "temperature"),
+                ("/v1/completions", b'{"model": "gpt-4", "prompt": "x"}', 404, "model"),
+                ("/v1/completions", b'{"model": "tiny", "prompt": "\xff\xfe"}', 400, None),
+                ("/v1/chat/completions", b'{"model": "tiny", "messages": []}', 400, "messages"),
+                ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}', 400,
+                 "messages[0].role"),
+                ("/v1/completions", b"x" * (2 << 20), 413, None),
+            ]
+            for path, body, status, param in bad:
+                got_status, payload, _ = raw(server.port, "POST", path, body)
+                error = payload.get("error", {}) if isinstance(payload, dict) else {}
+                c.equal(f"{body[:48]!r}... -> {status}", (got_status, error.get("param"), "message" in error),
+                        (status, param, True))
+
+        # The queue bound: one sequence, none waiting; a second request while the first streams.
+        with Server(args.asynct, model, "--max-num-seqs", "1", "--max-waiting", "0") as server:
+            connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+            connection.request("POST", "/v1/completions", json.dumps(
+                {"model": "tiny", "prompt": "hello", "max_tokens": 4000, "stream": True, "temperature": 0}).encode(),
+                {"Content-Type": "application/json"})
+            first = connection.getresponse()
+            first.readline()  # the first chunk is out: the request is in flight
+            status, payload, response = raw(server.port, "POST", "/v1/completions",
+                                            b'{"model": "tiny", "prompt": "x", "max_tokens": 2}')
+            c.equal("past the queue bound -> 429 with Retry-After", (status, response.getheader("Retry-After")), (429, "1"))
+            # SIGTERM with the stream still open: it ends with "abort" and [DONE]; exit 0.
+            server.process.send_signal(signal.SIGTERM)
+            rest = first.read().decode()
+            c.equal("SIGTERM ends the open stream", ('"finish_reason":"abort"' in rest, rest.rstrip().endswith("data: [DONE]")),
+                    (True, True))
+            c.equal("the server exits 0 after SIGTERM", server.stop(), 0)
+    print(f"{'all passed' if not c.failures else str(c.failures) + ' failed'}")
+    sys.exit(1 if c.failures else 0)
+
+
+if __name__ == "__main__":
+    main()

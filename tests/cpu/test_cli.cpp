@@ -79,7 +79,9 @@ TEST(Cli, OutOfRangeAndMalformedNumbersGiveReadableErrors) {
       {"bench", "--repeat", "-3"},         {"generate", "--seed", "-1"},
       {"generate", "--seed", "18446744073709551616"}, {"generate", "--seed", "1e23"},
       {"bench", "--seed", "-1"},           {"init-checkpoint", "--seed", "-1"},
-      {"generate", "--eos", "-1"},         {"generate", "--max-cache-mib", "0"}};
+      {"generate", "--eos", "-1"},         {"generate", "--max-cache-mib", "0"},
+      {"serve", "--port", "70000", "--model", "m"}, {"serve", "--max-num-seqs", "0", "--model", "m"},
+      {"serve", "--max-body-mib", "0", "--model", "m"}};
   for (const auto& args : cases) {
     const Outcome o = run_asynct(args, s.dir());
     SCOPED_TRACE(args[1] + " " + args[2]);
@@ -96,7 +98,7 @@ TEST(Cli, OutOfRangeAndMalformedNumbersGiveReadableErrors) {
 
 TEST(Cli, HelpShowsEveryDefault) {
   Scratch s;
-  for (const char* command : {"generate", "bench", "demo", "init-checkpoint"}) {
+  for (const char* command : {"generate", "bench", "demo", "init-checkpoint", "serve"}) {
     const Outcome o = run_asynct({command, "--help"}, s.dir());
     ASSERT_EQ(o.code, 0) << o.describe();
     std::istringstream lines(o.out);
@@ -109,7 +111,8 @@ TEST(Cli, HelpShowsEveryDefault) {
       ++options;
       // Options whose absence is the default: their descriptions say what that means.
       static const std::set<std::string> unset = {"--model", "--prompt", "--prompt-ids", "--system", "--logprobs", "--stop",
-                                                   "--stop-token-id", "--logits", "--out", "--scenario", "--json", "--eos"};
+                                                   "--stop-token-id", "--logits", "--out", "--scenario", "--json", "--eos",
+                                                   "--served-model-name"};
       if (unset.count(m[1])) continue;
       EXPECT_NE(m[2].str().find('='), std::string::npos) << command << ": no default shown in\n" << line;
     }
@@ -505,6 +508,16 @@ TEST(CliFuzz, RandomArgumentsExitWithZeroOneOrTwo) {
         {"--block-size", {"1", "16", "0"}},
         {"--window", {"1", "3", "64", "0", "65"}},
         {"--seed", {"0", "5", "-1"}}}},
+      {"serve",  // never a loadable model: every run ends before it would listen
+       {{"--model", {"", ".", "/dev/null", "nowhere"}},
+        {"--host", {"127.0.0.1", "::1", "not a host", ""}},
+        {"--port", {"0", "8000", "-1", "70000", "abc"}},
+        {"--served-model-name", {"m", ""}},
+        {"--max-num-seqs", counts},
+        {"--max-waiting", counts},
+        {"--max-model-len", counts},
+        {"--max-body-mib", counts},
+        {"--device", {"auto", "cpu", "cuda", "gpu"}}}},
       {"init-checkpoint",
        {{"--arch", {"asynct", "qwen3", "llama"}},
         {"--config", {"tiny", "huge", ""}},

@@ -34,14 +34,12 @@ def main():
     parser.add_argument("--cache", default=os.environ.get("ASYNCT_CACHE", os.path.expanduser("~/.cache/asynct")),
                         help="where python-gguf/ (numpy) and python/ (tokenizers, jinja2) are")
     args = parser.parse_args()
-    for sub in ("python-gguf", "python"):
-        if os.path.isdir(os.path.join(args.cache, sub)):
-            sys.path.insert(0, os.path.join(args.cache, sub))
+    import llama_numpy_reference as reference
+    reference.add_cache_paths(args.cache)
     import numpy as np
     import tokenizers
 
     import golden
-    import llama_numpy_reference as reference
 
     def bf16(x):
         """Round-to-nearest-even to bfloat16, kept in float32 (finite inputs)."""

@@ -132,6 +132,14 @@ class Llama:
         return self.rms_norm(x[-1], w["model.norm.weight"]) @ w["lm_head.weight"].T
 
 
+def add_cache_paths(cache):
+    """Makes the packages the fetch scripts put in the cache importable: numpy (python-gguf/),
+    tokenizers and jinja2 (python/)."""
+    for sub in ("python-gguf", "python"):
+        if os.path.isdir(os.path.join(cache, sub)):
+            sys.path.insert(0, os.path.join(cache, sub))
+
+
 def render_chat(model_dir, prompt):
     """The chat template applied as transformers applies it (add_generation_prompt=True)."""
     import jinja2.ext
@@ -186,9 +194,7 @@ def main():
     parser.add_argument("--cache", default=os.environ.get("ASYNCT_CACHE", os.path.expanduser("~/.cache/asynct")),
                         help="where python-gguf/ (numpy) and python/ (tokenizers, jinja2) are")
     args = parser.parse_args()
-    for sub in ("python-gguf", "python"):
-        if os.path.isdir(os.path.join(args.cache, sub)):
-            sys.path.insert(0, os.path.join(args.cache, sub))
+    add_cache_paths(args.cache)
     try:
         import numpy as np
         import tokenizers

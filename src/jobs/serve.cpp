@@ -91,7 +91,8 @@ int run_serve(const ServeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const int in_flight = o.max_num_seqs + o.max_waiting;
-  serve::EngineWorker worker(std::move(engine), in_flight);
+  serve::ServerMetrics metrics;
+  serve::EngineWorker worker(std::move(engine), in_flight, metrics);
   serve::HttpOptions http;
   http.host = o.host;
   http.port = o.port;
@@ -102,7 +103,7 @@ int run_serve(const ServeOptions& o) {
   if (http.model_name.empty()) http.model_name = std::filesystem::path(o.model_dir).lexically_normal().parent_path().filename().string();
   http.context = context;
   http.eos_token_ids = config.eos_token_ids;
-  serve::HttpServer server(worker, *text, http);
+  serve::HttpServer server(worker, *text, metrics, http);
   const int port = server.bind();
 
   std::thread watcher([&] {

@@ -22,8 +22,10 @@ void RequestStream::push(StreamEvent event) {
   ready_.notify_one();
 }
 
-EngineWorker::EngineWorker(std::unique_ptr<Engine> engine, int max_in_flight)
-    : engine_(std::move(engine)), max_in_flight_(max_in_flight), thread_([this] { run(); }) {}
+EngineWorker::EngineWorker(std::unique_ptr<Engine> engine, int max_in_flight, ServerMetrics& metrics)
+    : engine_(std::move(engine)), max_in_flight_(max_in_flight), metrics_(metrics), thread_([this] { run(); }) {
+  metrics_.engine_state(0, 0, engine_->kv_blocks_used(), engine_->kv_blocks());
+}
 
 EngineWorker::~EngineWorker() { stop(); }
 
@@ -35,7 +37,7 @@ std::shared_ptr<RequestStream> EngineWorker::submit(Request request, std::unique
     ++in_flight_;
     stream = std::make_shared<RequestStream>([this] { --in_flight_; });
     all_.push_back(stream);
-    inbox_.push_back({std::move(request), std::move(text), stream});
+    inbox_.push_back({Clock::now(), std::move(request), std::move(text), stream});
   }
   wake_.notify_one();
   return stream;
@@ -77,9 +79,15 @@ void EngineWorker::run() {
       auto active = std::make_shared<Active>();
       active->text = std::move(p.text);
       active->stream = p.stream;
+      active->submitted = p.submitted;
+      active->prompt_tokens = std::int64_t(p.request.prompt.size());
       // The engine thread calls it for each token: the text piece it makes safe to show goes
       // to the reader; a reader that left, or a stop string, ends the request.
-      p.request.on_token = [a = active.get()](const GeneratedToken& g) {
+      p.request.on_token = [a = active.get(), &metrics = metrics_](const GeneratedToken& g) {
+        const Clock::time_point now = Clock::now();
+        if (a->tokens++ == 0) metrics.first_token(std::chrono::duration<double>(now - a->submitted).count());
+        else metrics.inter_token(std::chrono::duration<double>(now - a->last_token).count());
+        a->last_token = now;
         if (a->stream->cancelled()) {
           a->aborted = true;
           return false;
@@ -97,10 +105,14 @@ void EngineWorker::run() {
       } catch (const std::exception& e) {
         StreamEvent refused;
         refused.error = e.what();
+        metrics_.request_finished("error", 0, 0, std::chrono::duration<double>(Clock::now() - p.submitted).count());
         finish(p.stream, std::move(refused));
       }
     }
-    if (!engine_->has_unfinished()) continue;
+    if (!engine_->has_unfinished()) {
+      metrics_.engine_state(0, 0, engine_->kv_blocks_used(), engine_->kv_blocks());
+      continue;
+    }
     std::vector<RequestOutput> outputs;
     try {
       outputs = engine_->step();
@@ -112,6 +124,8 @@ void EngineWorker::run() {
         stopping_ = true;
       }
       for (auto& [id, active] : active_) {
+        metrics_.request_finished("error", active->prompt_tokens, active->tokens,
+                                  std::chrono::duration<double>(Clock::now() - active->submitted).count());
         StreamEvent failed;
         failed.error = std::string("the engine failed: ") + e.what();
         failed.engine_failed = true;
@@ -131,6 +145,8 @@ void EngineWorker::run() {
       }
       return;
     }
+    // Before any reader hears of its request's end, so that /metrics agrees with what it saw.
+    metrics_.engine_state(engine_->num_running(), engine_->num_waiting(), engine_->kv_blocks_used(), engine_->kv_blocks());
     for (const RequestOutput& out : outputs) {
       const auto it = active_.find(out.id);
       if (it == active_.end()) continue;
@@ -140,6 +156,9 @@ void EngineWorker::run() {
       last.text = active->text->finish();
       last.finish_reason = active->aborted ? "abort" : active->text->stopped() ? "stop" : out.finish_reason;
       last.completion_tokens = std::int64_t(out.tokens.size());
+      metrics_.request_finished(last.finish_reason == "length" || last.finish_reason == "abort" ? last.finish_reason : "stop",
+                                active->prompt_tokens, last.completion_tokens,
+                                std::chrono::duration<double>(Clock::now() - active->submitted).count());
       finish(active->stream, std::move(last));
     }
   }

@@ -23,6 +23,7 @@
 
 #include "engine/engine.h"
 #include "jobs/model_text.h"
+#include "serve/metrics.h"
 
 namespace asynct::serve {
 
@@ -63,7 +64,9 @@ class RequestStream {
 
 class EngineWorker {
  public:
-  EngineWorker(std::unique_ptr<Engine> engine, int max_in_flight);
+  // `metrics` (outliving the worker) gets each request's latencies and end, and the engine's
+  // state after every step.
+  EngineWorker(std::unique_ptr<Engine> engine, int max_in_flight, ServerMetrics& metrics);
   ~EngineWorker();  // cancels what is left and joins the thread
 
   // Queues a request (its prompt, limits and sampling set; on_token is the worker's) whose
@@ -81,7 +84,9 @@ class EngineWorker {
   void stop();
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Pending {
+    Clock::time_point submitted;
     Request request;
     std::unique_ptr<OutputText> text;
     std::shared_ptr<RequestStream> stream;
@@ -89,6 +94,8 @@ class EngineWorker {
   struct Active {
     std::unique_ptr<OutputText> text;
     std::shared_ptr<RequestStream> stream;
+    Clock::time_point submitted, last_token;
+    std::int64_t prompt_tokens = 0, tokens = 0;
     bool aborted = false;  // ended because its reader left
   };
   void run();
@@ -97,6 +104,7 @@ class EngineWorker {
 
   std::unique_ptr<Engine> engine_;
   const int max_in_flight_;
+  ServerMetrics& metrics_;
   std::atomic<int> in_flight_{0};
   std::atomic<bool> draining_{false};
   std::mutex mutex_;

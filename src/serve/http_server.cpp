@@ -19,7 +19,7 @@ using namespace std::chrono_literals;
 // A body's text; bytes that are not UTF-8 (an error message can quote the client's) become U+FFFD.
 std::string text_of(const json& body) { return body.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+void write_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
   res.set_content(text_of(error_body(e)), "application/json");
@@ -47,8 +47,17 @@ struct StreamState {
 
 }  // namespace
 
-HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, HttpOptions options)
-    : worker_(worker), text_(text), options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {
+void HttpServer::send_error(httplib::Response& res, const ApiError& e) {
+  metrics_.http_error(e.status);
+  write_error(res, e);
+}
+
+HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetrics& metrics, HttpOptions options)
+    : worker_(worker),
+      text_(text),
+      metrics_(metrics),
+      options_(std::move(options)),
+      server_(std::make_unique<httplib::Server>()) {
   httplib::Server& s = *server_;
   const int threads = options_.threads;
   s.new_task_queue = [threads] { return new httplib::ThreadPool(std::size_t(threads)); };
@@ -168,7 +177,10 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, HttpOptions 
   s.Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4");
+  });
+  s.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown error";
     try {
       std::rethrow_exception(ep);
@@ -179,7 +191,7 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, HttpOptions 
     send_error(res, ApiError(500, "internal error: " + what));
   });
   // httplib's own answers (no such route, a body over the limit) as OpenAI error objects.
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
                                 : res.status == 413 ? "the request body is over the server's limit"

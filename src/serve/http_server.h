@@ -2,7 +2,7 @@
 //
 //   POST /v1/completions, POST /v1/chat/completions   (stream: true as Server-Sent Events,
 //                                                       ending in "data: [DONE]")
-//   GET  /v1/models, GET /health
+//   GET  /v1/models, GET /health, GET /metrics (Prometheus text: serve/metrics.h)
 //
 // Each connection has a thread of a pool of `threads`; a streaming response holds its thread
 // until it ends, so the pool is sized above the requests the worker takes at once. Errors are
@@ -22,12 +22,16 @@
 
 #include "jobs/model_text.h"
 #include "serve/engine_worker.h"
+#include "serve/metrics.h"
 
 namespace httplib {
 class Server;
+class Response;
 }
 
 namespace asynct::serve {
+
+struct ApiError;
 
 struct HttpOptions {
   std::string host = "127.0.0.1";
@@ -42,7 +46,7 @@ struct HttpOptions {
 class HttpServer {
  public:
   // `text` turns prompts into ids and ids into text; it and `worker` outlive the server.
-  HttpServer(EngineWorker& worker, const ModelText& text, HttpOptions options);
+  HttpServer(EngineWorker& worker, const ModelText& text, ServerMetrics& metrics, HttpOptions options);
   ~HttpServer();
 
   // Binds the address; returns the port. Throws Error when it cannot.
@@ -55,8 +59,12 @@ class HttpServer {
   int open_streams() const { return open_streams_; }
 
  private:
+  // Answers with OpenAI's error object, and counts it.
+  void send_error(httplib::Response& res, const ApiError& e);
+
   EngineWorker& worker_;
   const ModelText& text_;
+  ServerMetrics& metrics_;
   std::mutex text_mutex_;  // the tokenizer and the chat template, one request at a time
   HttpOptions options_;
   std::unique_ptr<httplib::Server> server_;

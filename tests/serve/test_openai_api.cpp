@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "serve/metrics.h"
 #include "serve/openai_api.h"
 
 namespace asynct::serve {
@@ -130,6 +131,32 @@ TEST(OpenAiApi, ResponsesAndChunksHaveOpenAisShape) {
   EXPECT_EQ(openai_finish_reason("eos"), "stop");
   EXPECT_EQ(openai_finish_reason("length"), "length");
   EXPECT_EQ(openai_finish_reason("abort"), "abort");
+}
+
+TEST(ServerMetrics, PrometheusTextWithCumulativeBuckets) {
+  Histogram h({0.1, 1.0});
+  h.observe(0.05);
+  h.observe(0.5);
+  h.observe(0.5);
+  h.observe(7.0);
+  const std::string text = h.text("x_seconds", "X.");
+  EXPECT_NE(text.find("# TYPE x_seconds histogram\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("x_seconds_bucket{le=\"0.1\"} 1\nx_seconds_bucket{le=\"1\"} 3\nx_seconds_bucket{le=\"+Inf\"} 4\n"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("x_seconds_sum 8.05\nx_seconds_count 4\n"), std::string::npos) << text;
+
+  ServerMetrics m;
+  m.request_finished("length", 5, 16, 0.2);
+  m.request_finished("abort", 3, 2, 0.1);
+  m.http_error(429);
+  m.engine_state(2, 1, 7, 64);
+  const std::string all = m.prometheus_text();
+  for (const char* line : {"asynct_requests_total{finish_reason=\"length\"} 1\n", "asynct_requests_total{finish_reason=\"abort\"} 1\n",
+                           "asynct_requests_total{finish_reason=\"stop\"} 0\n", "asynct_http_errors_total{status=\"429\"} 1\n",
+                           "asynct_prompt_tokens_total 8\n", "asynct_generation_tokens_total 18\n", "asynct_requests_running 2\n",
+                           "asynct_requests_waiting 1\n", "asynct_kv_blocks_used 7\n", "asynct_kv_blocks 64\n",
+                           "asynct_e2e_request_latency_seconds_count 2\n"})
+    EXPECT_NE(all.find(line), std::string::npos) << line << "\nin\n" << all;
 }
 
 }  // namespace

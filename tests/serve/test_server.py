@@ -268,6 +268,23 @@ def main():
                 c.equal(f"{body[:48]!r}... -> {status}", (got_status, error.get("param"), "message" in error),
                         (status, param, True))
 
+            # /metrics after all of it: 34 requests ended, nothing running or holding blocks.
+            status, text, response = raw(server.port, "GET", "/metrics")
+            metrics = {}
+            for line in text.splitlines():
+                if line and not line.startswith("#"):
+                    name, value = line.rsplit(" ", 1)
+                    metrics[name] = float(value)
+            ended = sum(v for k, v in metrics.items() if k.startswith("asynct_requests_total{"))
+            c.equal("/metrics is Prometheus text", (status, response.getheader("Content-Type").split(";")[0]), (200, "text/plain"))
+            c.equal("/metrics: requests ended, first tokens", (ended, metrics.get("asynct_time_to_first_token_seconds_count")),
+                    (34, 34))
+            c.equal("/metrics: nothing running, waiting or holding KV blocks",
+                    [metrics.get(k) for k in ("asynct_requests_running", "asynct_requests_waiting", "asynct_kv_blocks_used")],
+                    [0, 0, 0])
+            c.equal("/metrics: errors by status", [metrics.get(f'asynct_http_errors_total{{status="{s}"}}') for s in (400, 404, 413)],
+                    [9, 1, 1])
+
         # The queue bound: one sequence, none waiting; a second request while the first streams.
         with Server(args.asynct, model, "--max-num-seqs", "1", "--max-waiting", "0") as server:
             connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)

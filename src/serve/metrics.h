@@ -1,0 +1,61 @@
+// `asynct serve`'s /metrics: counters, gauges and latency histograms in Prometheus' text format
+// (version 0.0.4). Written by the engine thread and the HTTP threads, read by /metrics; every
+// method is thread-safe.
+//
+//   asynct_requests_total{finish_reason}       requests that ended: stop, length, abort, error
+//   asynct_http_errors_total{status}           requests answered with an error status (400, 404, 413, 429, 503, 500)
+//   asynct_prompt_tokens_total, asynct_generation_tokens_total
+//   asynct_requests_running, asynct_requests_waiting     sequences in the engine after its last step
+//   asynct_kv_blocks_used, asynct_kv_blocks              KV cache blocks held by requests, and in all
+//   asynct_time_to_first_token_seconds, asynct_inter_token_latency_seconds,
+//   asynct_e2e_request_latency_seconds                   histograms (from submission)
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace asynct::serve {
+
+// Cumulative buckets over fixed upper bounds (seconds), as Prometheus reads them.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double seconds);
+  // "# HELP", "# TYPE" and the _bucket, _sum and _count lines.
+  std::string text(const std::string& name, const std::string& help) const;
+
+ private:
+  const std::vector<double> bounds_;
+  mutable std::mutex mutex_;
+  std::vector<std::uint64_t> counts_;  // per bound, then +Inf; not cumulative
+  double sum_ = 0.0;
+};
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+
+  void request_finished(const std::string& finish_reason, std::int64_t prompt_tokens, std::int64_t generated_tokens,
+                        double seconds);
+  void first_token(double seconds_since_submission) { ttft_.observe(seconds_since_submission); }
+  void inter_token(double seconds) { itl_.observe(seconds); }
+  void http_error(int status);
+  void engine_state(int running, int waiting, int blocks_used, int blocks);
+
+  std::string prometheus_text() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::string, std::uint64_t> finished_;  // by finish reason
+  std::map<int, std::uint64_t> http_errors_;       // by status
+  std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0;
+  std::atomic<int> running_{0}, waiting_{0}, blocks_used_{0}, blocks_{0};
+  Histogram ttft_, itl_, e2e_;
+};
+
+}  // namespace asynct::serve

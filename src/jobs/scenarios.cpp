@@ -51,6 +51,9 @@ const Scenario kScenarios[] = {
     {"decode_b1", 1, 256, 256, 512, true},
     // decode_heavy_b32 with sampled_params(): what drawing on the device adds to a decode step.
     {"decode_heavy_b32_sampled", 32, 256, 256, 512, true, true},
+    // bench/bench_serve.py's load in process: 256 requests of 1024 prompt / 256 output tokens,
+    // 64 running at once (EngineOptions::max_num_seqs), as 64 concurrent streams through HTTP.
+    {"serve_load_c64", 256, 1024, 1024, 256, true},
 };
 
 struct Run {

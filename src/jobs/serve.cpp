@@ -103,6 +103,7 @@ int run_serve(const ServeOptions& o) {
   if (http.model_name.empty()) http.model_name = std::filesystem::path(o.model_dir).lexically_normal().parent_path().filename().string();
   http.context = context;
   http.eos_token_ids = config.eos_token_ids;
+  http.vocab_size = config.vocab_size;
   serve::HttpServer server(worker, *text, metrics, http);
   const int port = server.bind();
 

@@ -75,6 +75,8 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
             if (endpoint == Endpoint::ChatCompletions) {
               if (!text_.has_chat_template()) throw ApiError(400, "this model has no chat template: use /v1/completions", "messages");
               ids = text_.chat_ids(r.messages);
+            } else if (!r.prompt_ids.empty()) {
+              ids = r.prompt_ids;
             } else {
               ids = text_.prompt_ids(r.prompt, "prompt");
             }
@@ -84,6 +86,10 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
           }
         }
         if (ids.empty()) throw ApiError(400, "the prompt is empty", "prompt");
+        for (const std::int32_t id : ids)
+          if (id >= options_.vocab_size)
+            throw ApiError(400, "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                    std::to_string(options_.vocab_size) + ")", "prompt");
         const std::int64_t prompt = std::int64_t(ids.size());
         if (prompt >= options_.context)
           throw ApiError(400, "the prompt is " + std::to_string(prompt) + " tokens; the model's context is " +
@@ -99,7 +105,7 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
         engine_request.prompt = std::move(ids);
         engine_request.max_tokens = int(max_tokens);
         engine_request.sampling = r.sampling;
-        engine_request.eos_token_ids = options_.eos_token_ids;
+        if (!r.ignore_eos) engine_request.eos_token_ids = options_.eos_token_ids;
         std::shared_ptr<RequestStream> stream = worker_.submit(std::move(engine_request), std::move(out));
         if (!stream && worker_.draining()) throw ApiError(503, "the server is shutting down");
         if (!stream) throw ApiError(429, "the server is busy: too many requests at once; try again");

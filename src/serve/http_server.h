@@ -41,6 +41,7 @@ struct HttpOptions {
   std::string model_name;                   // what /v1/models lists and requests must name
   std::int64_t context = 0;                 // the model's context (prompt + output tokens)
   std::vector<std::int32_t> eos_token_ids;  // the model's end-of-sequence tokens
+  std::int32_t vocab_size = 0;              // the model's: prompt ids must lie below it
 };
 
 class HttpServer {

@@ -177,9 +177,19 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   } else {
     const json* p = field(body, "prompt");
     if (!p) throw bad("prompt", "prompt is missing");
-    if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
-    if (!p->is_string()) throw bad("prompt", std::string("prompt must be a string (one prompt a request), not ") + type_name(*p));
-    r.prompt = p->get<std::string>();
+    if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+    if (p->is_array()) {  // token ids
+      if (p->empty()) throw bad("prompt", "prompt is empty");
+      for (const json& id : *p) {
+        if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
+          throw bad("prompt", "prompt must be a string or a list of token ids (integers >= 0), and holds " + id.dump());
+        r.prompt_ids.push_back(std::int32_t(id.get<std::int64_t>()));
+      }
+    } else if (p->is_string()) {
+      r.prompt = p->get<std::string>();
+    } else {
+      throw bad("prompt", std::string("prompt must be a string or a list of token ids (one prompt a request), not ") + type_name(*p));
+    }
   }
 
   const std::int64_t kMaxInt = std::numeric_limits<int>::max();
@@ -210,6 +220,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
     if (!r.stream) throw bad("stream_options", "stream_options needs stream: true");
     r.include_usage = boolean(*options, "include_usage").value_or(false);
   }
+  r.ignore_eos = boolean(body, "ignore_eos").value_or(false);
   const std::int64_t n = integer(body, "n", 1, 128).value_or(1);
   if (n != 1) throw bad("n", "n > 1 is not supported yet (one choice a request)");
   refuse_unless_neutral(body, "logprobs", chat ? json(false) : json(nullptr), "is not supported yet");

@@ -2,11 +2,12 @@
 // checked field by field; the response bodies and stream chunks out. No I/O: the HTTP server
 // (serve/http_server.h) moves the bytes, the engine worker (serve/engine_worker.h) the tokens.
 //
-// Fields read (others are ignored, as OpenAI ignores unknown ones): model, prompt (a string) or
-// messages (role system / user / assistant, content a string or a list of text parts),
+// Fields read (others are ignored, as OpenAI ignores unknown ones): model, prompt (a string, or
+// token ids as OpenAI also takes them) or messages (role system / user / assistant, content a
+// string or a list of text parts),
 // max_tokens (chat also max_completion_tokens), temperature, top_p, top_k, min_p, presence /
 // frequency / repetition penalty, seed, stop (a string or up to 4), stream,
-// stream_options.include_usage, n. A wrong type or a value out of range is an ApiError 400
+// stream_options.include_usage, n, and vLLM's ignore_eos (for benchmarks). A wrong type or a value out of range is an ApiError 400
 // naming the field, with OpenAI's error object; so is a field asynct does not implement yet
 // (n > 1, logprobs, tools), rather than a silent approximation.
 //
@@ -39,13 +40,15 @@ enum class Endpoint { Completions, ChatCompletions };
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::Completions;
   std::string model;
-  std::string prompt;                        // completions
+  std::string prompt;                        // completions: text ...
+  std::vector<std::int32_t> prompt_ids;      // ... or token ids (then prompt is empty)
   nlohmann::ordered_json messages;           // chat: [{role, content (a string)}]
   int max_tokens = 0;                        // 0: not given (the endpoint's default)
   SamplingParams sampling;
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;
+  bool ignore_eos = false;                   // generate max_tokens whatever the model says
 };
 
 // Parses and checks a request body (served_model: the name /v1/models lists; a request for

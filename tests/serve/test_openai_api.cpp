@@ -54,6 +54,10 @@ TEST(OpenAiApi, ReadsEveryField) {
   EXPECT_EQ(r.stop, (std::vector<std::string>{"x", "yz"}));
   EXPECT_TRUE(r.stream && r.include_usage);
   EXPECT_EQ(parse(Endpoint::Completions, {{"model", "m"}, {"prompt", {"one"}}, {"top_k", -1}}).sampling.top_k, 0);
+  const CompletionRequest ids = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", {5, 0, 7}}, {"ignore_eos", true}});
+  EXPECT_EQ(ids.prompt_ids, (std::vector<std::int32_t>{5, 0, 7}));
+  EXPECT_TRUE(ids.prompt.empty() && ids.ignore_eos);
+  EXPECT_EQ(parse(Endpoint::Completions, {{"model", "m"}, {"prompt", {{3, 4}}}}).prompt_ids, (std::vector<std::int32_t>{3, 4}));
 }
 
 TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
@@ -66,6 +70,11 @@ TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
   EXPECT_EQ(completions(R"({"model": "m"})"), (std::pair<int, std::string>{400, "prompt"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": 5})"), (std::pair<int, std::string>{400, "prompt"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": ["a", "b"]})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": [1, -2]})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": [1, 2.5]})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": []})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": [99999999999]})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "ignore_eos": 1})"), (std::pair<int, std::string>{400, "ignore_eos"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "max_tokens": -1})"), (std::pair<int, std::string>{400, "max_tokens"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "max_tokens": 1e3})"), (std::pair<int, std::string>{400, "max_tokens"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "max_tokens": 99999999999})"), (std::pair<int, std::string>{400, "max_tokens"}));

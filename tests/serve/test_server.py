@@ -197,6 +197,11 @@ def main():
             c.equal("streamed completion = the whole one", "".join(ch.choices[0].text for ch in chunks if ch.choices), want)
             c.equal("stream ends with usage", chunks[-1].usage.completion_tokens if chunks[-1].usage else None, 12)
 
+            ids = client.completions.create(model="tiny", prompt=[1000, 2000, 3000], max_tokens=40, temperature=0,
+                                            extra_body={"ignore_eos": True})
+            c.equal("token-id prompt, ignore_eos: every token generated", (ids.usage.prompt_tokens, ids.usage.completion_tokens,
+                                                                          ids.choices[0].finish_reason), (3, 40, "length"))
+
             sampled = ["--temperature", "0.9", "--top-k", "40", "--seed", "7"]
             want_sampled = generate(args.asynct, model, prompt, 10, extra=sampled)
             got = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0.9,
@@ -251,6 +256,7 @@ def main():
             bad = [
                 ("/v1/completions", b"{not json", 400, None),
                 ("/v1/completions", b'{"model": "tiny", "prompt": 3}', 400, "prompt"),
+                ("/v1/completions", b'{"model": "tiny", "prompt": [5, 49152]}', 400, "prompt"),
                 ("/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": -5}', 400, "max_tokens"),
                 ("/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": 100000}', 400, "max_tokens"),
                 ("/v1/completions", json.dumps({"model": "tiny", "prompt": context_prompt}).encode(), 400, "prompt"),
@@ -268,7 +274,7 @@ def main():
                 c.equal(f"{body[:48]!r}... -> {status}", (got_status, error.get("param"), "message" in error),
                         (status, param, True))
 
-            # /metrics after all of it: 34 requests ended, nothing running or holding blocks.
+            # /metrics after all of it: 35 requests ended, nothing running or holding blocks.
             status, text, response = raw(server.port, "GET", "/metrics")
             metrics = {}
             for line in text.splitlines():
@@ -278,12 +284,12 @@ def main():
             ended = sum(v for k, v in metrics.items() if k.startswith("asynct_requests_total{"))
             c.equal("/metrics is Prometheus text", (status, response.getheader("Content-Type").split(";")[0]), (200, "text/plain"))
             c.equal("/metrics: requests ended, first tokens", (ended, metrics.get("asynct_time_to_first_token_seconds_count")),
-                    (34, 34))
+                    (35, 35))
             c.equal("/metrics: nothing running, waiting or holding KV blocks",
                     [metrics.get(k) for k in ("asynct_requests_running", "asynct_requests_waiting", "asynct_kv_blocks_used")],
                     [0, 0, 0])
             c.equal("/metrics: errors by status", [metrics.get(f'asynct_http_errors_total{{status="{s}"}}') for s in (400, 404, 413)],
-                    [9, 1, 1])
+                    [10, 1, 1])
 
         # The queue bound: one sequence, none waiting; a second request while the first streams.
         with Server(args.asynct, model, "--max-num-seqs", "1", "--max-waiting", "0") as server:

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""A serving benchmark in the manner of vLLM's benchmark_serving, against any OpenAI-compatible
+server (`asynct serve`): random prompts of a given length as token ids, a fixed number of
+output tokens each (ignore_eos), sent at a fixed concurrency or a Poisson request rate, every
+response streamed. Reports request and token throughput and TTFT, TPOT, inter-token and
+end-to-end latency at p50 / p90 / p99, as a table and (with --json) JSON.
+
+    asynct serve --model DIR --max-model-len 1280 --max-cache-mib 16384 &
+    python3 bench/bench_serve.py --url http://127.0.0.1:8000/v1 --input-len 1024 --output-len 256 \\
+        --num-prompts 256 --concurrency 64 --json out.json
+
+The same load in process is `asynct bench --scenario serve_load_c64`: its output tokens a second
+are the anchor for the HTTP figure. Plain Python (http.client in threads: no client library
+between the clock and the socket). TTFT is the first chunk with text; inter-token latency is
+between chunks (a token that ends inside a UTF-8 character arrives with the next one).
+"""
+import argparse
+import http.client
+import json
+import random
+import statistics
+import threading
+import time
+import urllib.parse
+
+
+def one_request(url, model, prompt_ids, output_len, timeout):
+    """Streams one completion; returns its timings (seconds) and token count, or an error."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    body = json.dumps({"model": model, "prompt": prompt_ids, "max_tokens": output_len, "ignore_eos": True,
+                       "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
+    start = time.perf_counter()
+    result = {"start": start, "chunks": [], "tokens": 0, "error": None}
+    try:
+        connection.request("POST", parts.path.rstrip("/") + "/completions", body, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            result["error"] = f"HTTP {response.status}: {response.read()[:200]!r}"
+            return result
+        for line in response:
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = json.loads(data)
+            if chunk.get("usage"):
+                result["tokens"] = chunk["usage"]["completion_tokens"]
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                result["chunks"].append(time.perf_counter())
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        result["error"] = repr(e)
+    finally:
+        result["end"] = time.perf_counter()
+        connection.close()
+    return result
+
+
+def percentiles(values, scale=1000.0):
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * scale  # noqa: E731
+    return {"mean": statistics.fmean(values) * scale, "p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", help="default: the first model /v1/models lists")
+    parser.add_argument("--input-len", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=64, help="requests in flight at most")
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="requests a second, Poisson arrivals (inf: all at once, bounded by --concurrency)")
+    parser.add_argument("--token-range", default="1000,10000", help="prompt token ids are drawn from [lo, hi)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds for one request")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args()
+    for name in ("input_len", "output_len", "num_prompts", "concurrency"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if not args.request_rate > 0:
+        parser.error("--request-rate must be > 0")
+    lo, hi = (int(x) for x in args.token_range.split(","))
+
+    if not args.model:
+        parts = urllib.parse.urlsplit(args.url)
+        connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
+        connection.request("GET", parts.path.rstrip("/") + "/models")
+        args.model = json.loads(connection.getresponse().read())["data"][0]["id"]
+    rng = random.Random(args.seed)
+    prompts = [[rng.randrange(lo, hi) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
+    gaps = [0.0 if args.request_rate == float("inf") else rng.expovariate(args.request_rate) for _ in prompts]
+
+    slots = threading.Semaphore(args.concurrency)
+    results, lock, threads = [], threading.Lock(), []
+
+    def run(prompt):
+        try:
+            r = one_request(args.url, args.model, prompt, args.output_len, args.timeout)
+            with lock:
+                results.append(r)
+        finally:
+            slots.release()
+
+    print(f"bench_serve: {args.num_prompts} requests of {args.input_len} prompt / {args.output_len} output tokens to "
+          f"{args.url} ({args.model}), concurrency {args.concurrency}, rate {args.request_rate} req/s", flush=True)
+    start = time.perf_counter()
+    for prompt, gap in zip(prompts, gaps):
+        time.sleep(gap)
+        slots.acquire()
+        t = threading.Thread(target=run, args=(prompt,))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    duration = time.perf_counter() - start
+
+    ok = [r for r in results if not r["error"] and r["chunks"]]
+    failed = [r for r in results if r["error"] or not r["chunks"]]
+    output_tokens = sum(r["tokens"] for r in ok)
+    ttft = [r["chunks"][0] - r["start"] for r in ok]
+    e2e = [r["end"] - r["start"] for r in ok]
+    tpot = [(r["chunks"][-1] - r["chunks"][0]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
+    itl = [b - a for r in ok for a, b in zip(r["chunks"], r["chunks"][1:])]
+    report = {
+        "url": args.url, "model": args.model, "input_len": args.input_len, "output_len": args.output_len,
+        "num_prompts": args.num_prompts, "concurrency": args.concurrency, "request_rate": args.request_rate,
+        "duration_s": duration, "completed": len(ok), "failed": len(failed),
+        "errors": sorted({r["error"] for r in failed if r["error"]})[:5],
+        "request_throughput": len(ok) / duration, "output_token_throughput": output_tokens / duration,
+        "total_token_throughput": (output_tokens + len(ok) * args.input_len) / duration,
+        "ttft_ms": percentiles(ttft), "tpot_ms": percentiles(tpot), "itl_ms": percentiles(itl), "e2e_ms": percentiles(e2e),
+    }
+    print(f"  completed {len(ok)}, failed {len(failed)} in {duration:.2f} s")
+    print(f"  requests {report['request_throughput']:.2f}/s; output tokens {report['output_token_throughput']:.1f}/s; "
+          f"all tokens {report['total_token_throughput']:.1f}/s")
+    print(f"  {'ms':6} {'mean':>9} {'p50':>9} {'p90':>9} {'p99':>9}")
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        p = report[name + "_ms"]
+        if p["mean"] is not None:
+            print(f"  {name:6} {p['mean']:9.2f} {p['p50']:9.2f} {p['p90']:9.2f} {p['p99']:9.2f}")
+    for error in report["errors"]:
+        print(f"  error: {error}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"  wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -283,7 +283,7 @@ std::vector<RequestOutput> Engine::step() {
   }
   stats_.last_step_ms = current_.submit_ms + ms_since(t);  // + collect() and apply()
   if (callback_error_) {  // the step is applied: the error goes to the caller, the outputs to the next step()
-    unreported_ = std::move(done);
+    unreported_.insert(unreported_.end(), std::make_move_iterator(done.begin()), std::make_move_iterator(done.end()));
     std::rethrow_exception(std::exchange(callback_error_, nullptr));
   }
   return done;
@@ -363,6 +363,23 @@ std::vector<RequestOutput> Engine::apply(const StepState& s, const StepOutput& o
   }
   stats_.sample_ms += std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   return done;
+}
+
+bool Engine::abort_waiting(std::int64_t id) {
+  const auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& s) { return s->id == id; });
+  if (it == waiting_.end()) return false;
+  Sequence& seq = **it;
+  check(seq.block_table.empty(), "engine: waiting request ", id, " holds KV blocks");
+  RequestOutput o;
+  o.id = seq.id;
+  o.tokens.assign(seq.tokens.begin() + std::ptrdiff_t(seq.request.prompt.size()), seq.tokens.end());
+  o.finish_reason = "abort";
+  o.preemptions = seq.preemptions;
+  o.logprobs = std::move(seq.logprobs);
+  o.top_logprobs = std::move(seq.top_logprobs);
+  unreported_.push_back(std::move(o));
+  waiting_.erase(it);
+  return true;
 }
 
 std::vector<RequestOutput> Engine::run_to_completion(const std::function<void(const EngineStats&)>& progress) {

@@ -61,7 +61,7 @@ struct RequestOutput {
   std::int64_t id = 0;
   std::vector<std::int32_t> tokens;  // generated tokens
   // "eos" (an end-of-sequence token; before the others), "stop" (a stop token, or on_token
-  // ended it), "length" (max_tokens).
+  // ended it), "length" (max_tokens), "abort" (Engine::abort_waiting).
   std::string finish_reason;
   int preemptions = 0;
   std::vector<float> first_logits;   // with EngineOptions::record_first_logits
@@ -104,6 +104,10 @@ class Engine {
   }
   // Runs one step; returns the requests that finished in it.
   std::vector<RequestOutput> step();
+  // Ends a request that waits for a place (new, or preempted: it holds no blocks and no queued
+  // step has a row for it) with finish_reason "abort"; its output comes from the next step().
+  // Returns false when it is running (its on_token can end it at its next token) or unknown.
+  bool abort_waiting(std::int64_t id);
   // Runs until every queued request finishes; outputs in the order the requests were added.
   std::vector<RequestOutput> run_to_completion(const std::function<void(const EngineStats&)>& progress = {});
   const EngineStats& stats() const { return stats_; }

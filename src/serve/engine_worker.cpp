@@ -109,6 +109,10 @@ void EngineWorker::run() {
         finish(p.stream, std::move(refused));
       }
     }
+    // A request whose reader left while it waits for a place ends now, without its prefill;
+    // a running one ends at its next token (on_token).
+    for (const auto& [id, active] : active_)
+      if (active->stream->cancelled() && engine_->abort_waiting(id)) active->aborted = true;
     if (!engine_->has_unfinished()) {
       metrics_.engine_state(0, 0, engine_->kv_blocks_used(), engine_->kv_blocks());
       continue;

@@ -503,6 +503,35 @@ TEST(Engine, OnTokenReturningFalseStopsTheRequestAtOnce) {
   EXPECT_EQ(stats[1].decode_tokens, stats[0].decode_tokens);  // the dropped row is not counted
 }
 
+// A request waiting for a place ends at once with "abort" and no tokens (no prefill, no
+// blocks); a running one is not aborted this way; the others run as they would have.
+TEST(Engine, AbortWaitingEndsOnlyAWaitingRequest) {
+  const std::vector<Request> rs = requests(0.0f);
+  const auto full = generate({Architecture::AsyncT}, rs);
+  for (bool pipeline : {true, false}) {
+    Engine e = make_engine({Architecture::AsyncT, 64, 16, 2048, /*max_seqs=*/2, pipeline});
+    std::vector<std::int64_t> ids;
+    for (const Request& r : rs) ids.push_back(e.add_request(r));
+    EXPECT_FALSE(e.abort_waiting(12345));
+    std::map<std::int64_t, RequestOutput> out;
+    for (RequestOutput& o : e.step()) out[o.id] = std::move(o);  // requests 0 and 1 run; 2 and 3 wait
+    EXPECT_FALSE(e.abort_waiting(ids[0])) << "running";
+    EXPECT_TRUE(e.abort_waiting(ids[2]));
+    EXPECT_FALSE(e.abort_waiting(ids[2])) << "already ended";
+    while (e.has_unfinished())
+      for (RequestOutput& o : e.step()) out[o.id] = std::move(o);
+    ASSERT_EQ(out.size(), rs.size());
+    EXPECT_EQ(out[ids[2]].finish_reason, "abort");
+    EXPECT_TRUE(out[ids[2]].tokens.empty());
+    for (int i : {0, 1, 3}) {
+      EXPECT_EQ(out[ids[std::size_t(i)]].tokens, full[std::size_t(i)]) << "request " << i;
+      EXPECT_EQ(out[ids[std::size_t(i)]].finish_reason, "length") << "request " << i;
+    }
+    EXPECT_EQ(e.kv_blocks_used(), 0);
+    EXPECT_EQ(e.num_running() + e.num_waiting(), 0);
+  }
+}
+
 // An exception from on_token ends its request and reaches the caller of step() once the step
 // is applied; that step's finished requests come from the next step(), and the rest run on.
 TEST(Engine, AnExceptionFromOnTokenReachesTheCallerAfterTheStep) {

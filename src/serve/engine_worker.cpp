@@ -81,6 +81,7 @@ void EngineWorker::run() {
       active->stream = p.stream;
       active->submitted = p.submitted;
       active->prompt_tokens = std::int64_t(p.request.prompt.size());
+      active->logprobs = p.request.sampling.logprobs >= 0;
       // The engine thread calls it for each token: the text piece it makes safe to show goes
       // to the reader; a reader that left, or a stop string, ends the request.
       p.request.on_token = [a = active.get(), &metrics = metrics_](const GeneratedToken& g) {
@@ -93,9 +94,10 @@ void EngineWorker::run() {
           return false;
         }
         std::string piece = a->text->push(g.token);
-        if (!piece.empty()) {
+        if (!piece.empty() || a->logprobs) {
           StreamEvent event;
           event.text = std::move(piece);
+          if (a->logprobs) event.tokens.push_back(g);
           a->stream->push(std::move(event));
         }
         return !a->text->stopped();

@@ -29,7 +29,10 @@ namespace asynct::serve {
 
 // What a request's reader gets, in order: text pieces, then one final event.
 struct StreamEvent {
-  std::string text;            // the next piece of output text (may be empty on the final event)
+  std::string text;            // the next piece of output text (may be empty)
+  // With logprobs asked (sampling.logprobs >= 0): the token this event is for, with its
+  // logprobs; there is then one event a token, whether or not it completes any text.
+  std::vector<GeneratedToken> tokens;
   bool done = false;
   std::string finish_reason;   // on the final event: the engine's ("eos", "stop", "length") or "abort"
   std::string error;           // on the final event, when the engine refused the request
@@ -96,6 +99,7 @@ class EngineWorker {
     std::shared_ptr<RequestStream> stream;
     Clock::time_point submitted, last_token;
     std::int64_t prompt_tokens = 0, tokens = 0;
+    bool logprobs = false;  // the request asks for them: an event for every token
     bool aborted = false;  // ended because its reader left
   };
   void run();

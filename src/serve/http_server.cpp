@@ -43,6 +43,7 @@ struct StreamState {
   std::int64_t created = 0;
   Usage usage;
   bool first = true;
+  std::int64_t token_bytes = 0;  // the bytes of the tokens whose logprobs were sent
 };
 
 }  // namespace
@@ -50,6 +51,16 @@ struct StreamState {
 void HttpServer::send_error(httplib::Response& res, const ApiError& e) {
   metrics_.http_error(e.status);
   write_error(res, e);
+}
+
+std::vector<TokenLogprob> HttpServer::logprobs_of(const std::vector<GeneratedToken>& tokens) const {
+  std::vector<TokenLogprob> out;
+  for (const GeneratedToken& g : tokens) {
+    TokenLogprob t{text_.token_bytes(g.token), g.logprob, {}};
+    for (const TopLogprob& top : g.top_logprobs) t.top.emplace_back(text_.token_bytes(top.id), top.logprob);
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetrics& metrics, HttpOptions options)
@@ -114,15 +125,17 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
         const std::int64_t created = now_seconds();
         if (!r.stream) {
           std::string text;
+          std::vector<GeneratedToken> tokens;
           StreamEvent event;
           for (;;) {
             if (!stream->next(event, 1000ms)) continue;
             text += event.text;
+            tokens.insert(tokens.end(), event.tokens.begin(), event.tokens.end());
             if (event.done) break;
           }
           if (!event.error.empty()) throw ApiError(event.engine_failed ? 500 : 400, event.error);
           res.set_content(text_of(completion_response(r, id, created, text, openai_finish_reason(event.finish_reason),
-                                                      Usage{prompt, event.completion_tokens})),
+                                                      Usage{prompt, event.completion_tokens}, logprobs_of(tokens))),
                           "application/json");
           return;
         }
@@ -136,7 +149,7 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
         ++open_streams_;
         res.set_chunked_content_provider(
             "text/event-stream",
-            [state](std::size_t, httplib::DataSink& sink) {
+            [this, state](std::size_t, httplib::DataSink& sink) {
               StreamEvent event;
               if (!state->stream->next(event, 100ms)) {
                 if (sink.is_writable()) return true;  // nothing yet; asked again
@@ -145,7 +158,10 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
               }
               std::string out;
               if (!event.done) {
-                out = sse(completion_chunk(state->request, state->id, state->created, event.text, "", state->first));
+                const std::vector<TokenLogprob> logprobs = logprobs_of(event.tokens);
+                out = sse(completion_chunk(state->request, state->id, state->created, event.text, "", state->first, logprobs,
+                                           state->token_bytes));
+                for (const TokenLogprob& t : logprobs) state->token_bytes += std::int64_t(t.token.size());
                 state->first = false;
               } else if (!event.error.empty()) {
                 out = sse(error_body(ApiError(500, event.error)));

@@ -32,6 +32,7 @@ class Response;
 namespace asynct::serve {
 
 struct ApiError;
+struct TokenLogprob;
 
 struct HttpOptions {
   std::string host = "127.0.0.1";
@@ -62,6 +63,8 @@ class HttpServer {
  private:
   // Answers with OpenAI's error object, and counts it.
   void send_error(httplib::Response& res, const ApiError& e);
+  // Generated tokens' logprobs with their tokens' bytes.
+  std::vector<TokenLogprob> logprobs_of(const std::vector<GeneratedToken>& tokens) const;
 
   EngineWorker& worker_;
   const ModelText& text_;

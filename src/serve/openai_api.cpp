@@ -142,6 +142,39 @@ json usage_json(const Usage& u) {
 
 json finish_value(const std::string& finish_reason) { return finish_reason.empty() ? json(nullptr) : json(finish_reason); }
 
+json byte_list(const std::string& s) {
+  json out = json::array();
+  for (const unsigned char c : s) out.push_back(int(c));
+  return out;
+}
+
+// The choice's "logprobs": null unless the request asked; completions' legacy layout (tokens,
+// token_logprobs, top_logprobs as {token: logprob}, text_offset) or chat's (content: a list of
+// {token, logprob, bytes, top_logprobs}).
+json logprobs_value(const CompletionRequest& r, const std::vector<TokenLogprob>& tokens, std::int64_t offset) {
+  if (r.sampling.logprobs < 0) return nullptr;
+  if (r.endpoint == Endpoint::ChatCompletions) {
+    json content = json::array();
+    for (const TokenLogprob& t : tokens) {
+      json top = json::array();
+      for (const auto& [token, logprob] : t.top) top.push_back({{"token", token}, {"logprob", logprob}, {"bytes", byte_list(token)}});
+      content.push_back({{"token", t.token}, {"logprob", t.logprob}, {"bytes", byte_list(t.token)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json strings = json::array(), logprobs = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob& t : tokens) {
+    strings.push_back(t.token);
+    logprobs.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [token, logprob] : t.top) top[token] = logprob;
+    tops.push_back(top);
+    offsets.push_back(offset);
+    offset += std::int64_t(t.token.size());
+  }
+  return {{"tokens", strings}, {"token_logprobs", logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
 }  // namespace
 
 ApiError::ApiError(int status_, std::string message, std::string param_, std::string type_)
@@ -223,8 +256,14 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   r.ignore_eos = boolean(body, "ignore_eos").value_or(false);
   const std::int64_t n = integer(body, "n", 1, 128).value_or(1);
   if (n != 1) throw bad("n", "n > 1 is not supported yet (one choice a request)");
-  refuse_unless_neutral(body, "logprobs", chat ? json(false) : json(nullptr), "is not supported yet");
-  refuse_unless_neutral(body, "top_logprobs", json(0), "is not supported yet");
+  if (chat) {
+    const bool logprobs = boolean(body, "logprobs").value_or(false);
+    const std::optional<std::int64_t> top = integer(body, "top_logprobs", 0, kMaxTopLogprobs);
+    if (top && !logprobs) throw bad("top_logprobs", "top_logprobs needs logprobs: true");
+    s.logprobs = logprobs ? int(top.value_or(0)) : -1;
+  } else {
+    s.logprobs = int(integer(body, "logprobs", 0, kMaxTopLogprobs).value_or(-1));
+  }
   refuse_unless_neutral(body, "echo", json(false), "is not supported");
   refuse_unless_neutral(body, "best_of", json(1), "is not supported (one choice a request)");
   refuse_unless_neutral(body, "suffix", json(nullptr), "is not supported");
@@ -234,14 +273,14 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
 }
 
 json completion_response(const CompletionRequest& r, const std::string& id, std::int64_t created, const std::string& text,
-                         const std::string& finish_reason, const Usage& usage) {
+                         const std::string& finish_reason, const Usage& usage, const std::vector<TokenLogprob>& logprobs) {
   json out = base_object(r, id, created, false);
   json choice = {{"index", 0}};
   if (r.endpoint == Endpoint::ChatCompletions)
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   else
     choice["text"] = text;
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs_value(r, logprobs, 0);
   choice["finish_reason"] = finish_value(finish_reason);
   out["choices"] = json::array({choice});
   out["usage"] = usage_json(usage);
@@ -249,7 +288,8 @@ json completion_response(const CompletionRequest& r, const std::string& id, std:
 }
 
 json completion_chunk(const CompletionRequest& r, const std::string& id, std::int64_t created, const std::string& text,
-                      const std::string& finish_reason, bool first) {
+                      const std::string& finish_reason, bool first, const std::vector<TokenLogprob>& logprobs,
+                      std::int64_t offset) {
   json out = base_object(r, id, created, true);
   json choice = {{"index", 0}};
   if (r.endpoint == Endpoint::ChatCompletions) {
@@ -260,7 +300,7 @@ json completion_chunk(const CompletionRequest& r, const std::string& id, std::in
   } else {
     choice["text"] = text;
   }
-  choice["logprobs"] = nullptr;
+  choice["logprobs"] = logprobs_value(r, logprobs, offset);
   choice["finish_reason"] = finish_value(finish_reason);
   out["choices"] = json::array({choice});
   if (r.include_usage) out["usage"] = nullptr;

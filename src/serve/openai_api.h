@@ -4,12 +4,13 @@
 //
 // Fields read (others are ignored, as OpenAI ignores unknown ones): model, prompt (a string, or
 // token ids as OpenAI also takes them) or messages (role system / user / assistant, content a
-// string or a list of text parts),
-// max_tokens (chat also max_completion_tokens), temperature, top_p, top_k, min_p, presence /
-// frequency / repetition penalty, seed, stop (a string or up to 4), stream,
-// stream_options.include_usage, n, and vLLM's ignore_eos (for benchmarks). A wrong type or a value out of range is an ApiError 400
-// naming the field, with OpenAI's error object; so is a field asynct does not implement yet
-// (n > 1, logprobs, tools), rather than a silent approximation.
+// string or a list of text parts), max_tokens (chat also max_completion_tokens), temperature,
+// top_p, top_k, min_p, presence / frequency / repetition penalty, seed, stop (a string or up to
+// 4), stream, stream_options.include_usage, n, logprobs (completions: how many top ones, 0-20;
+// chat: true, with top_logprobs 0-20), and vLLM's ignore_eos (for benchmarks). A wrong type or a
+// value out of range is an ApiError 400 naming the field, with OpenAI's error object; so is a
+// field asynct does not implement yet (n > 1, tools, echo, best_of, suffix), rather than a
+// silent approximation.
 //
 // Defaults as OpenAI's: temperature 1, top_p 1; max_tokens 16 for completions, for chat the
 // rest of the model's context.
@@ -22,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/logit_summary.h"
 #include "core/sampling_params.h"
 
 namespace asynct::serve {
@@ -55,19 +57,31 @@ struct CompletionRequest {
 // another model is a 404). Throws ApiError.
 CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body, const std::string& served_model);
 
+// A generated token's log-probability and the most likely tokens' (when the request asks), with
+// the token's bytes (a token can hold part of a UTF-8 character).
+struct TokenLogprob {
+  std::string token;
+  float logprob = 0.0f;
+  std::vector<std::pair<std::string, float>> top;
+};
+
 // What a finished or streaming request reports.
 struct Usage {
   std::int64_t prompt_tokens = 0, completion_tokens = 0;
 };
 
-// The non-streaming response: one choice with the whole text.
+// The non-streaming response: one choice with the whole text (and its tokens' logprobs when
+// asked; text_offset counts bytes of the text, as the tokens' bytes add up).
 nlohmann::ordered_json completion_response(const CompletionRequest& request, const std::string& id, std::int64_t created,
-                                           const std::string& text, const std::string& finish_reason, const Usage& usage);
+                                           const std::string& text, const std::string& finish_reason, const Usage& usage,
+                                           const std::vector<TokenLogprob>& logprobs = {});
 
-// One stream chunk: `text` (may be empty) and, on the last one, the finish reason. The chat
-// stream's first chunk carries the assistant role (first = true).
+// One stream chunk: `text` (may be empty), the logprobs of the tokens since the last chunk when
+// asked, and, on the last one, the finish reason. The chat stream's first chunk carries the
+// assistant role (first = true). `offset`: the text's bytes sent before this chunk.
 nlohmann::ordered_json completion_chunk(const CompletionRequest& request, const std::string& id, std::int64_t created,
-                                        const std::string& text, const std::string& finish_reason, bool first);
+                                        const std::string& text, const std::string& finish_reason, bool first,
+                                        const std::vector<TokenLogprob>& logprobs = {}, std::int64_t offset = 0);
 // The chunk with the usage and no choices (stream_options.include_usage), before [DONE].
 nlohmann::ordered_json usage_chunk(const CompletionRequest& request, const std::string& id, std::int64_t created,
                                    const Usage& usage);

@@ -84,7 +84,8 @@ TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]})"), (std::pair<int, std::string>{400, "stop"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "stop": [""]})"), (std::pair<int, std::string>{400, "stop"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "n": 2})"), (std::pair<int, std::string>{400, "n"}));
-  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "logprobs": 3})"), (std::pair<int, std::string>{400, "logprobs"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "logprobs": 21})"), (std::pair<int, std::string>{400, "logprobs"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "logprobs": true})"), (std::pair<int, std::string>{400, "logprobs"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "stream": "yes"})"), (std::pair<int, std::string>{400, "stream"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "stream_options": {"include_usage": true}})"),
             (std::pair<int, std::string>{400, "stream_options"}));
@@ -97,7 +98,11 @@ TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
   EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user"}]})"), (std::pair<int, std::string>{400, "messages[0].content"}));
   EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
             (std::pair<int, std::string>{400, "messages[0].content[0]"}));
-  EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true})"),
+  EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})"),
+            (std::pair<int, std::string>{400, "top_logprobs"}));
+  EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21})"),
+            (std::pair<int, std::string>{400, "top_logprobs"}));
+  EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 1})"),
             (std::pair<int, std::string>{400, "logprobs"}));
   // Neutral values of what asynct does not implement are fine.
   EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": false, "n": 1, "tools": []})"),
@@ -137,6 +142,26 @@ TEST(OpenAiApi, ResponsesAndChunksHaveOpenAisShape) {
   const CompletionRequest text = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", "hi"}});
   EXPECT_EQ(completion_response(text, "c", 1, "x", "length", Usage{})["choices"][0]["text"], "x");
   EXPECT_EQ(completion_chunk(text, "c", 1, "y", "", true)["object"], "text_completion");
+  // Logprobs: completions' legacy layout, chat's content list; null when not asked.
+  const std::vector<TokenLogprob> lp = {{"He", -0.5f, {{"He", -0.5f}, {"A", -1.5f}}}, {"llo", -0.25f, {{"llo", -0.25f}, {"y", -2.0f}}}};
+  const CompletionRequest with = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", "hi"}, {"logprobs", 2}});
+  EXPECT_EQ(with.sampling.logprobs, 2);
+  const json legacy = completion_response(with, "c", 1, "Hello", "length", Usage{}, lp)["choices"][0]["logprobs"];
+  EXPECT_EQ(legacy["tokens"], json({"He", "llo"}));
+  EXPECT_EQ(legacy["token_logprobs"], json({-0.5, -0.25}));
+  EXPECT_EQ(legacy["top_logprobs"][1]["y"], -2.0);
+  EXPECT_EQ(legacy["text_offset"], json({0, 2}));
+  EXPECT_EQ(completion_chunk(with, "c", 1, "llo", "", false, {lp[1]}, 2)["choices"][0]["logprobs"]["text_offset"], json({2}));
+  const CompletionRequest chat_lp = parse(Endpoint::ChatCompletions, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                                                      {"logprobs", true}, {"top_logprobs", 2}});
+  EXPECT_EQ(chat_lp.sampling.logprobs, 2);
+  const json content = completion_response(chat_lp, "c", 1, "Hello", "stop", Usage{}, lp)["choices"][0]["logprobs"]["content"];
+  EXPECT_EQ(content[0]["token"], "He");
+  EXPECT_EQ(content[0]["bytes"], json({72, 101}));
+  EXPECT_EQ(content[1]["top_logprobs"][1]["token"], "y");
+  EXPECT_EQ(parse(Endpoint::ChatCompletions, {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"logprobs", true}})
+                .sampling.logprobs, 0);
+  EXPECT_TRUE(completion_response(text, "c", 1, "x", "length", Usage{})["choices"][0]["logprobs"].is_null());
   EXPECT_EQ(openai_finish_reason("eos"), "stop");
   EXPECT_EQ(openai_finish_reason("length"), "length");
   EXPECT_EQ(openai_finish_reason("abort"), "abort");

@@ -202,6 +202,29 @@ def main():
             c.equal("token-id prompt, ignore_eos: every token generated", (ids.usage.prompt_tokens, ids.usage.completion_tokens,
                                                                           ids.choices[0].finish_reason), (3, 40, "length"))
 
+            # Logprobs: the engine's, as asynct generate --logprobs prints them.
+            reference = json.loads(generate(args.asynct, model, prompt, 6, extra=["--logprobs", "2", "--json"]))
+            want_lp = [(t["logprob"], [u["logprob"] for u in t["top_logprobs"]]) for t in reference["logprobs"]]
+            got = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0, logprobs=2)
+            lp = got.choices[0].logprobs
+            c.equal("completion logprobs = asynct generate's",
+                    [(round(a, 5), [round(v, 5) for v in sorted(top.values(), reverse=True)])
+                     for a, top in zip(lp.token_logprobs, lp.top_logprobs)],
+                    [(round(a, 5), [round(v, 5) for v in top]) for a, top in want_lp])
+            streamed_lp = [x for ch in client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0,
+                                                                 logprobs=2, stream=True)
+                           if ch.choices and ch.choices[0].logprobs for x in ch.choices[0].logprobs.token_logprobs]
+            c.equal("streamed completion logprobs = the whole one's", streamed_lp, lp.token_logprobs)
+            reference = json.loads(generate(args.asynct, model, "What is the capital of France?", 5, chat=True,
+                                            extra=["--logprobs", "3", "--json"]))
+            got = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "What is the capital of France?"}],
+                                                 max_tokens=5, temperature=0, logprobs=True, top_logprobs=3)
+            c.equal("chat logprobs = asynct generate --chat's",
+                    [(round(t.logprob, 5), [round(u.logprob, 5) for u in t.top_logprobs], bytes(t.bytes).decode(errors="replace"))
+                     for t in got.choices[0].logprobs.content],
+                    [(round(t["logprob"], 5), [round(u["logprob"], 5) for u in t["top_logprobs"]], t["token"])
+                     for t in reference["logprobs"]])
+
             sampled = ["--temperature", "0.9", "--top-k", "40", "--seed", "7"]
             want_sampled = generate(args.asynct, model, prompt, 10, extra=sampled)
             got = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0.9,
@@ -274,7 +297,7 @@ def main():
                 c.equal(f"{body[:48]!r}... -> {status}", (got_status, error.get("param"), "message" in error),
                         (status, param, True))
 
-            # /metrics after all of it: 35 requests ended, nothing running or holding blocks.
+            # /metrics after all of it: 38 requests ended, nothing running or holding blocks.
             status, text, response = raw(server.port, "GET", "/metrics")
             metrics = {}
             for line in text.splitlines():
@@ -284,7 +307,7 @@ def main():
             ended = sum(v for k, v in metrics.items() if k.startswith("asynct_requests_total{"))
             c.equal("/metrics is Prometheus text", (status, response.getheader("Content-Type").split(";")[0]), (200, "text/plain"))
             c.equal("/metrics: requests ended, first tokens", (ended, metrics.get("asynct_time_to_first_token_seconds_count")),
-                    (35, 35))
+                    (38, 38))
             c.equal("/metrics: nothing running, waiting or holding KV blocks",
                     [metrics.get(k) for k in ("asynct_requests_running", "asynct_requests_waiting", "asynct_kv_blocks_used")],
                     [0, 0, 0])

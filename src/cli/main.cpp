@@ -173,6 +173,8 @@ int main(int argc, char** argv) {
       ->check(integer_in(1, 1 << 20));
   serve_cmd->add_option("--max-body-mib", serve.max_body_mib, "larger request bodies get 413")->check(integer_in(std::int64_t(1), std::int64_t(1024)));
   serve_cmd->add_flag("!--no-cuda-graphs", serve.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
+  serve_cmd->add_flag("!--no-prefix-caching", serve.prefix_caching,
+                      "compute every prompt whole (default: reuse the cached K/V blocks of an earlier prompt's prefix)");
 
   asynct::TokenizeOptions tok;
   CLI::App* tok_cmd = app.add_subcommand(

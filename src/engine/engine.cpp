@@ -51,7 +51,9 @@ void Engine::preempt(Sequence* seq) {
   auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == seq; });
   check(it != running_.end(), "engine: preempting a sequence that is not running");
   blocks_.release(seq->block_table);
-  seq->num_computed = 0;  // recomputed from scratch when it runs again
+  seq->num_computed = 0;  // recomputed from scratch (or from the prefix cache) when it runs again
+  seq->num_filed_blocks = 0;
+  seq->last_filed_hash = 0;
   ++seq->preemptions;
   ++stats_.preemptions;
   waiting_.push_front(std::move(*it));
@@ -89,9 +91,24 @@ void Engine::schedule(StepState& s) {
   // Then waiting sequences, first come first served, while the budget and the blocks last.
   while (!waiting_.empty() && budget > 0 && int(out.size()) < options_.max_num_seqs) {
     Sequence* seq = waiting_.front().get();
+    int cached = 0;
+    if (options_.prefix_caching) {  // its cached prefix, never its last token (whose logits it needs)
+      const int bs = blocks_.block_size();
+      cached = blocks_.match_prefix(seq->tokens, (int(seq->tokens.size()) - 1) / bs, seq->block_table,
+                                    &seq->last_filed_hash) * bs;
+      seq->num_filed_blocks = cached / bs;
+      seq->num_computed = cached;
+    }
     const int n = std::min(int(seq->tokens.size()) - seq->num_computed, budget);
-    if (!blocks_.can_grow(seq->block_table, seq->num_computed + n)) break;
+    if (!blocks_.can_grow(seq->block_table, seq->num_computed + n)) {
+      blocks_.release(seq->block_table);  // waiting sequences hold no blocks
+      seq->num_computed = seq->num_filed_blocks = 0;
+      seq->last_filed_hash = 0;
+      break;
+    }
     blocks_.grow(seq->block_table, seq->num_computed + n);
+    stats_.prefix_cache_queries += std::int64_t(seq->tokens.size());
+    stats_.prefix_cache_hits += cached;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     out.push_back({seq, n});
@@ -317,6 +334,7 @@ std::vector<RequestOutput> Engine::apply(const StepState& s, const StepOutput& o
     if (scheduled[i].seq == nullptr) continue;  // finished in the step before
     Sequence& seq = *scheduled[i].seq;
     seq.num_computed += scheduled[i].num_tokens;
+    if (options_.prefix_caching) file_full_blocks(seq);
     if (s.chained) stats_.decode_tokens += scheduled[i].num_tokens;
     const int row = s.sample_row[i];
     if (row < 0) continue;
@@ -363,6 +381,14 @@ std::vector<RequestOutput> Engine::apply(const StepState& s, const StepOutput& o
   }
   stats_.sample_ms += std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   return done;
+}
+
+void Engine::file_full_blocks(Sequence& seq) {
+  const int bs = blocks_.block_size();
+  for (; seq.num_filed_blocks < seq.num_computed / bs; ++seq.num_filed_blocks) {
+    const std::size_t i = std::size_t(seq.num_filed_blocks);
+    seq.last_filed_hash = blocks_.cache_block(seq.block_table[i], seq.last_filed_hash, seq.tokens.data() + i * std::size_t(bs));
+  }
 }
 
 bool Engine::abort_waiting(std::int64_t id) {

@@ -30,6 +30,11 @@ struct EngineOptions {
   // step before reading this one's tokens (the runner takes them where it sampled them), so
   // that the GPU never waits for the host between decode steps. Same tokens either way.
   bool pipeline_steps = true;
+  // Keep the full blocks of computed K/V for later requests that start with the same tokens
+  // (BlockManager's prefix cache): a new or preempted request takes the blocks of its longest
+  // cached prefix (all but its last token at most) and computes only the rest. Same tokens
+  // either way.
+  bool prefix_caching = true;
 };
 
 // What a request's stream sees, one per generated token.
@@ -78,6 +83,9 @@ struct EngineStats {
   // (generated - 1) to decode_tokens.
   std::int64_t prefill_tokens = 0, decode_tokens = 0;
   std::int64_t pipelined_steps = 0;  // steps queued before the step they continue was read
+  // Prefix caching: the tokens of the requests that started running (again, after a
+  // preemption), and those of them found in cached blocks (not computed).
+  std::int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
   // Host wall-clock time of the parts of step(), in milliseconds: scheduling and building the
   // batches; the runner's submit() and collect() (the wait for the GPU, and the runner's
   // sampling); reading the tokens into the sequences after it (sample_ms).
@@ -130,6 +138,8 @@ class Engine {
     int num_computed = 0;              // tokens whose K/V are in the cache
     std::vector<int> block_table;
     int preemptions = 0;
+    int num_filed_blocks = 0;        // leading blocks filed in the prefix cache (prefix caching)
+    std::uint64_t last_filed_hash = 0;  // the last of them's chained hash
     std::vector<float> first_logits;
     std::optional<PenaltyHistory> penalties;  // only when the request has penalties
     std::vector<float> logprobs;
@@ -161,6 +171,8 @@ class Engine {
   // Reads a step's output into its sequences; returns the requests that finished.
   std::vector<RequestOutput> apply(const StepState& s, const StepOutput& out);
   void preempt(Sequence* seq);
+  // Files the sequence's blocks that its computed tokens fill, in order (prefix caching).
+  void file_full_blocks(Sequence& seq);
   static void append_token(Sequence& seq, std::int32_t token);
   // Whether `seq` ends with the token it just generated (`go_on`: what on_token said), and why.
   bool finished(const Sequence& seq, bool go_on, std::string* reason) const;

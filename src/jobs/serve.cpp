@@ -73,6 +73,7 @@ int run_serve(const ServeOptions& o) {
   engine_options.max_num_seqs = o.max_num_seqs;
   engine_options.max_num_batched_tokens = o.max_batched_tokens;
   engine_options.max_model_len = int(context);
+  engine_options.prefix_caching = o.prefix_caching;
   RunnerOptions ro;
   ro.device = device;
   ro.num_blocks = num_blocks;
@@ -122,10 +123,10 @@ int run_serve(const ServeOptions& o) {
   });
   std::fprintf(stderr,
                "asynct serve: %s (%s), %s backend, KV cache %d blocks of %d tokens, context %lld, up to %d sequences "
-               "a step and %d waiting; %s, chat %s\n"
+               "a step and %d waiting, prefix caching %s; %s, chat %s\n"
                "asynct serve: listening on http://%s:%d/v1 (model '%s')\n",
                config.architecture_name().c_str(), o.model_dir.c_str(), backend.c_str(), num_blocks, o.block_size,
-               static_cast<long long>(context), o.max_num_seqs, o.max_waiting, text->summary().c_str(),
+               static_cast<long long>(context), o.max_num_seqs, o.max_waiting, o.prefix_caching ? "on" : "off", text->summary().c_str(),
                text->has_chat_template() ? "on" : "off (no chat template)", o.host.c_str(), port, http.model_name.c_str());
   std::fflush(stderr);
   server.listen();

@@ -90,6 +90,10 @@ std::string ServerMetrics::prometheus_text() const {
   gauge("asynct_requests_waiting", "Requests waiting in the engine for a place, after its last step.", waiting_);
   gauge("asynct_kv_blocks_used", "KV cache blocks held by requests.", blocks_used_);
   gauge("asynct_kv_blocks", "KV cache blocks in all.", blocks_);
+  out += header("asynct_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", "counter") +
+         "asynct_prefix_cache_queries_total " + std::to_string(cache_queries_) + "\n";
+  out += header("asynct_prefix_cache_hits_total", "Prompt tokens found in the prefix cache (not computed).", "counter") +
+         "asynct_prefix_cache_hits_total " + std::to_string(cache_hits_) + "\n";
   out += ttft_.text("asynct_time_to_first_token_seconds", "From submission to the first generated token.");
   out += itl_.text("asynct_inter_token_latency_seconds", "Between two generated tokens of a request.");
   out += e2e_.text("asynct_e2e_request_latency_seconds", "From submission to the request's end.");

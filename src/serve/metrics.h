@@ -7,6 +7,8 @@
 //   asynct_prompt_tokens_total, asynct_generation_tokens_total
 //   asynct_requests_running, asynct_requests_waiting     sequences in the engine after its last step
 //   asynct_kv_blocks_used, asynct_kv_blocks              KV cache blocks held by requests, and in all
+//   asynct_prefix_cache_queries_total, asynct_prefix_cache_hits_total
+//                                                        prompt tokens looked up, and found cached
 //   asynct_time_to_first_token_seconds, asynct_inter_token_latency_seconds,
 //   asynct_e2e_request_latency_seconds                   histograms (from submission)
 #pragma once
@@ -46,6 +48,7 @@ class ServerMetrics {
   void inter_token(double seconds) { itl_.observe(seconds); }
   void http_error(int status);
   void engine_state(int running, int waiting, int blocks_used, int blocks);
+  void prefix_cache(std::int64_t queries, std::int64_t hits) { cache_queries_ = queries, cache_hits_ = hits; }
 
   std::string prometheus_text() const;
 
@@ -55,6 +58,7 @@ class ServerMetrics {
   std::map<int, std::uint64_t> http_errors_;       // by status
   std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0;
   std::atomic<int> running_{0}, waiting_{0}, blocks_used_{0}, blocks_{0};
+  std::atomic<std::int64_t> cache_queries_{0}, cache_hits_{0};
   Histogram ttft_, itl_, e2e_;
 };
 

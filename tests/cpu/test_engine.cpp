@@ -22,6 +22,7 @@ struct EngineSetup {
   Architecture arch;
   int num_blocks = 64, block_size = 16, budget = 2048, max_seqs = 64;
   bool pipeline = true;
+  bool prefix_caching = true;
 };
 
 EngineOptions engine_options(const EngineSetup& s) {
@@ -30,6 +31,7 @@ EngineOptions engine_options(const EngineSetup& s) {
   o.max_num_seqs = s.max_seqs;
   o.max_model_len = 1024;
   o.pipeline_steps = s.pipeline;
+  o.prefix_caching = s.prefix_caching;
   return o;
 }
 
@@ -662,6 +664,75 @@ TEST(BlockManager, GrowsReleasesAndRefuses) {
   EXPECT_EQ(m.num_free_blocks(), 3);
   m.grow(b, 48);
   EXPECT_EQ(b.size(), 3u);
+}
+
+// Filed full blocks are found again by their tokens and the blocks before them, shared, kept
+// when released and taken back (least recently released first) when no free block is left.
+TEST(BlockManager, FilesMatchesSharesAndEvictsFullBlocks) {
+  BlockManager m(4, 2);
+  const std::vector<std::int32_t> tokens = {1, 2, 3, 4, 5};
+  std::vector<int> a;
+  m.grow(a, 5);  // 3 blocks
+  const std::uint64_t h0 = m.cache_block(a[0], 0, tokens.data());
+  const std::uint64_t h1 = m.cache_block(a[1], h0, tokens.data() + 2);
+  EXPECT_EQ(m.cache_block(a[1], h0, tokens.data() + 2), h1);  // filing again changes nothing
+  std::vector<int> b, c, d, e, f;
+  std::uint64_t last = 0;
+  EXPECT_EQ(m.match_prefix(tokens, 2, b, &last), 2);
+  EXPECT_EQ(b, (std::vector<int>{a[0], a[1]}));
+  EXPECT_EQ(last, h1);
+  EXPECT_EQ(m.num_used_blocks(), 3);  // shared blocks count once
+  EXPECT_EQ(m.match_prefix({1, 2, 9, 9, 5}, 2, c, &last), 1);  // the second block differs
+  EXPECT_EQ(last, h0);
+  EXPECT_EQ(m.match_prefix({7, 2, 3, 4}, 2, d, &last), 0);  // so does the first: nothing after it counts
+  EXPECT_EQ(m.match_prefix(tokens, 1, e, &last), 1);        // at most max_blocks
+  m.release(a), m.release(b), m.release(c), m.release(e);
+  EXPECT_EQ(m.num_free_blocks(), 4);  // filed and held by none: free to take
+  EXPECT_EQ(m.num_used_blocks(), 0);
+  EXPECT_EQ(m.match_prefix(tokens, 2, f, &last), 2);  // still there
+  m.release(f);
+  std::vector<int> all;
+  m.grow(all, 8);  // takes the free blocks, then the filed ones: forgotten
+  EXPECT_EQ(m.match_prefix(tokens, 2, f, &last), 0);
+  m.release(all);
+  expect_error([&] { m.release(all = {0}); }, "released but not held");
+}
+
+// With prefix caching, requests after one with the same prefix take its filed blocks instead of
+// computing them, and every request generates the same tokens as without; also when the cache
+// is small enough that requests are preempted and filed blocks evicted.
+TEST(Engine, PrefixCachingSkipsTheSharedPrefixAndKeepsTheTokens) {
+  std::vector<Request> rs;
+  for (int i = 0; i < 4; ++i) {
+    Request r;
+    for (int t = 0; t < 40; ++t) r.prompt.push_back((t * 7 + 3) % 250);  // 2 full blocks of 16, and 8 more
+    for (int t = 0; t <= i; ++t) r.prompt.push_back(100 + i * 10 + t);
+    r.max_tokens = 12;
+    r.sampling = {.temperature = i % 2 ? 0.8f : 0.0f, .top_k = 20, .seed = std::uint64_t(i)};
+    rs.push_back(r);
+  }
+  for (int num_blocks : {64, 7}) {
+    for (bool pipeline : {true, false}) {
+      std::vector<RequestOutput> outs[2];
+      EngineStats stats[2];
+      for (bool caching : {false, true}) {
+        Engine e = make_engine({Architecture::AsyncT, num_blocks, 16, 2048, 64, pipeline, caching});
+        e.add_request(rs[0]);
+        outs[caching] = e.run_to_completion();  // the first files the shared blocks ...
+        for (std::size_t i = 1; i < rs.size(); ++i) e.add_request(rs[i]);
+        for (RequestOutput& o : e.run_to_completion()) outs[caching].push_back(std::move(o));  // ... the rest take them
+        stats[caching] = e.stats();
+        EXPECT_EQ(e.kv_blocks_used(), 0);
+      }
+      SCOPED_TRACE(std::to_string(num_blocks) + " blocks, pipeline " + std::to_string(pipeline));
+      expect_same_outputs(outs[1], outs[0]);
+      EXPECT_EQ(stats[0].prefix_cache_hits, 0);
+      if (num_blocks == 64) {
+        EXPECT_EQ(stats[1].prefix_cache_hits, 3 * 32) << "two blocks of 16 for each later request";
+        EXPECT_EQ(stats[1].prefill_tokens, stats[0].prefill_tokens - 3 * 32);
+      }
+    }
+  }
 }
 
 // The one block-size rule per backend, checked by the runner before it allocates anything.

@@ -311,6 +311,8 @@ def main():
             c.equal("/metrics: nothing running, waiting or holding KV blocks",
                     [metrics.get(k) for k in ("asynct_requests_running", "asynct_requests_waiting", "asynct_kv_blocks_used")],
                     [0, 0, 0])
+            c.equal("/metrics: the chat template's shared prefix came from the prefix cache",
+                    metrics.get("asynct_prefix_cache_hits_total", 0) > 0, True)
             c.equal("/metrics: errors by status", [metrics.get(f'asynct_http_errors_total{{status="{s}"}}') for s in (400, 404, 413)],
                     [10, 1, 1])
 

@@ -10,7 +10,9 @@ end-to-end latency at p50 / p90 / p99, as a table and (with --json) JSON.
         --num-prompts 256 --concurrency 64 --json out.json
 
 The same load in process is `asynct bench --scenario serve_load_c64`: its output tokens a second
-are the anchor for the HTTP figure. Plain Python (http.client in threads: no client library
+are the anchor for the HTTP figure. --shared-prefix-len N starts every prompt with the same N
+tokens (a system prompt): with prefix caching the first request computes them and the rest
+find them cached; `--concurrency 1` then shows the first request's TTFT against the others'. Plain Python (http.client in threads: no client library
 between the clock and the socket). TTFT is the first chunk with text; inter-token latency is
 between chunks (a token that ends inside a UTF-8 character arrives with the next one).
 """
@@ -76,6 +78,8 @@ def main():
     parser.add_argument("--request-rate", type=float, default=float("inf"),
                         help="requests a second, Poisson arrivals (inf: all at once, bounded by --concurrency)")
     parser.add_argument("--token-range", default="1000,10000", help="prompt token ids are drawn from [lo, hi)")
+    parser.add_argument("--shared-prefix-len", type=int, default=0,
+                        help="the first N prompt tokens are the same in every request (of --input-len)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for one request")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
@@ -93,7 +97,10 @@ def main():
         connection.request("GET", parts.path.rstrip("/") + "/models")
         args.model = json.loads(connection.getresponse().read())["data"][0]["id"]
     rng = random.Random(args.seed)
-    prompts = [[rng.randrange(lo, hi) for _ in range(args.input_len)] for _ in range(args.num_prompts)]
+    if not 0 <= args.shared_prefix_len <= args.input_len:
+        parser.error("--shared-prefix-len must be in [0, --input-len]")
+    prefix = [rng.randrange(lo, hi) for _ in range(args.shared_prefix_len)]
+    prompts = [prefix + [rng.randrange(lo, hi) for _ in range(args.input_len - len(prefix))] for _ in range(args.num_prompts)]
     gaps = [0.0 if args.request_rate == float("inf") else rng.expovariate(args.request_rate) for _ in prompts]
 
     slots = threading.Semaphore(args.concurrency)
@@ -120,7 +127,7 @@ def main():
         t.join()
     duration = time.perf_counter() - start
 
-    ok = [r for r in results if not r["error"] and r["chunks"]]
+    ok = sorted((r for r in results if not r["error"] and r["chunks"]), key=lambda r: r["start"])
     failed = [r for r in results if r["error"] or not r["chunks"]]
     output_tokens = sum(r["tokens"] for r in ok)
     ttft = [r["chunks"][0] - r["start"] for r in ok]
@@ -135,6 +142,9 @@ def main():
         "request_throughput": len(ok) / duration, "output_token_throughput": output_tokens / duration,
         "total_token_throughput": (output_tokens + len(ok) * args.input_len) / duration,
         "ttft_ms": percentiles(ttft), "tpot_ms": percentiles(tpot), "itl_ms": percentiles(itl), "e2e_ms": percentiles(e2e),
+        "shared_prefix_len": args.shared_prefix_len,
+        # In submission order: with --concurrency 1 and a shared prefix, the first computes it.
+        "ttft_first_ms": (ok[0]["chunks"][0] - ok[0]["start"]) * 1000 if ok else None,
     }
     print(f"  completed {len(ok)}, failed {len(failed)} in {duration:.2f} s")
     print(f"  requests {report['request_throughput']:.2f}/s; output tokens {report['output_token_throughput']:.1f}/s; "
@@ -144,6 +154,9 @@ def main():
         p = report[name + "_ms"]
         if p["mean"] is not None:
             print(f"  {name:6} {p['mean']:9.2f} {p['p50']:9.2f} {p['p90']:9.2f} {p['p99']:9.2f}")
+    if args.shared_prefix_len and ok:
+        print(f"  shared prefix of {args.shared_prefix_len} tokens: the first request's TTFT {report['ttft_first_ms']:.2f} ms, "
+              f"the others' p50 {percentiles(ttft[1:])['p50'] or 0:.2f} ms")
     for error in report["errors"]:
         print(f"  error: {error}")
     if args.json:

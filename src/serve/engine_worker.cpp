@@ -30,17 +30,34 @@ EngineWorker::EngineWorker(std::unique_ptr<Engine> engine, int max_in_flight, Se
 EngineWorker::~EngineWorker() { stop(); }
 
 std::shared_ptr<RequestStream> EngineWorker::submit(Request request, std::unique_ptr<OutputText> text) {
-  std::shared_ptr<RequestStream> stream;
+  std::vector<Request> requests;
+  requests.push_back(std::move(request));
+  std::vector<std::unique_ptr<OutputText>> texts;
+  texts.push_back(std::move(text));
+  std::vector<std::shared_ptr<RequestStream>> streams = submit_group(std::move(requests), std::move(texts));
+  return streams.empty() ? nullptr : streams[0];
+}
+
+std::vector<std::shared_ptr<RequestStream>> EngineWorker::submit_group(std::vector<Request> requests,
+                                                                       std::vector<std::unique_ptr<OutputText>> texts) {
+  std::vector<std::shared_ptr<RequestStream>> streams;
   {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (draining_ || stopping_ || in_flight_ >= max_in_flight_) return nullptr;
-    ++in_flight_;
-    stream = std::make_shared<RequestStream>([this] { --in_flight_; });
-    all_.push_back(stream);
-    inbox_.push_back({Clock::now(), std::move(request), std::move(text), stream});
+    const int n = int(requests.size());
+    if (draining_ || stopping_ || n < 1 || in_flight_ + n > max_in_flight_) return {};
+    in_flight_ += n;
+    std::vector<Pending> group;
+    for (int i = 0; i < n; ++i) {
+      streams.push_back(std::make_shared<RequestStream>([this] { --in_flight_; }));
+      all_.push_back(streams.back());
+      group.push_back({Clock::now(), std::move(requests[std::size_t(i)]), std::move(texts[std::size_t(i)]), streams.back(), {}});
+    }
+    Pending leader = std::move(group[0]);
+    leader.followers.assign(std::make_move_iterator(group.begin() + 1), std::make_move_iterator(group.end()));
+    inbox_.push_back(std::move(leader));
   }
   wake_.notify_one();
-  return stream;
+  return streams;
 }
 
 void EngineWorker::drain() {
@@ -71,45 +88,20 @@ void EngineWorker::run() {
     std::vector<Pending> incoming;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || engine_->has_unfinished(); });
-      if (stopping_ && inbox_.empty() && !engine_->has_unfinished()) return;
+      // With the engine idle, every group's first request has ended: its followers can go.
+      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || engine_->has_unfinished() || !deferred_.empty(); });
+      if (stopping_ && inbox_.empty() && deferred_.empty() && !engine_->has_unfinished()) return;
       incoming.swap(inbox_);
     }
-    for (Pending& p : incoming) {
-      auto active = std::make_shared<Active>();
-      active->text = std::move(p.text);
-      active->stream = p.stream;
-      active->submitted = p.submitted;
-      active->prompt_tokens = std::int64_t(p.request.prompt.size());
-      active->logprobs = p.request.sampling.logprobs >= 0;
-      // The engine thread calls it for each token: the text piece it makes safe to show goes
-      // to the reader; a reader that left, or a stop string, ends the request.
-      p.request.on_token = [a = active.get(), &metrics = metrics_](const GeneratedToken& g) {
-        const Clock::time_point now = Clock::now();
-        if (a->tokens++ == 0) metrics.first_token(std::chrono::duration<double>(now - a->submitted).count());
-        else metrics.inter_token(std::chrono::duration<double>(now - a->last_token).count());
-        a->last_token = now;
-        if (a->stream->cancelled()) {
-          a->aborted = true;
-          return false;
-        }
-        std::string piece = a->text->push(g.token);
-        if (!piece.empty() || a->logprobs) {
-          StreamEvent event;
-          event.text = std::move(piece);
-          if (a->logprobs) event.tokens.push_back(g);
-          a->stream->push(std::move(event));
-        }
-        return !a->text->stopped();
-      };
-      try {
-        active_[engine_->add_request(p.request)] = active;
-      } catch (const std::exception& e) {
-        StreamEvent refused;
-        refused.error = e.what();
-        metrics_.request_finished("error", 0, 0, std::chrono::duration<double>(Clock::now() - p.submitted).count());
-        finish(p.stream, std::move(refused));
+    for (Pending& p : incoming) add(p);
+    for (std::size_t g = 0; g < deferred_.size();) {
+      if (!deferred_[g].first->started) {
+        ++g;
+        continue;
       }
+      std::vector<Pending> followers = std::move(deferred_[g].second);
+      deferred_.erase(deferred_.begin() + std::ptrdiff_t(g));
+      for (Pending& p : followers) add(p);
     }
     // A request whose reader left while it waits for a place ends now, without its prefill;
     // a running one ends at its next token (on_token).
@@ -123,32 +115,7 @@ void EngineWorker::run() {
     try {
       outputs = engine_->step();
     } catch (const std::exception& e) {
-      // The engine cannot go on: every request ends with the error, and no new one is taken.
-      std::fprintf(stderr, "asynct serve: the engine failed: %s\n", e.what());
-      {
-        const std::lock_guard<std::mutex> lock(mutex_);
-        stopping_ = true;
-      }
-      for (auto& [id, active] : active_) {
-        metrics_.request_finished("error", active->prompt_tokens, active->tokens,
-                                  std::chrono::duration<double>(Clock::now() - active->submitted).count());
-        StreamEvent failed;
-        failed.error = std::string("the engine failed: ") + e.what();
-        failed.engine_failed = true;
-        finish(active->stream, std::move(failed));
-      }
-      active_.clear();
-      std::vector<Pending> left;
-      {
-        const std::lock_guard<std::mutex> lock(mutex_);
-        left.swap(inbox_);
-      }
-      for (Pending& p : left) {
-        StreamEvent failed;
-        failed.error = "the engine failed";
-        failed.engine_failed = true;
-        finish(p.stream, std::move(failed));
-      }
+      fail_all(e.what());
       return;
     }
     // Before any reader hears of its request's end, so that /metrics agrees with what it saw.
@@ -159,6 +126,7 @@ void EngineWorker::run() {
       if (it == active_.end()) continue;
       const std::shared_ptr<Active> active = it->second;
       active_.erase(it);
+      active->started = true;
       StreamEvent last;
       last.text = active->text->finish();
       last.finish_reason = active->aborted ? "abort" : active->text->stopped() ? "stop" : out.finish_reason;
@@ -169,6 +137,76 @@ void EngineWorker::run() {
       finish(active->stream, std::move(last));
     }
   }
+}
+
+void EngineWorker::add(Pending& p) {
+  auto active = std::make_shared<Active>();
+  active->text = std::move(p.text);
+  active->stream = p.stream;
+  active->submitted = p.submitted;
+  active->prompt_tokens = std::int64_t(p.request.prompt.size());
+  active->logprobs = p.request.sampling.logprobs >= 0;
+  // The engine thread calls it for each token: the text piece it makes safe to show goes to the
+  // reader; a reader that left, or a stop string, ends the request.
+  p.request.on_token = [a = active.get(), &metrics = metrics_](const GeneratedToken& g) {
+    const Clock::time_point now = Clock::now();
+    a->started = true;
+    if (a->tokens++ == 0) metrics.first_token(std::chrono::duration<double>(now - a->submitted).count());
+    else metrics.inter_token(std::chrono::duration<double>(now - a->last_token).count());
+    a->last_token = now;
+    if (a->stream->cancelled()) {
+      a->aborted = true;
+      return false;
+    }
+    std::string piece = a->text->push(g.token);
+    if (!piece.empty() || a->logprobs) {
+      StreamEvent event;
+      event.text = std::move(piece);
+      if (a->logprobs) event.tokens.push_back(g);
+      a->stream->push(std::move(event));
+    }
+    return !a->text->stopped();
+  };
+  try {
+    active_[engine_->add_request(p.request)] = active;
+  } catch (const std::exception& e) {
+    active->started = true;
+    StreamEvent refused;
+    refused.error = e.what();
+    metrics_.request_finished("error", 0, 0, std::chrono::duration<double>(Clock::now() - p.submitted).count());
+    finish(p.stream, std::move(refused));
+  }
+  if (!p.followers.empty()) deferred_.emplace_back(active, std::move(p.followers));
+}
+
+void EngineWorker::fail_all(const std::string& error) {
+  // The engine cannot go on: every request ends with the error, and no new one is taken.
+  std::fprintf(stderr, "asynct serve: the engine failed: %s\n", error.c_str());
+  std::vector<Pending> left;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+    left.swap(inbox_);
+  }
+  const auto fail = [&](const std::shared_ptr<RequestStream>& stream) {
+    StreamEvent failed;
+    failed.error = "the engine failed: " + error;
+    failed.engine_failed = true;
+    finish(stream, std::move(failed));
+  };
+  for (auto& [id, active] : active_) {
+    metrics_.request_finished("error", active->prompt_tokens, active->tokens,
+                              std::chrono::duration<double>(Clock::now() - active->submitted).count());
+    fail(active->stream);
+  }
+  active_.clear();
+  for (Pending& p : left) {
+    fail(p.stream);
+    for (Pending& f : p.followers) fail(f.stream);
+  }
+  for (auto& [leader, followers] : deferred_)
+    for (Pending& f : followers) fail(f.stream);
+  deferred_.clear();
 }
 
 }  // namespace asynct::serve

@@ -75,9 +75,15 @@ class EngineWorker {
   // Queues a request (its prompt, limits and sampling set; on_token is the worker's) whose
   // output text `text` makes; nullptr when max_in_flight requests are unfinished.
   std::shared_ptr<RequestStream> submit(Request request, std::unique_ptr<OutputText> text);
+  // Queues a group of requests with one prompt (a request's n choices), all or none (empty when
+  // there are not places for all): the first now, the others once it has its first token, so
+  // that they find the prompt's full blocks in the prefix cache and compute only the rest.
+  std::vector<std::shared_ptr<RequestStream>> submit_group(std::vector<Request> requests,
+                                                           std::vector<std::unique_ptr<OutputText>> texts);
 
-  // Requests submitted whose streams are still held.
+  // Requests submitted whose streams are still held, and the most there may be.
   int in_flight() const { return in_flight_; }
+  int max_in_flight() const { return max_in_flight_; }
   // Whether submit() refuses every request now (draining or stopped): the server's 503.
   bool draining() const { return draining_; }
   // Refuses new requests and cancels every one in flight: each ends at its next token with
@@ -93,6 +99,7 @@ class EngineWorker {
     Request request;
     std::unique_ptr<OutputText> text;
     std::shared_ptr<RequestStream> stream;
+    std::vector<Pending> followers;  // the rest of its group, added once it has a token
   };
   struct Active {
     std::unique_ptr<OutputText> text;
@@ -101,7 +108,13 @@ class EngineWorker {
     std::int64_t prompt_tokens = 0, tokens = 0;
     bool logprobs = false;  // the request asks for them: an event for every token
     bool aborted = false;  // ended because its reader left
+    bool started = false;  // it has a token, or has ended: its followers can go
   };
+  // Adds a pending request to the engine, and keeps its followers until it starts (the engine
+  // thread).
+  void add(Pending& p);
+  // Ends every request with the engine's error and stops taking new ones (the engine thread).
+  void fail_all(const std::string& error);
   void run();
   // Sends the request's final event and forgets it.
   void finish(const std::shared_ptr<RequestStream>& stream, StreamEvent last);
@@ -117,6 +130,8 @@ class EngineWorker {
   bool stopping_ = false;
   std::vector<std::shared_ptr<RequestStream>> all_;  // every unfinished stream (stop() cancels them)
   std::map<std::int64_t, std::shared_ptr<Active>> active_;  // the engine thread's: engine id -> its request
+  // The engine thread's: groups' followers, waiting for their first request to start.
+  std::vector<std::pair<std::shared_ptr<Active>, std::vector<Pending>>> deferred_;
   std::thread thread_;
 };
 

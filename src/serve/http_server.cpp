@@ -36,14 +36,18 @@ std::string next_id(const char* prefix) {
 std::string sse(const json& data) { return "data: " + text_of(data) + "\n\n"; }
 
 // A streaming response's state, shared by its content provider and its releaser.
+struct ChoiceState {
+  bool first = true;             // no chunk sent yet
+  bool done = false;             // its last chunk sent
+  std::int64_t token_bytes = 0;  // the bytes of the tokens whose logprobs were sent
+};
 struct StreamState {
   CompletionRequest request;
-  std::shared_ptr<RequestStream> stream;
+  std::vector<std::shared_ptr<RequestStream>> streams;  // one a choice
+  std::vector<ChoiceState> choices;
   std::string id;
   std::int64_t created = 0;
   Usage usage;
-  bool first = true;
-  std::int64_t token_bytes = 0;  // the bytes of the tokens whose logprobs were sent
 };
 
 }  // namespace
@@ -112,76 +116,122 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
                                   std::to_string(max_tokens) + ") are over the model's context of " +
                                   std::to_string(options_.context) + " tokens",
                          "max_tokens");
-        Request engine_request;
-        engine_request.prompt = std::move(ids);
-        engine_request.max_tokens = int(max_tokens);
-        engine_request.sampling = r.sampling;
-        if (!r.ignore_eos) engine_request.eos_token_ids = options_.eos_token_ids;
-        std::shared_ptr<RequestStream> stream = worker_.submit(std::move(engine_request), std::move(out));
-        if (!stream && worker_.draining()) throw ApiError(503, "the server is shutting down");
-        if (!stream) throw ApiError(429, "the server is busy: too many requests at once; try again");
+        // n choices: n requests of one prompt, seeds seed, seed + 1, ...
+        if (r.n > worker_.max_in_flight())
+          throw ApiError(400, "n is " + std::to_string(r.n) + "; this server takes " + std::to_string(worker_.max_in_flight()) +
+                                  " requests at once", "n");
+        std::vector<Request> requests(std::size_t(r.n));
+        std::vector<std::unique_ptr<OutputText>> outs(std::size_t(r.n));
+        for (int i = 0; i < r.n; ++i) {
+          Request& er = requests[std::size_t(i)];
+          er.prompt = ids;
+          er.max_tokens = int(max_tokens);
+          er.sampling = r.sampling;
+          er.sampling.seed = r.sampling.seed + std::uint64_t(i);
+          if (!r.ignore_eos) er.eos_token_ids = options_.eos_token_ids;
+          if (i == 0) {
+            outs[0] = std::move(out);
+          } else {
+            const std::lock_guard<std::mutex> lock(text_mutex_);
+            outs[std::size_t(i)] = text_.output(r.stop);
+          }
+        }
+        std::vector<std::shared_ptr<RequestStream>> streams = worker_.submit_group(std::move(requests), std::move(outs));
+        if (streams.empty() && worker_.draining()) throw ApiError(503, "the server is shutting down");
+        if (streams.empty()) throw ApiError(429, "the server is busy: too many requests at once; try again");
 
         const std::string id = next_id(endpoint == Endpoint::ChatCompletions ? "chatcmpl-" : "cmpl-");
         const std::int64_t created = now_seconds();
         if (!r.stream) {
-          std::string text;
-          std::vector<GeneratedToken> tokens;
-          StreamEvent event;
-          for (;;) {
-            if (!stream->next(event, 1000ms)) continue;
-            text += event.text;
-            tokens.insert(tokens.end(), event.tokens.begin(), event.tokens.end());
-            if (event.done) break;
+          std::vector<Choice> choices;
+          Usage usage{prompt, 0};
+          for (const auto& stream : streams) {
+            Choice choice;
+            std::vector<GeneratedToken> tokens;
+            StreamEvent event;
+            for (;;) {
+              if (!stream->next(event, 1000ms)) continue;
+              choice.text += event.text;
+              tokens.insert(tokens.end(), event.tokens.begin(), event.tokens.end());
+              if (event.done) break;
+            }
+            if (!event.error.empty()) throw ApiError(event.engine_failed ? 500 : 400, event.error);
+            choice.finish_reason = openai_finish_reason(event.finish_reason);
+            choice.logprobs = logprobs_of(tokens);
+            usage.completion_tokens += event.completion_tokens;
+            choices.push_back(std::move(choice));
           }
-          if (!event.error.empty()) throw ApiError(event.engine_failed ? 500 : 400, event.error);
-          res.set_content(text_of(completion_response(r, id, created, text, openai_finish_reason(event.finish_reason),
-                                                      Usage{prompt, event.completion_tokens}, logprobs_of(tokens))),
-                          "application/json");
+          res.set_content(text_of(completion_response(r, id, created, choices, usage)), "application/json");
           return;
         }
         auto state = std::make_shared<StreamState>();
         state->request = std::move(r);
-        state->stream = stream;
+        state->streams = streams;
+        state->choices.resize(streams.size());
         state->id = id;
         state->created = created;
         state->usage.prompt_tokens = prompt;
+        // One event of choice i as SSE: a text chunk, or its last chunk (an error object when it failed).
+        const auto chunk_text = [this](StreamState& st, std::size_t i, const StreamEvent& event) {
+          ChoiceState& c = st.choices[i];
+          std::string text;
+          if (!event.done) {
+            const std::vector<TokenLogprob> logprobs = logprobs_of(event.tokens);
+            text = sse(completion_chunk(st.request, st.id, st.created, event.text, "", c.first, logprobs, c.token_bytes, int(i)));
+            for (const TokenLogprob& t : logprobs) c.token_bytes += std::int64_t(t.token.size());
+            c.first = false;
+          } else if (!event.error.empty()) {
+            text = sse(error_body(ApiError(500, event.error)));
+            c.done = true;
+          } else {
+            st.usage.completion_tokens += event.completion_tokens;
+            text = sse(completion_chunk(st.request, st.id, st.created, event.text, openai_finish_reason(event.finish_reason),
+                                        c.first, {}, c.token_bytes, int(i)));
+            c.done = true;
+          }
+          return text;
+        };
         res.set_header("Cache-Control", "no-cache");
         ++open_streams_;
         res.set_chunked_content_provider(
             "text/event-stream",
-            [this, state](std::size_t, httplib::DataSink& sink) {
-              StreamEvent event;
-              if (!state->stream->next(event, 100ms)) {
-                if (sink.is_writable()) return true;  // nothing yet; asked again
-                state->stream->cancel();
-                return false;
-              }
+            [state, chunk_text](std::size_t, httplib::DataSink& sink) {
+              // Every choice's events that are ready, in choice order; when none is, a short wait
+              // on the first unfinished one.
               std::string out;
-              if (!event.done) {
-                const std::vector<TokenLogprob> logprobs = logprobs_of(event.tokens);
-                out = sse(completion_chunk(state->request, state->id, state->created, event.text, "", state->first, logprobs,
-                                           state->token_bytes));
-                for (const TokenLogprob& t : logprobs) state->token_bytes += std::int64_t(t.token.size());
-                state->first = false;
-              } else if (!event.error.empty()) {
-                out = sse(error_body(ApiError(500, event.error)));
-              } else {
-                state->usage.completion_tokens = event.completion_tokens;
-                out = sse(completion_chunk(state->request, state->id, state->created, event.text,
-                                           openai_finish_reason(event.finish_reason), state->first));
-                if (state->request.include_usage)
-                  out += sse(usage_chunk(state->request, state->id, state->created, state->usage));
+              for (std::size_t i = 0; i < state->streams.size(); ++i) {
+                ChoiceState& choice = state->choices[i];
+                StreamEvent event;
+                while (!choice.done && state->streams[i]->next(event, 0ms)) out += chunk_text(*state, i, event);
               }
-              if (event.done) out += "data: [DONE]\n\n";
-              if (!sink.write(out.data(), out.size())) {
-                state->stream->cancel();
+              if (out.empty()) {
+                for (std::size_t i = 0; i < state->streams.size(); ++i) {
+                  if (state->choices[i].done) continue;
+                  StreamEvent event;
+                  if (state->streams[i]->next(event, 20ms)) out += chunk_text(*state, i, event);
+                  break;
+                }
+              }
+              const bool all_done = std::all_of(state->choices.begin(), state->choices.end(), [](const ChoiceState& c) { return c.done; });
+              if (all_done) {
+                if (state->request.include_usage) out += sse(usage_chunk(state->request, state->id, state->created, state->usage));
+                out += "data: [DONE]\n\n";
+              }
+              if (out.empty()) {
+                if (sink.is_writable()) return true;  // nothing yet; asked again
+                for (const auto& stream : state->streams) stream->cancel();
                 return false;
               }
-              if (event.done) sink.done();
+              if (!sink.write(out.data(), out.size())) {
+                for (const auto& stream : state->streams) stream->cancel();
+                return false;
+              }
+              if (all_done) sink.done();
               return true;
             },
             [this, state](bool success) {
-              if (!success) state->stream->cancel();  // the client left
+              if (!success)
+                for (const auto& stream : state->streams) stream->cancel();  // the client left
               --open_streams_;
             });
       } catch (const ApiError& e) {

@@ -46,7 +46,11 @@ std::optional<std::int64_t> integer(const json& body, const char* name, std::int
   const json* v = field(body, name);
   if (!v) return std::nullopt;
   if (!v->is_number_integer()) throw bad(name, std::string(name) + " must be an integer, not " + type_name(*v));
-  if (v->is_number_unsigned() ? v->get<std::uint64_t>() > std::uint64_t(hi) : (v->get<std::int64_t>() < lo || v->get<std::int64_t>() > hi))
+  // Non-negative integers parse as unsigned: compared as such, none wraps.
+  const bool in_range = v->is_number_unsigned() ? v->get<std::uint64_t>() <= std::uint64_t(hi) &&
+                                                      (lo <= 0 || v->get<std::uint64_t>() >= std::uint64_t(lo))
+                                                : v->get<std::int64_t>() >= lo && v->get<std::int64_t>() <= hi;
+  if (!in_range)
     throw bad(name, std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v->dump());
   return v->is_number_unsigned() ? std::int64_t(v->get<std::uint64_t>()) : v->get<std::int64_t>();
 }
@@ -254,8 +258,7 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
     r.include_usage = boolean(*options, "include_usage").value_or(false);
   }
   r.ignore_eos = boolean(body, "ignore_eos").value_or(false);
-  const std::int64_t n = integer(body, "n", 1, 128).value_or(1);
-  if (n != 1) throw bad("n", "n > 1 is not supported yet (one choice a request)");
+  r.n = int(integer(body, "n", 1, 128).value_or(1));
   if (chat) {
     const bool logprobs = boolean(body, "logprobs").value_or(false);
     const std::optional<std::int64_t> top = integer(body, "top_logprobs", 0, kMaxTopLogprobs);
@@ -272,26 +275,34 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   return r;
 }
 
-json completion_response(const CompletionRequest& r, const std::string& id, std::int64_t created, const std::string& text,
-                         const std::string& finish_reason, const Usage& usage, const std::vector<TokenLogprob>& logprobs) {
+json completion_response(const CompletionRequest& r, const std::string& id, std::int64_t created,
+                         const std::vector<Choice>& choices, const Usage& usage) {
   json out = base_object(r, id, created, false);
-  json choice = {{"index", 0}};
-  if (r.endpoint == Endpoint::ChatCompletions)
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else
-    choice["text"] = text;
-  choice["logprobs"] = logprobs_value(r, logprobs, 0);
-  choice["finish_reason"] = finish_value(finish_reason);
-  out["choices"] = json::array({choice});
+  out["choices"] = json::array();
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    json choice = {{"index", i}};
+    if (r.endpoint == Endpoint::ChatCompletions)
+      choice["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
+    else
+      choice["text"] = choices[i].text;
+    choice["logprobs"] = logprobs_value(r, choices[i].logprobs, 0);
+    choice["finish_reason"] = finish_value(choices[i].finish_reason);
+    out["choices"].push_back(choice);
+  }
   out["usage"] = usage_json(usage);
   return out;
 }
 
+json completion_response(const CompletionRequest& r, const std::string& id, std::int64_t created, const std::string& text,
+                         const std::string& finish_reason, const Usage& usage, const std::vector<TokenLogprob>& logprobs) {
+  return completion_response(r, id, created, std::vector<Choice>{{text, finish_reason, logprobs}}, usage);
+}
+
 json completion_chunk(const CompletionRequest& r, const std::string& id, std::int64_t created, const std::string& text,
                       const std::string& finish_reason, bool first, const std::vector<TokenLogprob>& logprobs,
-                      std::int64_t offset) {
+                      std::int64_t offset, int index) {
   json out = base_object(r, id, created, true);
-  json choice = {{"index", 0}};
+  json choice = {{"index", index}};
   if (r.endpoint == Endpoint::ChatCompletions) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

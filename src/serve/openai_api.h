@@ -9,8 +9,8 @@
 // 4), stream, stream_options.include_usage, n, logprobs (completions: how many top ones, 0-20;
 // chat: true, with top_logprobs 0-20), and vLLM's ignore_eos (for benchmarks). A wrong type or a
 // value out of range is an ApiError 400 naming the field, with OpenAI's error object; so is a
-// field asynct does not implement yet (n > 1, tools, echo, best_of, suffix), rather than a
-// silent approximation.
+// field asynct does not implement yet (tools, echo, best_of, suffix), rather than a silent
+// approximation. n > 1 asks for n choices (seeds seed, seed + 1, ...).
 //
 // Defaults as OpenAI's: temperature 1, top_p 1; max_tokens 16 for completions, for chat the
 // rest of the model's context.
@@ -51,6 +51,7 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;
   bool ignore_eos = false;                   // generate max_tokens whatever the model says
+  int n = 1;                                 // choices
 };
 
 // Parses and checks a request body (served_model: the name /v1/models lists; a request for
@@ -70,18 +71,30 @@ struct Usage {
   std::int64_t prompt_tokens = 0, completion_tokens = 0;
 };
 
-// The non-streaming response: one choice with the whole text (and its tokens' logprobs when
+// One choice of a whole response.
+struct Choice {
+  std::string text;
+  std::string finish_reason;
+  std::vector<TokenLogprob> logprobs;
+};
+
+// The non-streaming response: each choice with its whole text (and its tokens' logprobs when
 // asked; text_offset counts bytes of the text, as the tokens' bytes add up).
+nlohmann::ordered_json completion_response(const CompletionRequest& request, const std::string& id, std::int64_t created,
+                                           const std::vector<Choice>& choices, const Usage& usage);
+// ... of one choice.
 nlohmann::ordered_json completion_response(const CompletionRequest& request, const std::string& id, std::int64_t created,
                                            const std::string& text, const std::string& finish_reason, const Usage& usage,
                                            const std::vector<TokenLogprob>& logprobs = {});
 
 // One stream chunk: `text` (may be empty), the logprobs of the tokens since the last chunk when
 // asked, and, on the last one, the finish reason. The chat stream's first chunk carries the
-// assistant role (first = true). `offset`: the text's bytes sent before this chunk.
+// assistant role (first = true). `offset`: the text's bytes sent before this chunk; `index`: the
+// choice's.
 nlohmann::ordered_json completion_chunk(const CompletionRequest& request, const std::string& id, std::int64_t created,
                                         const std::string& text, const std::string& finish_reason, bool first,
-                                        const std::vector<TokenLogprob>& logprobs = {}, std::int64_t offset = 0);
+                                        const std::vector<TokenLogprob>& logprobs = {}, std::int64_t offset = 0,
+                                        int index = 0);
 // The chunk with the usage and no choices (stream_options.include_usage), before [DONE].
 nlohmann::ordered_json usage_chunk(const CompletionRequest& request, const std::string& id, std::int64_t created,
                                    const Usage& usage);

@@ -76,6 +76,7 @@ TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
   EXPECT_EQ(completions(R"({"model": "m", "prompt": [99999999999]})"), (std::pair<int, std::string>{400, "prompt"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "ignore_eos": 1})"), (std::pair<int, std::string>{400, "ignore_eos"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "max_tokens": -1})"), (std::pair<int, std::string>{400, "max_tokens"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "max_tokens": 0})"), (std::pair<int, std::string>{400, "max_tokens"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "max_tokens": 1e3})"), (std::pair<int, std::string>{400, "max_tokens"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "max_tokens": 99999999999})"), (std::pair<int, std::string>{400, "max_tokens"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "temperature": "hot"})"), (std::pair<int, std::string>{400, "temperature"}));
@@ -83,7 +84,8 @@ TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "top_p": 0})"), (std::pair<int, std::string>{400, "top_p"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]})"), (std::pair<int, std::string>{400, "stop"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "stop": [""]})"), (std::pair<int, std::string>{400, "stop"}));
-  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "n": 2})"), (std::pair<int, std::string>{400, "n"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "n": 0})"), (std::pair<int, std::string>{400, "n"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "n": 129})"), (std::pair<int, std::string>{400, "n"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "logprobs": 21})"), (std::pair<int, std::string>{400, "logprobs"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "logprobs": true})"), (std::pair<int, std::string>{400, "logprobs"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": "x", "stream": "yes"})"), (std::pair<int, std::string>{400, "stream"}));
@@ -142,6 +144,13 @@ TEST(OpenAiApi, ResponsesAndChunksHaveOpenAisShape) {
   const CompletionRequest text = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", "hi"}});
   EXPECT_EQ(completion_response(text, "c", 1, "x", "length", Usage{})["choices"][0]["text"], "x");
   EXPECT_EQ(completion_chunk(text, "c", 1, "y", "", true)["object"], "text_completion");
+  EXPECT_EQ(completion_chunk(text, "c", 1, "y", "", true, {}, 0, 3)["choices"][0]["index"], 3);
+  const json two = completion_response(text, "c", 1, {{"a", "stop", {}}, {"b", "length", {}}}, Usage{2, 5});
+  EXPECT_EQ(two["choices"].size(), 2u);
+  EXPECT_EQ(two["choices"][1]["index"], 1);
+  EXPECT_EQ(two["choices"][1]["text"], "b");
+  EXPECT_EQ(two["usage"]["total_tokens"], 7);
+  EXPECT_EQ(parse(Endpoint::Completions, {{"model", "m"}, {"prompt", "hi"}, {"n", 3}}).n, 3);
   // Logprobs: completions' legacy layout, chat's content list; null when not asked.
   const std::vector<TokenLogprob> lp = {{"He", -0.5f, {{"He", -0.5f}, {"A", -1.5f}}}, {"llo", -0.25f, {{"llo", -0.25f}, {"y", -2.0f}}}};
   const CompletionRequest with = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", "hi"}, {"logprobs", 2}});

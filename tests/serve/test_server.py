@@ -231,6 +231,22 @@ def main():
                                             extra_body={"top_k": 40}, seed=7)
             c.equal("seeded sampling = asynct generate's", got.choices[0].text, want_sampled)
 
+            # n choices: choice i draws with seed + i (as asynct generate's request i); greedy ones agree.
+            got = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0.9,
+                                            extra_body={"top_k": 40}, seed=7, n=3)
+            want_n = [want_sampled] + [generate(args.asynct, model, prompt, 10,
+                                                extra=["--temperature", "0.9", "--top-k", "40", "--seed", str(7 + i)])
+                                       for i in (1, 2)]
+            c.equal("n = 3: each choice = asynct generate's with seed + i",
+                    [(ch.index, ch.text) for ch in got.choices], list(enumerate(want_n)))
+            c.equal("n = 3: usage counts every choice's tokens", got.usage.completion_tokens, 30)
+            by_index = {}
+            for ch in client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0.9,
+                                                extra_body={"top_k": 40}, seed=7, n=3, stream=True):
+                for choice in ch.choices:
+                    by_index[choice.index] = by_index.get(choice.index, "") + choice.text
+            c.equal("n = 3 streamed: the same choices", [by_index.get(i) for i in range(3)], want_n)
+
             question = "What is the capital of France?"
             want_chat = generate(args.asynct, model, question, 9, chat=True)
             messages = [{"role": "user", "content": question}]
@@ -279,6 +295,7 @@ def main():
             bad = [
                 ("/v1/completions", b"{not json", 400, None),
                 ("/v1/completions", b'{"model": "tiny", "prompt": 3}', 400, "prompt"),
+                ("/v1/completions", b'{"model": "tiny", "prompt": "x", "n": 100}', 400, "n"),
                 ("/v1/completions", b'{"model": "tiny", "prompt": [5, 49152]}', 400, "prompt"),
                 ("/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": -5}', 400, "max_tokens"),
                 ("/v1/completions", b'{"model": "tiny", "prompt": "x", "max_tokens": 100000}', 400, "max_tokens"),
@@ -297,7 +314,7 @@ def main():
                 c.equal(f"{body[:48]!r}... -> {status}", (got_status, error.get("param"), "message" in error),
                         (status, param, True))
 
-            # /metrics after all of it: 38 requests ended, nothing running or holding blocks.
+            # /metrics after all of it: 44 requests ended (n = 3 counts 3), nothing running or holding blocks.
             status, text, response = raw(server.port, "GET", "/metrics")
             metrics = {}
             for line in text.splitlines():
@@ -307,14 +324,14 @@ def main():
             ended = sum(v for k, v in metrics.items() if k.startswith("asynct_requests_total{"))
             c.equal("/metrics is Prometheus text", (status, response.getheader("Content-Type").split(";")[0]), (200, "text/plain"))
             c.equal("/metrics: requests ended, first tokens", (ended, metrics.get("asynct_time_to_first_token_seconds_count")),
-                    (38, 38))
+                    (44, 44))
             c.equal("/metrics: nothing running, waiting or holding KV blocks",
                     [metrics.get(k) for k in ("asynct_requests_running", "asynct_requests_waiting", "asynct_kv_blocks_used")],
                     [0, 0, 0])
             c.equal("/metrics: the chat template's shared prefix came from the prefix cache",
                     metrics.get("asynct_prefix_cache_hits_total", 0) > 0, True)
             c.equal("/metrics: errors by status", [metrics.get(f'asynct_http_errors_total{{status="{s}"}}') for s in (400, 404, 413)],
-                    [10, 1, 1])
+                    [11, 1, 1])
 
         # The queue bound: one sequence, none waiting; a second request while the first streams.
         with Server(args.asynct, model, "--max-num-seqs", "1", "--max-waiting", "0") as server:

@@ -178,12 +178,8 @@ int run_generate(const GenerateOptions& o) {
   engine_options.record_first_logits = !o.logits_path.empty();
   engine_options.pipeline_steps = o.pipeline;
   std::string backend;
-  RunnerOptions ro;
-  ro.device = device;
-  ro.num_blocks = num_blocks;
-  ro.block_size = o.block_size;
-  ro.max_tokens_per_step = o.max_batched_tokens;
-  ro.cuda_graphs = o.cuda_graphs;
+  const RunnerOptions ro{.device = device, .num_blocks = num_blocks, .block_size = o.block_size,
+                         .max_tokens_per_step = o.max_batched_tokens, .cuda_graphs = o.cuda_graphs};
   Engine engine(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);
 
   // With text or JSON, stdout holds only the output; the header and statistics go to stderr.

@@ -74,12 +74,8 @@ int run_serve(const ServeOptions& o) {
   engine_options.max_num_batched_tokens = o.max_batched_tokens;
   engine_options.max_model_len = int(context);
   engine_options.prefix_caching = o.prefix_caching;
-  RunnerOptions ro;
-  ro.device = device;
-  ro.num_blocks = num_blocks;
-  ro.block_size = o.block_size;
-  ro.max_tokens_per_step = o.max_batched_tokens;
-  ro.cuda_graphs = o.cuda_graphs;
+  const RunnerOptions ro{.device = device, .num_blocks = num_blocks, .block_size = o.block_size,
+                         .max_tokens_per_step = o.max_batched_tokens, .cuda_graphs = o.cuda_graphs};
   std::string backend;
   auto engine = std::make_unique<Engine>(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);
 

@@ -33,8 +33,9 @@ struct EngineOptions {
   // Keep the full blocks of computed K/V for later requests that start with the same tokens
   // (BlockManager's prefix cache): a new or preempted request takes the blocks of its longest
   // cached prefix (all but its last token at most) and computes only the rest. Same tokens
-  // either way.
-  bool prefix_caching = true;
+  // either way where the arithmetic does not depend on the batch (the CPU); `asynct serve`
+  // turns it on, generate and bench leave it off.
+  bool prefix_caching = false;
 };
 
 // What a request's stream sees, one per generated token.

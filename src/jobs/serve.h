@@ -27,7 +27,7 @@ struct ServeOptions {
   int max_batched_tokens = 2048;
   std::int64_t max_body_mib = 8;    // larger request bodies get 413
   bool cuda_graphs = true;
-  bool prefix_caching = true;       // EngineOptions::prefix_caching
+  bool prefix_caching = true;       // EngineOptions::prefix_caching (off there by default)
 };
 
 int run_serve(const ServeOptions& options);

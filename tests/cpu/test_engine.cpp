@@ -22,7 +22,7 @@ struct EngineSetup {
   Architecture arch;
   int num_blocks = 64, block_size = 16, budget = 2048, max_seqs = 64;
   bool pipeline = true;
-  bool prefix_caching = true;
+  bool prefix_caching = false;
 };
 
 EngineOptions engine_options(const EngineSetup& s) {

@@ -155,7 +155,10 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
               tokens.insert(tokens.end(), event.tokens.begin(), event.tokens.end());
               if (event.done) break;
             }
-            if (!event.error.empty()) throw ApiError(event.engine_failed ? 500 : 400, event.error);
+            if (!event.error.empty()) {
+              for (const auto& other : streams) other->cancel();  // the other choices end too
+              throw ApiError(event.engine_failed ? 500 : 400, event.error);
+            }
             choice.finish_reason = openai_finish_reason(event.finish_reason);
             choice.logprobs = logprobs_of(tokens);
             usage.completion_tokens += event.completion_tokens;

@@ -50,10 +50,7 @@ std::int64_t Engine::add_request(const Request& r) {
 void Engine::preempt(Sequence* seq) {
   auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == seq; });
   check(it != running_.end(), "engine: preempting a sequence that is not running");
-  blocks_.release(seq->block_table);
-  seq->num_computed = 0;  // recomputed from scratch (or from the prefix cache) when it runs again
-  seq->num_filed_blocks = 0;
-  seq->last_filed_hash = 0;
+  release_blocks(*seq);
   ++seq->preemptions;
   ++stats_.preemptions;
   waiting_.push_front(std::move(*it));
@@ -101,9 +98,7 @@ void Engine::schedule(StepState& s) {
     }
     const int n = std::min(int(seq->tokens.size()) - seq->num_computed, budget);
     if (!blocks_.can_grow(seq->block_table, seq->num_computed + n)) {
-      blocks_.release(seq->block_table);  // waiting sequences hold no blocks
-      seq->num_computed = seq->num_filed_blocks = 0;
-      seq->last_filed_hash = 0;
+      release_blocks(*seq);  // waiting sequences hold no blocks
       break;
     }
     blocks_.grow(seq->block_table, seq->num_computed + n);
@@ -361,15 +356,7 @@ std::vector<RequestOutput> Engine::apply(const StepState& s, const StepOutput& o
     }
     std::string reason;
     if (finished(seq, go_on, &reason)) {
-      RequestOutput o;
-      o.id = seq.id;
-      o.tokens.assign(seq.tokens.begin() + std::ptrdiff_t(seq.request.prompt.size()), seq.tokens.end());
-      o.finish_reason = reason;
-      o.preemptions = seq.preemptions;
-      o.first_logits = std::move(seq.first_logits);
-      o.logprobs = std::move(seq.logprobs);
-      o.top_logprobs = std::move(seq.top_logprobs);
-      done.push_back(std::move(o));
+      done.push_back(output_of(seq, reason));
       // A step queued behind this one computed a token for it too: that row is dropped.
       if (next_queued_)
         for (Scheduled& e : next_.scheduled)
@@ -391,19 +378,31 @@ void Engine::file_full_blocks(Sequence& seq) {
   }
 }
 
+RequestOutput Engine::output_of(Sequence& seq, const std::string& reason) {
+  RequestOutput o;
+  o.id = seq.id;
+  o.tokens.assign(seq.tokens.begin() + std::ptrdiff_t(seq.request.prompt.size()), seq.tokens.end());
+  o.finish_reason = reason;
+  o.preemptions = seq.preemptions;
+  o.first_logits = std::move(seq.first_logits);
+  o.logprobs = std::move(seq.logprobs);
+  o.top_logprobs = std::move(seq.top_logprobs);
+  return o;
+}
+
+void Engine::release_blocks(Sequence& seq) {
+  blocks_.release(seq.block_table);
+  seq.num_computed = 0;  // computed again (or taken from the prefix cache) when it runs again
+  seq.num_filed_blocks = 0;
+  seq.last_filed_hash = 0;
+}
+
 bool Engine::abort_waiting(std::int64_t id) {
   const auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& s) { return s->id == id; });
   if (it == waiting_.end()) return false;
   Sequence& seq = **it;
   check(seq.block_table.empty(), "engine: waiting request ", id, " holds KV blocks");
-  RequestOutput o;
-  o.id = seq.id;
-  o.tokens.assign(seq.tokens.begin() + std::ptrdiff_t(seq.request.prompt.size()), seq.tokens.end());
-  o.finish_reason = "abort";
-  o.preemptions = seq.preemptions;
-  o.logprobs = std::move(seq.logprobs);
-  o.top_logprobs = std::move(seq.top_logprobs);
-  unreported_.push_back(std::move(o));
+  unreported_.push_back(output_of(seq, "abort"));
   waiting_.erase(it);
   return true;
 }

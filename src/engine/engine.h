@@ -174,6 +174,10 @@ class Engine {
   void preempt(Sequence* seq);
   // Files the sequence's blocks that its computed tokens fill, in order (prefix caching).
   void file_full_blocks(Sequence& seq);
+  // Lets go of the sequence's blocks: nothing of it is computed any more.
+  void release_blocks(Sequence& seq);
+  // A finished sequence's output (its logits and logprobs moved out).
+  static RequestOutput output_of(Sequence& seq, const std::string& reason);
   static void append_token(Sequence& seq, std::int32_t token);
   // Whether `seq` ends with the token it just generated (`go_on`: what on_token said), and why.
   bool finished(const Sequence& seq, bool go_on, std::string* reason) const;

@@ -144,13 +144,7 @@ class TokenizerFiles final : public ModelText {
       messages.push_back({{"role", "user"}, {"content", prompt}});
       nlohmann::ordered_json extra = nlohmann::ordered_json::object();
       if (!chat_.thinking) extra["enable_thinking"] = false;
-      std::string rendered;
-      try {
-        rendered = template_->render(chat_template_variables(config_, messages, nullptr, true, extra));
-      } catch (const Error& e) {
-        throw Error(what + ": the chat template in " + template_path_ + ": " + e.what());
-      }
-      return tokenizer_.encode(rendered);
+      return render_chat(messages, extra, what + ": ");
     }
     std::vector<std::int32_t> ids;
     if (bos_) ids.push_back(*bos_);
@@ -167,11 +161,7 @@ class TokenizerFiles final : public ModelText {
       const auto bad = text::find_invalid_utf8(m.value("content", std::string()));
       check(!bad, "a message's content is not valid UTF-8 (byte ", bad.value_or(0), ")");
     }
-    try {
-      return tokenizer_.encode(template_->render(chat_template_variables(config_, messages, nullptr, true)));
-    } catch (const Error& e) {
-      throw Error("the chat template in " + template_path_ + ": " + e.what());
-    }
+    return render_chat(messages, nlohmann::ordered_json::object(), "");
   }
 
   std::unique_ptr<OutputText> output(const std::vector<std::string>& stop_strings) const override {
@@ -192,6 +182,19 @@ class TokenizerFiles final : public ModelText {
   }
 
  private:
+  // The chat through the template (add_generation_prompt), tokenized with nothing added; the
+  // template's errors are prefixed with `where` and the template's file.
+  std::vector<std::int32_t> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& extra,
+                                        const std::string& where) const {
+    std::string rendered;
+    try {
+      rendered = template_->render(chat_template_variables(config_, messages, nullptr, true, extra));
+    } catch (const Error& e) {
+      throw Error(where + "the chat template in " + template_path_ + ": " + e.what());
+    }
+    return tokenizer_.encode(rendered);
+  }
+
   static text::Tokenizer load_tokenizer(const std::string& dir) {
     const std::string path = (fs::path(dir) / "tokenizer.json").string();
     check(fs::exists(path), "a text prompt needs the model's tokenizer: ", dir,

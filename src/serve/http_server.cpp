@@ -83,7 +83,7 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
       try {
         CompletionRequest r = parse_completion_request(endpoint, req.body, options_.model_name);
         std::vector<std::int32_t> ids;
-        std::unique_ptr<OutputText> out;
+        std::vector<std::unique_ptr<OutputText>> outs;  // each choice's text
         {
           const std::lock_guard<std::mutex> lock(text_mutex_);
           try {
@@ -95,7 +95,7 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
             } else {
               ids = text_.prompt_ids(r.prompt, "prompt");
             }
-            out = text_.output(r.stop);
+            for (int i = 0; i < r.n; ++i) outs.push_back(text_.output(r.stop));
           } catch (const Error& e) {
             throw ApiError(400, e.what(), endpoint == Endpoint::ChatCompletions ? "messages" : "prompt");
           }
@@ -121,7 +121,6 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
           throw ApiError(400, "n is " + std::to_string(r.n) + "; this server takes " + std::to_string(worker_.max_in_flight()) +
                                   " requests at once", "n");
         std::vector<Request> requests(std::size_t(r.n));
-        std::vector<std::unique_ptr<OutputText>> outs(std::size_t(r.n));
         for (int i = 0; i < r.n; ++i) {
           Request& er = requests[std::size_t(i)];
           er.prompt = ids;
@@ -129,12 +128,6 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
           er.sampling = r.sampling;
           er.sampling.seed = r.sampling.seed + std::uint64_t(i);
           if (!r.ignore_eos) er.eos_token_ids = options_.eos_token_ids;
-          if (i == 0) {
-            outs[0] = std::move(out);
-          } else {
-            const std::lock_guard<std::mutex> lock(text_mutex_);
-            outs[std::size_t(i)] = text_.output(r.stop);
-          }
         }
         std::vector<std::shared_ptr<RequestStream>> streams = worker_.submit_group(std::move(requests), std::move(outs));
         if (streams.empty() && worker_.draining()) throw ApiError(503, "the server is shutting down");

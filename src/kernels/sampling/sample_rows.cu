@@ -126,25 +126,24 @@ __device__ __forceinline__ unsigned fixed_in_bin(float d, int bin) {
 }
 __device__ __forceinline__ double bin_unit(int bin) { return exp(-double(bin) / kBinsPerNat) / double(kFixedOne); }
 
-template <typename T>
-__device__ __forceinline__ T shuffle_from(const T& v, int lane) {
+// A value of any size shuffled across the warp, 32 bits at a time; `word` shuffles one.
+template <typename T, typename Word>
+__device__ __forceinline__ T shuffle_words(const T& v, Word word) {
   static_assert(sizeof(T) % 4 == 0, "shuffled in 32-bit words");
   T out;
   const unsigned* src = reinterpret_cast<const unsigned*>(&v);
   unsigned* dst = reinterpret_cast<unsigned*>(&out);
 #pragma unroll
-  for (int i = 0; i < int(sizeof(T) / 4); ++i) dst[i] = __shfl_sync(0xffffffffu, src[i], lane);
+  for (int i = 0; i < int(sizeof(T) / 4); ++i) dst[i] = word(src[i]);
   return out;
 }
 template <typename T>
+__device__ __forceinline__ T shuffle_from(const T& v, int lane) {
+  return shuffle_words(v, [lane](unsigned w) { return __shfl_sync(0xffffffffu, w, lane); });
+}
+template <typename T>
 __device__ __forceinline__ T shuffle_xor(const T& v, int mask) {
-  static_assert(sizeof(T) % 4 == 0, "shuffled in 32-bit words");
-  T out;
-  const unsigned* src = reinterpret_cast<const unsigned*>(&v);
-  unsigned* dst = reinterpret_cast<unsigned*>(&out);
-#pragma unroll
-  for (int i = 0; i < int(sizeof(T) / 4); ++i) dst[i] = __shfl_xor_sync(0xffffffffu, src[i], mask);
-  return out;
+  return shuffle_words(v, [mask](unsigned w) { return __shfl_xor_sync(0xffffffffu, w, mask); });
 }
 
 // f(x, i) for each logit x = row.x[i] of the slice (float4 loads; i rises within a thread).
@@ -794,7 +793,7 @@ __device__ int draw(Row& row, const SamplingParams& p, std::uint64_t step, float
   // top-k: the first top_k tokens; their weight is top-p's base.
   u64 keep = u64(vocab);
   double base = total;
-  if (p.top_k > 0 && p.top_k < vocab) {
+  if (top_k) {
     keep = u64(p.top_k);
     if (p.top_p < 1.0f) {
       fits = locate(row, peak, t, true, double(keep), false, loaded, &place);
@@ -880,33 +879,30 @@ __device__ void apply_penalties(Row& row, const SamplingParams& p, const Penalty
   __syncthreads();
 }
 
-// The slice's raw best, non-finite id and (with_sum) sum of exp(x - its raw max).
-__device__ RowStats raw_stats(const Row& row, bool with_sum) {
+// The slice's best finite logit (lowest id on ties: ids rise within a thread) into (max, id),
+// and its lowest non-finite id into nonfinite.
+__device__ void best_of(const Row& row, float& max, int& id, int& nonfinite) {
+  for_each_logit(row, [&](float v, int i) {
+    if (!isfinite(v)) nonfinite = min(nonfinite, row.base + i);
+    else if (v > max || id == INT_MAX) max = v, id = row.base + i;
+  });
+}
+// The slice's raw best, non-finite id and sum of exp(x - its raw max).
+__device__ RowStats raw_stats(const Row& row) {
   RowStats s{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, {0, 0}};
-  for (int i = int(threadIdx.x); i < row.n; i += kThreads) {  // ids rise: a strict > keeps the lowest
-    const float v = row.x[i];
-    if (!isfinite(v)) s.nonfinite = min(s.nonfinite, row.base + i);
-    else if (v > s.raw_max || s.raw_id == INT_MAX) s.raw_max = v, s.raw_id = row.base + i;
-  }
-  if (with_sum && s.raw_id != INT_MAX)
-    for (int i = int(threadIdx.x); i < row.n; i += kThreads) s.raw_sum += isfinite(row.x[i]) ? expf(row.x[i] - s.raw_max) : 0.0f;
+  best_of(row, s.raw_max, s.raw_id, s.nonfinite);
+  if (s.raw_id != INT_MAX) for_each_logit(row, [&](float v, int) { s.raw_sum += isfinite(v) ? expf(v - s.raw_max) : 0.0f; });
   return s;
 }
 // ... and the slice's processed best (after the penalties).
 __device__ void processed_best(const Row& row, RowStats& s) {
-  for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
-    const float v = row.x[i];
-    if (isfinite(v) && (v > s.max || s.id == INT_MAX)) s.max = v, s.id = row.base + i;
-  }
+  int nonfinite = INT_MAX;  // the raw row's are known
+  best_of(row, s.max, s.id, nonfinite);
 }
-
-// The slice's best and lowest non-finite logit in one pass, four at a time (ids rise in each thread).
+// The slice's best and lowest non-finite logit in one pass.
 __device__ RowStats best_and_nonfinite(const Row& row) {
   RowStats s{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, {0, 0}};
-  for_each_logit(row, [&](float v, int i) {
-    if (!isfinite(v)) s.nonfinite = min(s.nonfinite, row.base + i);
-    else if (v > s.max || s.id == INT_MAX) s.max = v, s.id = row.base + i;
-  });
+  best_of(row, s.max, s.id, s.nonfinite);
   return s;
 }
 
@@ -943,7 +939,7 @@ __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float
     if (penalties) local.nonfinite = min(local.nonfinite, row.sh.penalised_nonfinite);
     s = cluster_allreduce(local, StatsOp{}, row);
   } else {
-    s = raw_stats(row, true);
+    s = raw_stats(row);
   }
   if (top_n) {  // the top-n raw logits before the penalties change the copy
     s.max = s.raw_max, s.id = s.raw_id;

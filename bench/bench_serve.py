@@ -12,13 +12,17 @@ end-to-end latency at p50 / p90 / p99, as a table and (with --json) JSON.
 The same load in process is `asynct bench --scenario serve_load_c64`: its output tokens a second
 are the anchor for the HTTP figure. --shared-prefix-len N starts every prompt with the same N
 tokens (a system prompt): with prefix caching the first request computes them and the rest
-find them cached; `--concurrency 1` then shows the first request's TTFT against the others'. Plain Python (http.client in threads: no client library
-between the clock and the socket). TTFT is the first chunk with text; inter-token latency is
+find them cached; `--concurrency 1` then shows the first request's TTFT against the others'. Plain
+Python (http.client in threads, spread over --workers processes: no client library between the
+clock and the socket). TTFT is the first chunk with text; inter-token latency is
 between chunks (a token that ends inside a UTF-8 character arrives with the next one).
 """
 import argparse
 import http.client
+import itertools
 import json
+import multiprocessing
+import os
 import random
 import statistics
 import threading
@@ -32,7 +36,7 @@ def one_request(url, model, prompt_ids, output_len, timeout):
     connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     body = json.dumps({"model": model, "prompt": prompt_ids, "max_tokens": output_len, "ignore_eos": True,
                        "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
-    start = time.perf_counter()
+    start = time.monotonic()
     result = {"start": start, "chunks": [], "tokens": 0, "error": None}
     try:
         connection.request("POST", parts.path.rstrip("/") + "/completions", body, {"Content-Type": "application/json"})
@@ -50,13 +54,38 @@ def one_request(url, model, prompt_ids, output_len, timeout):
             if chunk.get("usage"):
                 result["tokens"] = chunk["usage"]["completion_tokens"]
             if chunk.get("choices") and chunk["choices"][0].get("text"):
-                result["chunks"].append(time.perf_counter())
+                result["chunks"].append(time.monotonic())
     except (OSError, http.client.HTTPException, ValueError) as e:
         result["error"] = repr(e)
     finally:
-        result["end"] = time.perf_counter()
+        result["end"] = time.monotonic()
         connection.close()
     return result
+
+
+def run_share(args, share, concurrency, start):
+    """One client process: sends its (prompt, offset) requests at start + offset, at most
+    `concurrency` at once, each on a thread; returns their results."""
+    slots = threading.Semaphore(concurrency)
+    results, lock, threads = [], threading.Lock(), []
+
+    def run(prompt):
+        try:
+            r = one_request(args.url, args.model, prompt, args.output_len, args.timeout)
+            with lock:
+                results.append(r)
+        finally:
+            slots.release()
+
+    for prompt, offset in share:
+        time.sleep(max(0.0, start + offset - time.monotonic()))
+        slots.acquire()
+        t = threading.Thread(target=run, args=(prompt,))
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    return results
 
 
 def percentiles(values, scale=1000.0):
@@ -80,11 +109,13 @@ def main():
     parser.add_argument("--token-range", default="1000,10000", help="prompt token ids are drawn from [lo, hi)")
     parser.add_argument("--shared-prefix-len", type=int, default=0,
                         help="the first N prompt tokens are the same in every request (of --input-len)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="prompts and arrivals (a new seed: prompts no cache holds)")
+    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                        help="client processes the requests are spread over")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for one request")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args()
-    for name in ("input_len", "output_len", "num_prompts", "concurrency"):
+    for name in ("input_len", "output_len", "num_prompts", "concurrency", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if not args.request_rate > 0:
@@ -103,29 +134,21 @@ def main():
     prompts = [prefix + [rng.randrange(lo, hi) for _ in range(args.input_len - len(prefix))] for _ in range(args.num_prompts)]
     gaps = [0.0 if args.request_rate == float("inf") else rng.expovariate(args.request_rate) for _ in prompts]
 
-    slots = threading.Semaphore(args.concurrency)
-    results, lock, threads = [], threading.Lock(), []
-
-    def run(prompt):
-        try:
-            r = one_request(args.url, args.model, prompt, args.output_len, args.timeout)
-            with lock:
-                results.append(r)
-        finally:
-            slots.release()
-
+    # Request i is sent at `offsets[i]` seconds after the start (or as soon as a slot frees),
+    # by worker process i % workers: one Python process reads ~15k chunks a second at most, less
+    # than a small model streams at 64 requests, so the reading is spread over processes, each
+    # with its share of the concurrency.
+    offsets = list(itertools.accumulate(gaps))
+    workers = max(1, min(args.workers, args.concurrency, args.num_prompts))
     print(f"bench_serve: {args.num_prompts} requests of {args.input_len} prompt / {args.output_len} output tokens to "
-          f"{args.url} ({args.model}), concurrency {args.concurrency}, rate {args.request_rate} req/s", flush=True)
-    start = time.perf_counter()
-    for prompt, gap in zip(prompts, gaps):
-        time.sleep(gap)
-        slots.acquire()
-        t = threading.Thread(target=run, args=(prompt,))
-        t.start()
-        threads.append(t)
-    for t in threads:
-        t.join()
-    duration = time.perf_counter() - start
+          f"{args.url} ({args.model}), concurrency {args.concurrency}, rate {args.request_rate} req/s, "
+          f"{workers} client processes", flush=True)
+    start = time.monotonic() + 0.2 * workers  # time for the processes to start
+    jobs = [(args, [(prompts[i], offsets[i]) for i in range(w, args.num_prompts, workers)],
+             args.concurrency // workers + (w < args.concurrency % workers), start) for w in range(workers)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        results = [r for part in pool.starmap(run_share, jobs) for r in part]
+    duration = max(r["end"] for r in results) - start
 
     ok = sorted((r for r in results if not r["error"] and r["chunks"]), key=lambda r: r["start"])
     failed = [r for r in results if r["error"] or not r["chunks"]]

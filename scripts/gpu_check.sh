@@ -5,11 +5,12 @@
 # folder) or build/gpu-out.
 #
 # STAGES picks what runs (default: all but timeline, in this order):
-#   build tests sanitizer torch bench scenarios sampling timeline probes
+#   build tests sanitizer torch bench scenarios sampling serve timeline probes
 # e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings,
 # STAGES="build sampling" for the device sampler's kernel bench and decode_heavy_b32 greedy against
 # sampled, STAGES="build timeline" for where a decode step's time goes (the kernel timeline of both
-# models' decode_heavy_b32 steps), STAGES=probes for the design probes in bench/*_probe.cu (what
+# models' decode_heavy_b32 steps), STAGES="build serve" for asynct serve at 1.7B against the same
+# load in process (SERVE_ARCHS, SERVE_RATES narrow it), STAGES=probes for the design probes in bench/*_probe.cu (what
 # a dependency costs; what the decode step's structure costs with no math in it).
 # GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
 # (e.g. "decode norms"), SCENARIO_SCALE and SCENARIO_REPEAT (runs per model, median reported)
@@ -31,6 +32,26 @@ if want build; then
     mkdir -p .deps/root
     for f in .deps/*.deb; do dpkg -x "$f" .deps/root; done
     prefix="$PWD/.deps/root/usr"
+    # Text support and the server are found through pkg-config: the unpacked packages' .pc files
+    # name /usr, which the sysroot maps into .deps/root.
+    deps_lib="$PWD/.deps/root/usr/lib/x86_64-linux-gnu"
+    export PKG_CONFIG_PATH="$deps_lib/pkgconfig:$PWD/.deps/root/usr/share/pkgconfig"
+    export PKG_CONFIG_SYSROOT_DIR="$PWD/.deps/root"
+    # The binaries find the libraries they link through their build RPATH; what those libraries
+    # load in turn (ICU's data, cpp-httplib's brotli, and OpenSSL and zlib where the machine has
+    # none) through a library path of just those. The machine's own OpenSSL and zlib stay first
+    # for every other program, PyTorch's included.
+    mkdir -p .deps/runtime
+    ln -sf "$deps_lib"/libicu*.so.72* "$deps_lib"/libbrotli*.so.1* .deps/runtime/
+    for lib in libssl.so.3 libcrypto.so.3 libz.so.1; do
+      ldconfig -p 2>/dev/null | grep -q "$lib " || find "$PWD/.deps/root" -name "$lib*" -exec ln -sf {} .deps/runtime/ \;
+    done
+    export LD_LIBRARY_PATH="$PWD/.deps/runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    if ! command -v pkg-config >/dev/null && [ -x .deps/root/usr/bin/pkgconf ]; then
+      printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$deps_lib" "$PWD/.deps/root/usr/bin/pkgconf" >.deps/pkgconf
+      chmod +x .deps/pkgconf
+      export PKG_CONFIG="$PWD/.deps/pkgconf"
+    fi
   fi
   cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DASYNCT_CUDA=ON \
     -DASYNCT_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
@@ -84,6 +105,56 @@ if want sampling; then
       --json "$out/$scenario.json" >"$out/$scenario.log" 2>&1 || status=1
     grep -E "decode steps|$scenario" "$out/$scenario.log" | tail -4
   done
+fi
+if want serve; then
+  # Needs the server in the build (.deps/ from scripts/device_deps.sh) and a Qwen3 tokenizer.json
+  # and tokenizer_config.json in $SERVE_TOKENIZER (default build/device-qwen3: carry it). SmolLM2
+  # runs too when scripts/device_smollm2.sh has unpacked it into $ASYNCT_CACHE.
+  echo "== asynct serve: HTTP against the same load in process, a request-rate sweep, a shared system prompt =="
+  tokenizer="${SERVE_TOKENIZER:-build/device-qwen3}"
+  smollm2="${ASYNCT_CACHE:-/tmp/asynct-cache}/smollm2-135m-instruct"
+  timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario serve_load_c64 --repeat 1 \
+    --json "$out/serve_inprocess_1p7b.json" >"$out/serve_inprocess_1p7b.log" 2>&1 || status=1
+  grep -E "^serve_load_c64" "$out/serve_inprocess_1p7b.log"
+  seed=1
+  for model in ${SERVE_MODELS:-asynct qwen3 smollm2}; do
+    if [ "$model" = smollm2 ]; then
+      dir="$smollm2"
+      [ -f "$dir/config.json" ] || { echo "-- smollm2: not unpacked ($dir)"; continue; }
+      timeout 120 build/gpu/src/asynct bench --model "$dir" --device cuda --scenario serve_load_c64 --repeat 1 \
+        --json "$out/serve_inprocess_smollm2.json" >"$out/serve_inprocess_smollm2.log" 2>&1 || status=1
+      grep -E "^serve_load_c64" "$out/serve_inprocess_smollm2.log"
+      rates="${SERVE_RATES_SMOLLM2:-32 64 96 128 160}" range=1000,40000
+    else
+      dir="/tmp/asynct-serve-$model-1.7b"
+      if [ ! -f "$dir/config.json" ]; then
+        build/gpu/src/asynct init-checkpoint --arch "$model" --config 1.7b --out "$dir" >"$out/serve_init_$model.log" 2>&1 || { status=1; continue; }
+        cp "$tokenizer/tokenizer.json" "$tokenizer/tokenizer_config.json" "$dir/"
+      fi
+      rates="${SERVE_RATES:-16 32 40 48 52 56 64}" range=1000,10000
+    fi
+    # The engine options of the in-process load (ScenarioOptions: an 8192-token step budget).
+    build/gpu/src/asynct serve --model "$dir" --port 8011 --max-model-len 4352 --max-cache-mib 24576 --max-waiting 1024 \
+      --max-batched-tokens 8192 >"$out/serve_$model.log" 2>&1 &
+    server=$!
+    for _ in $(seq 120); do curl -sf http://127.0.0.1:8011/health >/dev/null 2>&1 && break; sleep 1; done
+    bench() {  # name, then bench_serve.py's arguments; every run its own prompts (no cache hits across runs)
+      local name="$1"; shift
+      seed=$((seed + 1))
+      timeout 300 python3 bench/bench_serve.py --url http://127.0.0.1:8011/v1 --seed "$seed" --token-range "$range" \
+        --json "$out/serve_${model}_$name.json" "$@" >"$out/serve_${model}_$name.txt" 2>&1 || status=1
+      echo "-- $model $name: $*"; grep -E "completed|requests|ttft|tpot|shared prefix|error" "$out/serve_${model}_$name.txt"
+    }
+    bench c64 --input-len 1024 --output-len 256 --num-prompts 256 --concurrency 64
+    for rate in $rates; do
+      bench "rate$rate" --input-len 1024 --output-len 256 --num-prompts $((rate * 6)) --concurrency 2048 --request-rate "$rate"
+    done
+    bench shared_prefix --input-len 4160 --shared-prefix-len 4096 --output-len 16 --num-prompts 8 --concurrency 1
+    bench short_prompt --input-len 64 --output-len 16 --num-prompts 8 --concurrency 1
+    curl -s http://127.0.0.1:8011/metrics >"$out/serve_${model}_metrics.txt"
+    kill -TERM "$server"; wait "$server" || status=1
+  done
+  (cd "$out" && tar czf serve_results.tgz serve_* && rm -f serve_*.json serve_*.txt serve_*.log)
 fi
 if want timeline; then
   echo "== the decode step's kernel timeline (CUPTI) =="

@@ -140,6 +140,9 @@ int main(int argc, char** argv) {
       ->check(integer_in(0, 1 << 20));
   bench_cmd->add_option("--scenario", bench.only, "run only this scenario (decode_b1, single-stream decode; decode_heavy_b32_sampled, decode_heavy_b32 drawing with temperature, top-k, top-p and penalties; serve_load_c64, bench/bench_serve.py's load in process: these run only when named)")
       ->check(CLI::IsMember(asynct::scenario_names()));
+  bench_cmd->add_option("--model", bench.model_dir,
+                        "run the --scenario on this checkpoint directory instead of AsyncT and Qwen3's random weights")
+      ->check(CLI::ExistingDirectory);
   bench_cmd->add_option("--json", bench.json_path, "write the results as JSON to this file (none when not given)");
   bench_cmd->add_option("--seed", bench.seed, "weights and prompts seed")->check(integer_in(std::uint64_t(0), kSeedMax));
   bench_cmd->add_flag("--profile", bench.profile,

@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "models/runner_factory.h"
+#include "models/weights.h"
 
 namespace asynct {
 namespace {
@@ -138,8 +139,8 @@ std::string breakdown(const char* scenario, const char* model, const Run& run) {
   return line;
 }
 
-Run run_scenario(const Scenario& s, Architecture arch, const ScenarioOptions& o) {
-  const ModelWeights& weights = weights_for(arch, o);
+// One timed run of the scenario on `weights` (`label` names the model in the progress lines).
+Run run_scenario(const Scenario& s, const ModelWeights& weights, const char* label, const ScenarioOptions& o) {
   const ModelConfig& config = weights.config;
   std::mt19937_64 rng(o.seed);  // the same prompts for both models
   const int prompt_min = std::max(1, s.prompt_min / o.scale), prompt_max = std::max(1, s.prompt_max / o.scale);
@@ -185,7 +186,7 @@ Run run_scenario(const Scenario& s, Architecture arch, const ScenarioOptions& o)
   const auto interval = terminal ? std::chrono::milliseconds(250) : std::chrono::milliseconds(10000);
   const auto show = [&](const EngineStats& st) {
     std::fprintf(stderr, "%s  %-18s %-7s step %5lld, %7lld prefill + %6lld decode tokens%s", terminal ? "\r" : "",
-                 s.name, arch == Architecture::AsyncT ? "asynct" : "qwen3", static_cast<long long>(st.steps),
+                 s.name, label, static_cast<long long>(st.steps),
                  static_cast<long long>(st.prefill_tokens), static_cast<long long>(st.decode_tokens),
                  terminal ? "" : "\n");
   };
@@ -252,6 +253,52 @@ std::vector<std::string> scenario_names() {
   return names;
 }
 
+namespace {
+
+void write_json(const nlohmann::json& out, const std::string& path) {
+  std::ofstream f(path);
+  check(bool(f), "bench: cannot write ", path);
+  f << out.dump(2) << "\n";
+  check(bool(f.flush()), "bench: writing ", path, " failed");
+  std::printf("\nwrote %s\n", path.c_str());
+}
+
+// --model: the chosen scenario on one checkpoint (no second model to compare with).
+int run_checkpoint_scenarios(const ScenarioOptions& o) {
+  std::fprintf(stderr, "  loading %s\n", o.model_dir.c_str());
+  const ModelWeights weights = load_weights(o.model_dir);
+  const std::string name = weights.config.architecture_name();
+  std::printf("asynct bench: %s (%s), lengths / %d, device %s, median of %d run%s\n", o.model_dir.c_str(), name.c_str(),
+              o.scale, o.device.c_str(), o.repeat, o.repeat == 1 ? "" : "s");
+  std::printf("\n%-18s %10s %12s %16s\n", "scenario", "seconds", "tokens/s", "output tokens/s");
+  nlohmann::json results = nlohmann::json::array();
+  std::vector<std::string> lines;
+  for (const Scenario& s : kScenarios) {
+    if (o.only.empty() ? s.by_name_only : o.only != s.name) continue;
+    if (o.warmup && o.device == "cuda") run_scenario(s, weights, "untimed", o);  // loads the scenario's kernels
+    std::vector<Run> runs;
+    for (int r = 0; r < o.repeat; ++r) runs.push_back(run_scenario(s, weights, "timed", o));
+    const Run& m = median_run(runs);
+    const double output_tokens = double(s.requests) * std::max(1, s.output / o.scale);
+    char line[160];
+    std::snprintf(line, sizeof line, "%-18s %10.3f %12.1f %16.1f", s.name, m.seconds, double(m.tokens) / m.seconds,
+                  output_tokens / m.seconds);
+    lines.push_back(line);
+    lines.push_back(breakdown(s.name, name.c_str(), m));
+    results.push_back({{"scenario", s.name}, {"seconds", m.seconds}, {"tokens", m.tokens},
+                       {"output_tokens_per_second", output_tokens / m.seconds}, {"steps", m.steps},
+                       {"decode_steps", m.decode_steps}, {"decode_step_ms", m.decode_step_ms},
+                       {"phase_ms", m.phase_ms}, {"seconds_each_run", seconds_of(runs)}});
+  }
+  for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+  if (!o.json_path.empty())
+    write_json({{"model", o.model_dir}, {"architecture", name}, {"scale", o.scale}, {"device", o.device},
+                {"results", results}}, o.json_path);
+  return 0;
+}
+
+}  // namespace
+
 int run_scenarios(const ScenarioOptions& options) {
   // Every option is checked before anything is printed or made (a 1.7B model's random weights
   // take most of a minute on a few cores).
@@ -273,6 +320,10 @@ int run_scenarios(const ScenarioOptions& options) {
   check(o.config == "tiny" || o.config == "1.7b", "bench: --config must be tiny, 1.7b or auto");
   check(o.scale >= 1, "bench: --scale must be >= 1");
   check(o.repeat >= 1, "bench: --repeat must be >= 1");
+  if (!o.model_dir.empty()) {
+    check(!o.only.empty(), "bench: --model runs one scenario: name it with --scenario");
+    return run_checkpoint_scenarios(o);
+  }
   std::printf("asynct bench: %s config, lengths / %d, device %s, median of %d run%s per model\n", o.config.c_str(),
               o.scale, o.device.c_str(), o.repeat, o.repeat == 1 ? "" : "s");
   nlohmann::json results = nlohmann::json::array();
@@ -292,15 +343,15 @@ int run_scenarios(const ScenarioOptions& options) {
       // the scenario loads them for both. (Loading every kernel at start-up instead,
       // CUDA_MODULE_LOADING=EAGER, measured ~100 s per start.)
       std::fprintf(stderr, "  %s: untimed first run\n", s.name);
-      run_scenario(s, Architecture::AsyncT, o);
+      run_scenario(s, weights_for(Architecture::AsyncT, o), "asynct", o);
     }
     for (int r = 0; r < o.repeat; ++r) {
       if (r % 2 == 0) {
-        asynct_runs.push_back(run_scenario(s, Architecture::AsyncT, o));
-        qwen3_runs.push_back(run_scenario(s, Architecture::Qwen3, o));
+        asynct_runs.push_back(run_scenario(s, weights_for(Architecture::AsyncT, o), "asynct", o));
+        qwen3_runs.push_back(run_scenario(s, weights_for(Architecture::Qwen3, o), "qwen3", o));
       } else {
-        qwen3_runs.push_back(run_scenario(s, Architecture::Qwen3, o));
-        asynct_runs.push_back(run_scenario(s, Architecture::AsyncT, o));
+        qwen3_runs.push_back(run_scenario(s, weights_for(Architecture::Qwen3, o), "qwen3", o));
+        asynct_runs.push_back(run_scenario(s, weights_for(Architecture::AsyncT, o), "asynct", o));
       }
     }
     const Run& a = median_run(asynct_runs);
@@ -327,12 +378,7 @@ int run_scenarios(const ScenarioOptions& options) {
   }
   for (const std::string& l : lines) std::printf("%s\n", l.c_str());
   if (o.json_path.empty()) return 0;
-  nlohmann::json out = {{"config", o.config}, {"scale", o.scale}, {"device", o.device}, {"results", results}};
-  std::ofstream f(o.json_path);
-  check(bool(f), "bench: cannot write ", o.json_path);
-  f << out.dump(2) << "\n";
-  check(bool(f.flush()), "bench: writing ", o.json_path, " failed");
-  std::printf("\nwrote %s\n", o.json_path.c_str());
+  write_json({{"config", o.config}, {"scale", o.scale}, {"device", o.device}, {"results", results}}, o.json_path);
   return 0;
 }
 

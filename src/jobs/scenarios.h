@@ -13,6 +13,7 @@ struct ScenarioOptions {
   std::string config = "auto";  // tiny, 1.7b, or auto: 1.7b on the GPU, tiny on the CPU
   int scale = 0;                // divide every length by this; 0: 1 on the GPU, 64 on the CPU
   std::string only;             // run one scenario by name (scenario_names())
+  std::string model_dir;        // a checkpoint to run `only` on, instead of both built-in models
   std::string json_path;        // where to write the results as JSON; empty: no file
   std::uint64_t seed = 0;
   int block_size = 16;

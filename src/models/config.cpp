@@ -334,7 +334,9 @@ ModelConfig tiny_config(Architecture architecture) {
   c.uclip_value = architecture == Architecture::AsyncT ? 4.0f : 0.0f;
   if (architecture == Architecture::Llama) {
     // 3 query heads per KV head, as SmolLM2-135M has (9 / 3): a group that is not a power of
-    // two, and a q width (384) other than the hidden size.
+    // two, and a q width (384) other than the hidden size (192: transformers' LlamaConfig
+    // wants it a multiple of the head count).
+    c.hidden_size = 192;
     c.num_attention_heads = 6;
     c.num_key_value_heads = 2;
   }

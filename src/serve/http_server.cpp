@@ -77,6 +77,9 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
   const int threads = options_.threads;
   s.new_task_queue = [threads] { return new httplib::ThreadPool(std::size_t(threads)); };
   s.set_payload_max_length(options_.max_body_bytes);
+  // Each token goes out as its own small write: without TCP_NODELAY, Nagle's algorithm holds a
+  // write back until the one before is acknowledged.
+  s.set_tcp_nodelay(true);
 
   const auto completion = [this](Endpoint endpoint) {
     return [this, endpoint](const httplib::Request& req, httplib::Response& res) {

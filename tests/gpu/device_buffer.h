@@ -64,6 +64,7 @@ class DeviceBuffer {
   T* as() const { return static_cast<T*>(data_); }
   void* data() const { return data_; }
   const Shape& shape() const { return shape_; }
+  DType dtype() const { return dtype_; }
   std::int64_t numel() const { return shape_numel(shape_); }
   // A borrowed cuda Tensor over this memory (what the kernel entry points take).
   Tensor view() const { return Tensor::borrow(data_, dtype_, shape_, Device::CUDA); }

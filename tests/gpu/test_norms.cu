@@ -4,7 +4,8 @@
 //
 // Inputs are bf16-exact floats, so kernel and reference see the same values; the reference
 // works in float64. Outputs are bf16, whose rounding alone gives a relative Frobenius error
-// of ~2e-3 (up to ~4e-3 with the residual's own rounding); the bound is kTolerance = 1e-2.
+// of ~2e-3 (up to ~4e-3 with the residual's own rounding); the bound is kTolerance = 1e-2. An fp32
+// residual stream is the fp32 sum of the same values (~1e-7 from float64): kFp32Tolerance = 1e-5.
 // Every output buffer is poisoned (NaN) first, so an element the kernel skips fails.
 #include <algorithm>
 #include <cmath>
@@ -32,6 +33,7 @@ using testing::expect_error;
 using testing::Random;
 
 constexpr double kTolerance = 1e-2;
+constexpr double kFp32Tolerance = 1e-5;
 constexpr float kEps = 1e-6f;
 // Inputs have stddev 3 and normalised values ~N(0, 1), so a clip of 1 clips about a third of
 // them: the UClip cases really exercise the clamp.
@@ -44,6 +46,31 @@ NormConfig config_for(bool uclip) {
 kernels::NormArgs device_args(const NormConfig& c) { return {c.eps, c.clip}; }
 
 DeviceBuffer to_device(const Tensor& host) { return DeviceBuffer::upload(host, DType::BF16); }
+// The residual stream in either of its types, and the bound its result is held to.
+double residual_tolerance(DType type) { return type == DType::F32 ? kFp32Tolerance : kTolerance; }
+const char* type_name(DType type) { return type == DType::F32 ? ", fp32 residual" : ", bf16 residual"; }
+
+// The fused norms' entry points for a residual stream of either type.
+void fused_add_norm_on_device(const kernels::LinearOutput& x, const DeviceBuffer& residual, const DeviceBuffer& w,
+                              const DeviceBuffer& out, int rows, int hidden, kernels::NormArgs args) {
+  if (residual.dtype() == DType::F32)
+    kernels::launch_fused_add_norm(x, residual.as<float>(), w.as<bf16>(), out.as<bf16>(), rows, hidden, args, nullptr);
+  else
+    kernels::launch_fused_add_norm(x, residual.as<bf16>(), w.as<bf16>(), out.as<bf16>(), rows, hidden, args, nullptr);
+  testing::check_launch("launch_fused_add_norm");
+}
+void post_attn_pre_mlp_on_device(const kernels::LinearOutput& x, const DeviceBuffer& residual,
+                                 const DeviceBuffer& w_out, const DeviceBuffer& w_next, const DeviceBuffer& out,
+                                 int rows, int hidden, kernels::NormArgs args) {
+  if (residual.dtype() == DType::F32)
+    kernels::launch_post_attn_pre_mlp(x, residual.as<float>(), w_out.as<bf16>(), w_next.as<bf16>(), out.as<bf16>(),
+                                      rows, hidden, args, nullptr);
+  else
+    kernels::launch_post_attn_pre_mlp(x, residual.as<bf16>(), w_out.as<bf16>(), w_next.as<bf16>(), out.as<bf16>(),
+                                      rows, hidden, args, nullptr);
+  testing::check_launch("launch_post_attn_pre_mlp");
+}
+
 // q [T, Hq, D], k and v [T, Hkv, D] as one GEMM over the concatenated projections writes them:
 // [T, (Hq + 2 Hkv) D], each token's q heads, then its k heads, then its v heads.
 Tensor concat_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -82,6 +109,15 @@ void check_norm(int rows, int hidden, bool uclip, std::uint64_t seed) {
   EXPECT_TRUE(close_to(dout.download_float(), ref, kTolerance));
   // The input is read-only.
   EXPECT_TRUE(close_to(dx.download_float(), x, 0.0));
+
+  // The same norm, keeping its input as an fp32 residual stream: exactly x.
+  DeviceBuffer kept(DType::F32, {rows, hidden}), dout_kept = poisoned({rows, hidden});
+  kept.poison();
+  kernels::launch_norm_keeping_input(dx.as<bf16>(), kept.as<float>(), dw.as<bf16>(), dout_kept.as<bf16>(), rows,
+                                     hidden, device_args(config), nullptr);
+  testing::check_launch("launch_norm_keeping_input");
+  EXPECT_TRUE(close_to(dout_kept.download_float(), ref, kTolerance)) << "keeping input: out";
+  EXPECT_TRUE(close_to(kept.download_float(), x, 0.0)) << "keeping input: residual";
 }
 
 TEST(NormKernel, SmallRowsMatchReference) {
@@ -105,9 +141,9 @@ TEST(NormKernel, MatchesReference) {
 
 // ---- launch_fused_add_norm ----------------------------------------------------------------
 
-void check_fused_add_norm(int rows, int hidden, bool uclip, std::uint64_t seed) {
+void check_fused_add_norm(int rows, int hidden, bool uclip, std::uint64_t seed, DType residual_type) {
   SCOPED_TRACE(::testing::Message() << "rows " << rows << ", hidden " << hidden
-                                    << (uclip ? ", UClip" : ", RMS"));
+                                    << (uclip ? ", UClip" : ", RMS") << type_name(residual_type));
   Random rng(seed);
   Tensor x = rng.normal({rows, hidden}, kInputStddev, true);
   Tensor residual = rng.normal({rows, hidden}, kInputStddev, true);
@@ -115,21 +151,22 @@ void check_fused_add_norm(int rows, int hidden, bool uclip, std::uint64_t seed) 
   const NormConfig config = config_for(uclip);
   NormAndResidual ref = fused_add_norm(x, residual, w, config);
 
-  DeviceBuffer dx = to_device(x), dres = to_device(residual), dw = to_device(w);
+  DeviceBuffer dx = to_device(x), dres = DeviceBuffer::upload(residual, residual_type), dw = to_device(w);
   DeviceBuffer dout = poisoned({rows, hidden});
-  kernels::launch_fused_add_norm(dx.as<bf16>(), dres.as<bf16>(), dw.as<bf16>(), dout.as<bf16>(),
-                                 rows, hidden, device_args(config), nullptr);
-  testing::check_launch("launch_fused_add_norm");
+  fused_add_norm_on_device(kernels::LinearOutput::of(dx.as<bf16>()), dres, dw, dout, rows, hidden,
+                           device_args(config));
   EXPECT_TRUE(close_to(dout.download_float(), ref.out, kTolerance)) << "out";
-  // The in-place residual is the bf16-rounded sum; the reference keeps it in float.
-  EXPECT_TRUE(close_to(dres.download_float(), ref.residual, kTolerance)) << "residual";
+  // The in-place residual is the sum in fp32, rounded when it is bf16; the reference's is float64.
+  EXPECT_TRUE(close_to(dres.download_float(), ref.residual, residual_tolerance(residual_type))) << "residual";
 }
 
 TEST(FusedAddNormKernel, SmallMatchesReference) {
   testing::require_gpu();
   for (bool uclip : {true, false}) {
-    check_fused_add_norm(1, 64, uclip, 3);
-    check_fused_add_norm(3, 2048, uclip, 3);
+    for (DType type : {DType::BF16, DType::F32}) {
+      check_fused_add_norm(1, 64, uclip, 3, type);
+      check_fused_add_norm(3, 2048, uclip, 3, type);
+    }
   }
 }
 
@@ -137,15 +174,16 @@ TEST(FusedAddNormKernel, MatchesReference) {
   testing::require_gpu();
   for (int hidden : {1000, 2048, 5120, 20000})
     for (int rows : {1, 3, 17})
-      for (bool uclip : {true, false}) check_fused_add_norm(rows, hidden, uclip, 4);
-  check_fused_add_norm(1000, 2048, /*uclip=*/true, 4);
+      for (bool uclip : {true, false})
+        for (DType type : {DType::BF16, DType::F32}) check_fused_add_norm(rows, hidden, uclip, 4, type);
+  for (DType type : {DType::BF16, DType::F32}) check_fused_add_norm(1000, 2048, /*uclip=*/true, 4, type);
 }
 
 // ---- launch_post_attn_pre_mlp -------------------------------------------------------------
 
-void check_post_attn_pre_mlp(int rows, int hidden, bool uclip, std::uint64_t seed) {
+void check_post_attn_pre_mlp(int rows, int hidden, bool uclip, std::uint64_t seed, DType residual_type) {
   SCOPED_TRACE(::testing::Message() << "rows " << rows << ", hidden " << hidden
-                                    << (uclip ? ", UClip" : ", RMS"));
+                                    << (uclip ? ", UClip" : ", RMS") << type_name(residual_type));
   Random rng(seed);
   Tensor attn_out = rng.normal({rows, hidden}, kInputStddev, true);
   Tensor residual = rng.normal({rows, hidden}, kInputStddev, true);
@@ -154,22 +192,22 @@ void check_post_attn_pre_mlp(int rows, int hidden, bool uclip, std::uint64_t see
   const NormConfig config = config_for(uclip);
   NormAndResidual ref = post_attn_pre_mlp(attn_out, residual, w_out, w_next, config);
 
-  DeviceBuffer dattn = to_device(attn_out), dres = to_device(residual);
+  DeviceBuffer dattn = to_device(attn_out), dres = DeviceBuffer::upload(residual, residual_type);
   DeviceBuffer dw_out = to_device(w_out), dw_next = to_device(w_next);
   DeviceBuffer dmlp_in = poisoned({rows, hidden});
-  kernels::launch_post_attn_pre_mlp(dattn.as<bf16>(), dres.as<bf16>(), dw_out.as<bf16>(),
-                                    dw_next.as<bf16>(), dmlp_in.as<bf16>(), rows, hidden,
-                                    device_args(config), nullptr);
-  testing::check_launch("launch_post_attn_pre_mlp");
+  post_attn_pre_mlp_on_device(kernels::LinearOutput::of(dattn.as<bf16>()), dres, dw_out, dw_next, dmlp_in, rows,
+                              hidden, device_args(config));
   EXPECT_TRUE(close_to(dmlp_in.download_float(), ref.out, kTolerance)) << "mlp_in";
-  EXPECT_TRUE(close_to(dres.download_float(), ref.residual, kTolerance)) << "residual";
+  EXPECT_TRUE(close_to(dres.download_float(), ref.residual, residual_tolerance(residual_type))) << "residual";
 }
 
 TEST(PostAttnPreMlpKernel, SmallMatchesReference) {
   testing::require_gpu();
   for (bool uclip : {true, false}) {
-    check_post_attn_pre_mlp(1, 64, uclip, 5);
-    check_post_attn_pre_mlp(3, 2048, uclip, 5);
+    for (DType type : {DType::BF16, DType::F32}) {
+      check_post_attn_pre_mlp(1, 64, uclip, 5, type);
+      check_post_attn_pre_mlp(3, 2048, uclip, 5, type);
+    }
   }
 }
 
@@ -177,8 +215,9 @@ TEST(PostAttnPreMlpKernel, MatchesReference) {
   testing::require_gpu();
   for (int hidden : {1000, 2048, 5120, 20000})
     for (int rows : {1, 3, 17})
-      for (bool uclip : {true, false}) check_post_attn_pre_mlp(rows, hidden, uclip, 6);
-  check_post_attn_pre_mlp(1000, 2048, /*uclip=*/true, 6);
+      for (bool uclip : {true, false})
+        for (DType type : {DType::BF16, DType::F32}) check_post_attn_pre_mlp(rows, hidden, uclip, 6, type);
+  for (DType type : {DType::BF16, DType::F32}) check_post_attn_pre_mlp(1000, 2048, /*uclip=*/true, 6, type);
 }
 
 // ---- x as a GEMM's split partial sums (linear_output.h) ------------------------------------
@@ -213,23 +252,23 @@ void check_norms_from_splits(int rows, int hidden, int splits, bool uclip, std::
   Tensor w_out = rng.normal({hidden}, 1.0f, true), w_next = rng.normal({hidden}, 1.0f, true);
   const NormConfig config = config_for(uclip);
   DeviceBuffer dw_out = to_device(w_out), dw_next = to_device(w_next);
-  {
-    NormAndResidual ref = fused_add_norm(x.total, residual, w_next, config);
-    DeviceBuffer dres = to_device(residual), dout = poisoned({rows, hidden});
-    kernels::launch_fused_add_norm(x.view, dres.as<bf16>(), dw_next.as<bf16>(), dout.as<bf16>(), rows, hidden,
-                                   device_args(config), nullptr);
-    testing::check_launch("launch_fused_add_norm (splits)");
-    EXPECT_TRUE(close_to(dout.download_float(), ref.out, kTolerance)) << "fused_add_norm out";
-    EXPECT_TRUE(close_to(dres.download_float(), ref.residual, kTolerance)) << "fused_add_norm residual";
-  }
-  {
-    NormAndResidual ref = post_attn_pre_mlp(x.total, residual, w_out, w_next, config);
-    DeviceBuffer dres = to_device(residual), dout = poisoned({rows, hidden});
-    kernels::launch_post_attn_pre_mlp(x.view, dres.as<bf16>(), dw_out.as<bf16>(), dw_next.as<bf16>(),
-                                      dout.as<bf16>(), rows, hidden, device_args(config), nullptr);
-    testing::check_launch("launch_post_attn_pre_mlp (splits)");
-    EXPECT_TRUE(close_to(dout.download_float(), ref.out, kTolerance)) << "post_attn_pre_mlp mlp_in";
-    EXPECT_TRUE(close_to(dres.download_float(), ref.residual, kTolerance)) << "post_attn_pre_mlp residual";
+  for (DType type : {DType::BF16, DType::F32}) {
+    SCOPED_TRACE(type_name(type));
+    {
+      NormAndResidual ref = fused_add_norm(x.total, residual, w_next, config);
+      DeviceBuffer dres = DeviceBuffer::upload(residual, type), dout = poisoned({rows, hidden});
+      fused_add_norm_on_device(x.view, dres, dw_next, dout, rows, hidden, device_args(config));
+      EXPECT_TRUE(close_to(dout.download_float(), ref.out, kTolerance)) << "fused_add_norm out";
+      EXPECT_TRUE(close_to(dres.download_float(), ref.residual, residual_tolerance(type))) << "fused_add_norm residual";
+    }
+    {
+      NormAndResidual ref = post_attn_pre_mlp(x.total, residual, w_out, w_next, config);
+      DeviceBuffer dres = DeviceBuffer::upload(residual, type), dout = poisoned({rows, hidden});
+      post_attn_pre_mlp_on_device(x.view, dres, dw_out, dw_next, dout, rows, hidden, device_args(config));
+      EXPECT_TRUE(close_to(dout.download_float(), ref.out, kTolerance)) << "post_attn_pre_mlp mlp_in";
+      EXPECT_TRUE(close_to(dres.download_float(), ref.residual, residual_tolerance(type)))
+          << "post_attn_pre_mlp residual";
+    }
   }
 }
 

@@ -58,6 +58,15 @@ __device__ __forceinline__ float group_sum(float v) {
 
 __device__ __forceinline__ void load8(const bf16* p, float (&x)[8]) { to_float8(load_bf16x8(p), x); }
 __device__ __forceinline__ void store8(bf16* p, const float (&x)[8]) { store_bf16x8(p, from_float8(x)); }
+// The same for an fp32 row (the residual stream, norms.h): two 16-byte accesses.
+__device__ __forceinline__ void load8(const float* p, float (&x)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+}
+__device__ __forceinline__ void store8(float* p, const float (&x)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(x[0], x[1], x[2], x[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(x[4], x[5], x[6], x[7]);
+}
 
 __device__ __forceinline__ float sum_squares8(const float (&x)[8]) {
   float s = 0.0f;

@@ -51,12 +51,15 @@ __device__ __forceinline__ void add8(float (&x)[8], const float (&y)[8]) {
 
 // ---- Row norms: norm, fused add + norm, post-attention + pre-MLP ----------------------------
 
-enum class RowOp { Norm, FusedAdd, PostAttnPreMlp };
+// Norm: out = norm(x). Start: residual = x; out = norm(x) (a stream's first norm, which keeps its
+// input). FusedAdd: residual += x; out = norm(residual). PostAttnPreMlp: residual += norm(x,
+// first_weight); out = norm(residual).
+enum class RowOp { Norm, Start, FusedAdd, PostAttnPreMlp };
 
 struct RowParams {
   const bf16* x = nullptr;             // Norm/FusedAdd: x; PostAttnPreMlp: attn_out
   LinearOutput x_split;                // or x as split partial sums (linear_output.h)
-  bf16* residual = nullptr;            // FusedAdd, PostAttnPreMlp (updated in place)
+  void* residual = nullptr;            // all but Norm: bf16 or float (the kernels' RES), in place
   const bf16* first_weight = nullptr;  // PostAttnPreMlp: the norm applied to attn_out
   const bf16* weight = nullptr;        // the norm that produces `out`
   bf16* out = nullptr;
@@ -90,8 +93,8 @@ struct RowThread {
 };
 
 // Vectors past the row's end are zero, so they add nothing to the sum of squares.
-template <int VECS, class Thread>
-__device__ __forceinline__ void load_row(const bf16* row, int vectors, const Thread& t,
+template <int VECS, class T, class Thread>
+__device__ __forceinline__ void load_row(const T* row, int vectors, const Thread& t,
                                          float (&x)[VECS][8]) {
 #pragma unroll
   for (int k = 0; k < VECS; ++k) {
@@ -116,8 +119,8 @@ __device__ __forceinline__ void load_partial_row(const LinearOutput& in, std::in
   }
 }
 
-template <int VECS, class Thread>
-__device__ __forceinline__ void store_row(bf16* row, int vectors, const Thread& t,
+template <int VECS, class T, class Thread>
+__device__ __forceinline__ void store_row(T* row, int vectors, const Thread& t,
                                           const float (&x)[VECS][8]) {
 #pragma unroll
   for (int k = 0; k < VECS; ++k) {
@@ -158,8 +161,9 @@ __device__ __forceinline__ void norm_row(float (&x)[VECS][8], const Bf16x8 (&w)[
   }
 }
 
-template <RowOp OP, int VECS, bool WARP_PER_ROW, bool SPLIT_X>
+template <RowOp OP, class RES, int VECS, bool WARP_PER_ROW, bool SPLIT_X>
 __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
+  RES* const residual = static_cast<RES*>(p.residual);
   __shared__ float partial[2][kMaxWarps];
   const RowThread<WARP_PER_ROW> t;
   // Only whole warps of a warp-per-row grid's last block get here; they use no barrier.
@@ -177,9 +181,10 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
   else
     load_row(p.x + base, p.vectors, t, x);
   load_weights(p.weight, p.vectors, t, w);
-  if constexpr (OP != RowOp::Norm) {
+  if constexpr (OP == RowOp::Start) store_row(residual + base, p.vectors, t, x);
+  if constexpr (OP == RowOp::FusedAdd || OP == RowOp::PostAttnPreMlp) {
     float r[VECS][8];
-    load_row(p.residual + base, p.vectors, t, r);  // issued before the reduction waits
+    load_row(residual + base, p.vectors, t, r);  // issued before the reduction waits
     if constexpr (OP == RowOp::PostAttnPreMlp) {
       Bf16x8 first_w[VECS];
       load_weights(p.first_weight, p.vectors, t, first_w);
@@ -187,8 +192,8 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
     }
 #pragma unroll
     for (int k = 0; k < VECS; ++k) add8(x[k], r[k]);
-    // The stored residual is rounded to bf16; the norm below uses the exact fp32 sum.
-    store_row(p.residual + base, p.vectors, t, x);
+    // A bf16 residual is stored rounded; the norm below uses the exact fp32 sum either way.
+    store_row(residual + base, p.vectors, t, x);
   }
   norm_row(x, w, p.vectors, t, row_inv_rms(x, t, partial[1], p), p.clip);
   store_row(p.out + base, p.vectors, t, x);
@@ -196,14 +201,15 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_kernel(RowParams p) {
 
 // Rows too wide to hold in registers: one block per row, re-reading the row from memory (L2
 // mostly). Unlike the register path, the fused forms normalise the residual as stored, i.e.
-// after its rounding to bf16.
-template <RowOp OP>
+// after its rounding when it is bf16.
+template <RowOp OP, class RES>
 __global__ void __launch_bounds__(kMaxThreads) row_norm_multipass_kernel(RowParams p) {
   __shared__ float partial[2][kMaxWarps];
   wait_for_prior_grids();
   allow_next_grid();
+  RES* const residual = static_cast<RES*>(p.residual);
   const std::int64_t base = std::int64_t(blockIdx.x) * p.vectors * 8;
-  const bf16* source = OP == RowOp::Norm ? p.x : p.residual;
+  constexpr bool kAdds = OP == RowOp::FusedAdd || OP == RowOp::PostAttnPreMlp;
 
   float first_inv = 0.0f;
   if constexpr (OP == RowOp::PostAttnPreMlp) {
@@ -219,68 +225,70 @@ __global__ void __launch_bounds__(kMaxThreads) row_norm_multipass_kernel(RowPara
   for (int j = threadIdx.x; j < p.vectors; j += blockDim.x) {
     float x[8];
     load8(p.x + base + 8 * j, x);
-    if constexpr (OP != RowOp::Norm) {
+    if constexpr (kAdds) {
       if constexpr (OP == RowOp::PostAttnPreMlp)
         apply_norm8(x, p.first_weight + 8 * j, first_inv, p.clip);
       float r[8];
-      load8(p.residual + base + 8 * j, r);
+      load8(residual + base + 8 * j, r);
       add8(x, r);
       // Each thread re-reads below exactly the vectors it writes here: no barrier needed.
-      store8(p.residual + base + 8 * j, x);
+      store8(residual + base + 8 * j, x);
     }
+    if constexpr (OP == RowOp::Start) store8(residual + base + 8 * j, x);
     s += sum_squares8(x);
   }
   const float inv = inv_rms(block_sum(s, partial[1]), p.inv_hidden, p.eps);
   for (int j = threadIdx.x; j < p.vectors; j += blockDim.x) {
     float x[8];
-    load8(source + base + 8 * j, x);
+    if constexpr (kAdds) load8(residual + base + 8 * j, x);
+    else load8(p.x + base + 8 * j, x);
     apply_norm8(x, p.weight + 8 * j, inv, p.clip);
     store8(p.out + base + 8 * j, x);
   }
 }
 
-template <RowOp OP, int VECS, bool SPLIT_X>
+template <RowOp OP, class RES, int VECS, bool SPLIT_X>
 void launch_warp_per_row(const RowParams& p, cudaStream_t stream, const char* who) {
   constexpr int kRowsPerBlock = 4;
   const int blocks = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
-  launch_dependent(row_norm_kernel<OP, VECS, true, SPLIT_X>, blocks, kRowsPerBlock * kWarp, 0, stream, who, p);
+  launch_dependent(row_norm_kernel<OP, RES, VECS, true, SPLIT_X>, blocks, kRowsPerBlock * kWarp, 0, stream, who, p);
 }
 
-template <RowOp OP, int VECS, bool SPLIT_X>
+template <RowOp OP, class RES, int VECS, bool SPLIT_X>
 void launch_block_per_row(const RowParams& p, cudaStream_t stream, const char* who) {
   const int threads = round_up((p.vectors + VECS - 1) / VECS, kWarp);
-  launch_dependent(row_norm_kernel<OP, VECS, false, SPLIT_X>, p.rows, threads, 0, stream, who, p);
+  launch_dependent(row_norm_kernel<OP, RES, VECS, false, SPLIT_X>, p.rows, threads, 0, stream, who, p);
 }
 
 // The widest row each configuration holds in registers: 8 vectors of 8 per thread at most,
 // which keeps the fused forms (two such arrays live) clear of spills.
 constexpr int kMaxRegisterVectors = kMaxThreads * 8;
 
-template <RowOp OP>
+template <RowOp OP, class RES>
 void launch_row(const RowParams& p, cudaStream_t stream, const char* who) {
   const int v = p.vectors;
-  if (v <= kWarp) launch_warp_per_row<OP, 1, false>(p, stream, who);
-  else if (v <= 2 * kWarp) launch_warp_per_row<OP, 2, false>(p, stream, who);
-  else if (v <= 4 * kWarp) launch_warp_per_row<OP, 4, false>(p, stream, who);
+  if (v <= kWarp) launch_warp_per_row<OP, RES, 1, false>(p, stream, who);
+  else if (v <= 2 * kWarp) launch_warp_per_row<OP, RES, 2, false>(p, stream, who);
+  else if (v <= 4 * kWarp) launch_warp_per_row<OP, RES, 4, false>(p, stream, who);
   // FusedAdd already has two loads (x, residual) in flight per vector: one vector per thread
   // measured ~4% faster for it at hidden 2048; the others measured faster with two.
-  else if (OP == RowOp::FusedAdd && v <= kMaxThreads) launch_block_per_row<OP, 1, false>(p, stream, who);
-  else if (v <= 2 * kMaxThreads) launch_block_per_row<OP, 2, false>(p, stream, who);
-  else if (v <= 4 * kMaxThreads) launch_block_per_row<OP, 4, false>(p, stream, who);
-  else if (v <= kMaxRegisterVectors) launch_block_per_row<OP, 8, false>(p, stream, who);
-  else launch_dependent(row_norm_multipass_kernel<OP>, p.rows, kMaxThreads, 0, stream, who, p);
+  else if (OP == RowOp::FusedAdd && v <= kMaxThreads) launch_block_per_row<OP, RES, 1, false>(p, stream, who);
+  else if (v <= 2 * kMaxThreads) launch_block_per_row<OP, RES, 2, false>(p, stream, who);
+  else if (v <= 4 * kMaxThreads) launch_block_per_row<OP, RES, 4, false>(p, stream, who);
+  else if (v <= kMaxRegisterVectors) launch_block_per_row<OP, RES, 8, false>(p, stream, who);
+  else launch_dependent(row_norm_multipass_kernel<OP, RES>, p.rows, kMaxThreads, 0, stream, who, p);
 }
 
 // x from split partial sums (decode-sized products): each thread loads every split of its
 // vectors, so one vector per thread up to kMaxThreads vectors keeps the loads in flight wide.
-template <RowOp OP>
+template <RowOp OP, class RES>
 void launch_row_from_splits(const RowParams& p, cudaStream_t stream, const char* who) {
   const int v = p.vectors;
-  if (v <= kWarp) launch_warp_per_row<OP, 1, true>(p, stream, who);
-  else if (v <= 2 * kWarp) launch_warp_per_row<OP, 2, true>(p, stream, who);
-  else if (v <= kMaxThreads) launch_block_per_row<OP, 1, true>(p, stream, who);
-  else if (v <= 2 * kMaxThreads) launch_block_per_row<OP, 2, true>(p, stream, who);
-  else if (v <= 4 * kMaxThreads) launch_block_per_row<OP, 4, true>(p, stream, who);
+  if (v <= kWarp) launch_warp_per_row<OP, RES, 1, true>(p, stream, who);
+  else if (v <= 2 * kWarp) launch_warp_per_row<OP, RES, 2, true>(p, stream, who);
+  else if (v <= kMaxThreads) launch_block_per_row<OP, RES, 1, true>(p, stream, who);
+  else if (v <= 2 * kMaxThreads) launch_block_per_row<OP, RES, 2, true>(p, stream, who);
+  else if (v <= 4 * kMaxThreads) launch_block_per_row<OP, RES, 4, true>(p, stream, who);
   else check(false, who, ": rows of ", 8 * v, " values from split partial sums are not supported (at most ",
              32 * kMaxThreads, ")");
 }
@@ -316,7 +324,19 @@ void launch_norm(const bf16* x, const bf16* weight, bf16* out, int rows, int hid
   p.x = x;
   p.weight = weight;
   p.out = out;
-  launch_row<RowOp::Norm>(p, stream, who);
+  launch_row<RowOp::Norm, bf16>(p, stream, who);
+}
+
+void launch_norm_keeping_input(const bf16* x, float* residual, const bf16* weight, bf16* out, int rows, int hidden,
+                               NormArgs args, cudaStream_t stream) {
+  constexpr const char* who = "launch_norm_keeping_input";
+  RowParams p = row_params(who, rows, hidden, args,
+                           {{x, "x"}, {residual, "residual"}, {weight, "weight"}, {out, "out"}});
+  p.x = x;
+  p.residual = residual;
+  p.weight = weight;
+  p.out = out;
+  launch_row<RowOp::Start, float>(p, stream, who);
 }
 
 namespace {
@@ -333,33 +353,27 @@ void set_x(RowParams& p, const LinearOutput& x, const char* who) {
   p.x_split = x;
 }
 
-template <RowOp OP>
+template <RowOp OP, class RES>
 void launch_with_x(const RowParams& p, cudaStream_t stream, const char* who) {
-  if (p.x_split.is_split()) launch_row_from_splits<OP>(p, stream, who);
-  else launch_row<OP>(p, stream, who);
+  if (p.x_split.is_split()) launch_row_from_splits<OP, RES>(p, stream, who);
+  else launch_row<OP, RES>(p, stream, who);
 }
 
-}  // namespace
-
-void launch_fused_add_norm(const LinearOutput& x, bf16* residual, const bf16* weight, bf16* out,
-                           int rows, int hidden, NormArgs args, cudaStream_t stream) {
+template <class RES>
+void fused_add_norm(const LinearOutput& x, RES* residual, const bf16* weight, bf16* out, int rows, int hidden,
+                    NormArgs args, cudaStream_t stream) {
   constexpr const char* who = "launch_fused_add_norm";
   RowParams p = row_params(who, rows, hidden, args, {{residual, "residual"}, {weight, "weight"}, {out, "out"}});
   set_x(p, x, who);
   p.residual = residual;
   p.weight = weight;
   p.out = out;
-  launch_with_x<RowOp::FusedAdd>(p, stream, who);
+  launch_with_x<RowOp::FusedAdd, RES>(p, stream, who);
 }
 
-void launch_fused_add_norm(const bf16* x, bf16* residual, const bf16* weight, bf16* out,
-                           int rows, int hidden, NormArgs args, cudaStream_t stream) {
-  launch_fused_add_norm(LinearOutput::of(x), residual, weight, out, rows, hidden, args, stream);
-}
-
-void launch_post_attn_pre_mlp(const LinearOutput& attn_out, bf16* residual, const bf16* out_weight,
-                              const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
-                              NormArgs args, cudaStream_t stream) {
+template <class RES>
+void post_attn_pre_mlp(const LinearOutput& attn_out, RES* residual, const bf16* out_weight, const bf16* next_weight,
+                       bf16* mlp_in, int rows, int hidden, NormArgs args, cudaStream_t stream) {
   constexpr const char* who = "launch_post_attn_pre_mlp";
   RowParams p = row_params(who, rows, hidden, args,
                            {{residual, "residual"}, {out_weight, "out_weight"},
@@ -369,14 +383,39 @@ void launch_post_attn_pre_mlp(const LinearOutput& attn_out, bf16* residual, cons
   p.first_weight = out_weight;
   p.weight = next_weight;
   p.out = mlp_in;
-  launch_with_x<RowOp::PostAttnPreMlp>(p, stream, who);
+  launch_with_x<RowOp::PostAttnPreMlp, RES>(p, stream, who);
 }
 
+}  // namespace
+
+void launch_fused_add_norm(const LinearOutput& x, bf16* residual, const bf16* weight, bf16* out,
+                           int rows, int hidden, NormArgs args, cudaStream_t stream) {
+  fused_add_norm(x, residual, weight, out, rows, hidden, args, stream);
+}
+void launch_fused_add_norm(const LinearOutput& x, float* residual, const bf16* weight, bf16* out,
+                           int rows, int hidden, NormArgs args, cudaStream_t stream) {
+  fused_add_norm(x, residual, weight, out, rows, hidden, args, stream);
+}
+void launch_fused_add_norm(const bf16* x, bf16* residual, const bf16* weight, bf16* out,
+                           int rows, int hidden, NormArgs args, cudaStream_t stream) {
+  fused_add_norm(LinearOutput::of(x), residual, weight, out, rows, hidden, args, stream);
+}
+
+void launch_post_attn_pre_mlp(const LinearOutput& attn_out, bf16* residual, const bf16* out_weight,
+                              const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
+                              NormArgs args, cudaStream_t stream) {
+  post_attn_pre_mlp(attn_out, residual, out_weight, next_weight, mlp_in, rows, hidden, args, stream);
+}
+void launch_post_attn_pre_mlp(const LinearOutput& attn_out, float* residual, const bf16* out_weight,
+                              const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
+                              NormArgs args, cudaStream_t stream) {
+  post_attn_pre_mlp(attn_out, residual, out_weight, next_weight, mlp_in, rows, hidden, args, stream);
+}
 void launch_post_attn_pre_mlp(const bf16* attn_out, bf16* residual, const bf16* out_weight,
                               const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
                               NormArgs args, cudaStream_t stream) {
-  launch_post_attn_pre_mlp(LinearOutput::of(attn_out), residual, out_weight, next_weight, mlp_in, rows, hidden,
-                           args, stream);
+  post_attn_pre_mlp(LinearOutput::of(attn_out), residual, out_weight, next_weight, mlp_in, rows, hidden, args,
+                    stream);
 }
 
 

@@ -1,5 +1,6 @@
 // Fused norms (docs/DESIGN.md §4): UClipNorm / RMSNorm and their fused forms, one pass over memory each.
-// All tensors are bf16 row-major; rows are normalised over `hidden` in fp32.
+// Tensors are bf16 row-major (the residual stream bf16 or fp32); rows are normalised over `hidden`
+// in fp32.
 #pragma once
 
 #include <cstdint>
@@ -25,11 +26,22 @@ void check_norm_args(const char* who, const NormArgs& args);
 void launch_norm(const bf16* x, const bf16* weight, bf16* out, int rows, int hidden,
                  NormArgs args, cudaStream_t stream);
 
+// The residual stream comes in bf16 (the PyTorch API's) or fp32 (the model runner's: rounding it
+// to bf16 at each of a model's 2 x layers additions is the largest share of a bf16 forward's
+// error against an fp32 one, tests/model/bf16_error_budget.py). The sums are fp32 either way.
+
+// residual = x (in fp32); out = norm(x): the first norm of a forward, which keeps its input as
+// the start of the residual stream.
+void launch_norm_keeping_input(const bf16* x, float* residual, const bf16* weight, bf16* out, int rows, int hidden,
+                               NormArgs args, cudaStream_t stream);
+
 // residual += x; out = norm(residual). residual is updated in place. x may also come as a
 // GEMM's split partial sums (linear_output.h), added in fp32 as they are read.
 void launch_fused_add_norm(const bf16* x, bf16* residual, const bf16* weight, bf16* out,
                            int rows, int hidden, NormArgs args, cudaStream_t stream);
 void launch_fused_add_norm(const LinearOutput& x, bf16* residual, const bf16* weight, bf16* out,
+                           int rows, int hidden, NormArgs args, cudaStream_t stream);
+void launch_fused_add_norm(const LinearOutput& x, float* residual, const bf16* weight, bf16* out,
                            int rows, int hidden, NormArgs args, cudaStream_t stream);
 
 // AsyncT's Peri-LN step: residual += norm(attn_out, out_weight); mlp_in = norm(residual,
@@ -38,6 +50,9 @@ void launch_post_attn_pre_mlp(const bf16* attn_out, bf16* residual, const bf16* 
                               const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
                               NormArgs args, cudaStream_t stream);
 void launch_post_attn_pre_mlp(const LinearOutput& attn_out, bf16* residual, const bf16* out_weight,
+                              const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
+                              NormArgs args, cudaStream_t stream);
+void launch_post_attn_pre_mlp(const LinearOutput& attn_out, float* residual, const bf16* out_weight,
                               const bf16* next_weight, bf16* mlp_in, int rows, int hidden,
                               NormArgs args, cudaStream_t stream);
 

@@ -59,8 +59,9 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
   if (step.tokens_from_rows)  // a chained step: its token ids are the step before's greedy tokens
     kernels::launch_greedy_tokens(step.previous_summaries, step.previous_rows, step.tokens_from_rows, t, c_.vocab_size,
                                   const_cast<std::int32_t*>(step.tokens), stream);
-  kernels::launch_gather_rows(weights_.embed_tokens.get(), step.tokens, act.residual.get(), t, c_.vocab_size, h, stream);
-  kernels::launch_norm(act.residual.get(), layers[0].input_layernorm.get(), act.hidden.get(), t, h, norm_, stream);
+  kernels::launch_gather_rows(weights_.embed_tokens.get(), step.tokens, act.attn_out.get(), t, c_.vocab_size, h, stream);
+  kernels::launch_norm_keeping_input(act.attn_out.get(), act.residual.get(), layers[0].input_layernorm.get(),
+                                     act.hidden.get(), t, h, norm_, stream);
   timer.mark("other");
 
   for (std::size_t l = 0; l < layers.size(); ++l) {

@@ -27,7 +27,9 @@ namespace asynct {
 struct Activations {
   using bf16 = kernels::bf16;
   std::size_t capacity = 0;
-  kernels::DeviceArray<bf16> residual, hidden, qkv, q, k, v, attn, attn_out, gate_up, act, mlp_out, last;
+  // The residual stream is fp32 (norms.h says why); attn_out first holds the embedded tokens.
+  kernels::DeviceArray<float> residual;
+  kernels::DeviceArray<bf16> hidden, qkv, q, k, v, attn, attn_out, gate_up, act, mlp_out, last;
   // The qkv, o and down products of a decode-sized step, as split partial sums for the kernel
   // after them (linear_output.h): [splits][rows][cols], room for the most splits at the most
   // rows of the widest (each is read before the next is written).

@@ -109,29 +109,34 @@ fi
 if want serve; then
   # Needs the server in the build (.deps/ from scripts/device_deps.sh) and a Qwen3 tokenizer.json
   # and tokenizer_config.json in $SERVE_TOKENIZER (default build/device-qwen3: carry it). SmolLM2
-  # runs too when scripts/device_smollm2.sh has unpacked it into $ASYNCT_CACHE.
+  # runs too when scripts/device_smollm2.sh has unpacked it into $ASYNCT_CACHE (or from
+  # $SERVE_SMOLLM2). SERVE_MODELS picks the models; SERVE_RATES and SERVE_RATES_SMOLLM2 the
+  # sweeps' rates (empty: no sweep).
   echo "== asynct serve: HTTP against the same load in process, a request-rate sweep, a shared system prompt =="
   tokenizer="${SERVE_TOKENIZER:-build/device-qwen3}"
-  smollm2="${ASYNCT_CACHE:-/tmp/asynct-cache}/smollm2-135m-instruct"
-  timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario serve_load_c64 --repeat 1 \
-    --json "$out/serve_inprocess_1p7b.json" >"$out/serve_inprocess_1p7b.log" 2>&1 || status=1
-  grep -E "^serve_load_c64" "$out/serve_inprocess_1p7b.log"
+  smollm2="${SERVE_SMOLLM2:-${ASYNCT_CACHE:-/tmp/asynct-cache}/smollm2-135m-instruct}"
+  models="${SERVE_MODELS:-asynct qwen3 smollm2}"
+  if [[ " $models " == *" asynct "* || " $models " == *" qwen3 "* ]]; then
+    timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario serve_load_c64 --repeat 1 \
+      --json "$out/serve_inprocess_1p7b.json" >"$out/serve_inprocess_1p7b.log" 2>&1 || status=1
+    grep -E "^serve_load_c64" "$out/serve_inprocess_1p7b.log"
+  fi
   seed=1
-  for model in ${SERVE_MODELS:-asynct qwen3 smollm2}; do
+  for model in $models; do
     if [ "$model" = smollm2 ]; then
       dir="$smollm2"
       [ -f "$dir/config.json" ] || { echo "-- smollm2: not unpacked ($dir)"; continue; }
       timeout 120 build/gpu/src/asynct bench --model "$dir" --device cuda --scenario serve_load_c64 --repeat 1 \
         --json "$out/serve_inprocess_smollm2.json" >"$out/serve_inprocess_smollm2.log" 2>&1 || status=1
       grep -E "^serve_load_c64" "$out/serve_inprocess_smollm2.log"
-      rates="${SERVE_RATES_SMOLLM2:-32 64 96 128 160}" range=1000,40000
+      rates="${SERVE_RATES_SMOLLM2-32 64 96 128 160}" range=1000,40000
     else
       dir="/tmp/asynct-serve-$model-1.7b"
       if [ ! -f "$dir/config.json" ]; then
         build/gpu/src/asynct init-checkpoint --arch "$model" --config 1.7b --out "$dir" >"$out/serve_init_$model.log" 2>&1 || { status=1; continue; }
         cp "$tokenizer/tokenizer.json" "$tokenizer/tokenizer_config.json" "$dir/"
       fi
-      rates="${SERVE_RATES:-16 32 40 48 52 56 64}" range=1000,10000
+      rates="${SERVE_RATES-16 32 40 48 52 56 64}" range=1000,10000
     fi
     # The engine options of the in-process load (ScenarioOptions: an 8192-token step budget).
     build/gpu/src/asynct serve --model "$dir" --port 8011 --max-model-len 4352 --max-cache-mib 24576 --max-waiting 1024 \

@@ -127,8 +127,10 @@ int main(int argc, char** argv) {
   std::string init_arch = "asynct", init_size = "tiny", init_out;
   std::uint64_t init_seed = 0;
   CLI::App* init_cmd = app.add_subcommand("init-checkpoint", "Write a checkpoint with random weights");
-  init_cmd->add_option("--arch", init_arch, "asynct, qwen3 or llama")->check(CLI::IsMember({"asynct", "qwen3", "llama"}));
-  init_cmd->add_option("--config", init_size, "tiny or 1.7b")->check(CLI::IsMember({"tiny", "1.7b"}));
+  init_cmd->add_option("--arch", init_arch, "asynct, qwen3 or llama (not with a config.json)")
+      ->check(CLI::IsMember({"asynct", "qwen3", "llama"}));
+  init_cmd->add_option("--config", init_size, "tiny, 1.7b, or a checkpoint's config.json (its architecture and shape)")
+      ->check(CLI::IsMember({"tiny", "1.7b"}) | CLI::ExistingFile);
   init_cmd->add_option("--seed", init_seed, "weights seed")->check(integer_in(std::uint64_t(0), kSeedMax));
   init_cmd->add_option("--out", init_out, "checkpoint directory to create")->required();
 
@@ -206,7 +208,11 @@ int main(int argc, char** argv) {
     if (*serve_cmd) return asynct::run_serve(serve);
     if (*bench_cmd) return asynct::run_scenarios(bench);
     if (*init_cmd) {
-      const auto config = asynct::builtin_config(asynct::architecture_from_name(init_arch), init_size);
+      const bool from_file = init_size != "tiny" && init_size != "1.7b";
+      asynct::check(!from_file || init_cmd->get_option("--arch")->count() == 0,
+                    "init-checkpoint: --arch comes from the config.json given to --config; leave it out");
+      const auto config = from_file ? asynct::load_config(init_size)
+                                    : asynct::builtin_config(asynct::architecture_from_name(init_arch), init_size);
       std::printf("writing %s %s (%lld parameters, random, seed %llu) to %s\n", init_size.c_str(),
                   config.architecture_name().c_str(), static_cast<long long>(config.parameter_count()),
                   static_cast<unsigned long long>(init_seed), init_out.c_str());

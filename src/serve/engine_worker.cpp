@@ -14,12 +14,47 @@ bool RequestStream::next(StreamEvent& event, std::chrono::milliseconds timeout) 
   return true;
 }
 
-void RequestStream::push(StreamEvent event) {
+void RequestStream::push(StreamEvent event, bool wake) {
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     events_.push_back(std::move(event));
   }
-  ready_.notify_one();
+  if (wake) ready_.notify_one();
+}
+
+StreamWaker::StreamWaker()
+    : thread_([this] {
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        std::unique_lock<std::mutex> lock(mutex_);
+        for (;;) {
+          work_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+          if (pending_.empty()) return;  // stopping, nothing left
+          streams.swap(pending_);
+          lock.unlock();
+          for (const auto& stream : streams) stream->wake();
+          streams.clear();
+          lock.lock();
+        }
+      }) {}
+
+StreamWaker::~StreamWaker() {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_.notify_one();
+  thread_.join();
+}
+
+void StreamWaker::wake(std::vector<std::shared_ptr<RequestStream>>& streams) {
+  if (streams.empty()) return;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (pending_.empty()) pending_.swap(streams);
+    else pending_.insert(pending_.end(), streams.begin(), streams.end());
+  }
+  streams.clear();
+  work_.notify_one();
 }
 
 EngineWorker::EngineWorker(std::unique_ptr<Engine> engine, int max_in_flight, ServerMetrics& metrics)
@@ -115,9 +150,11 @@ void EngineWorker::run() {
     try {
       outputs = engine_->step();
     } catch (const std::exception& e) {
+      waker_.wake(to_wake_);
       fail_all(e.what());
       return;
     }
+    waker_.wake(to_wake_);
     // Before any reader hears of its request's end, so that /metrics agrees with what it saw.
     metrics_.engine_state(engine_->num_running(), engine_->num_waiting(), engine_->kv_blocks_used(), engine_->kv_blocks());
     metrics_.prefix_cache(engine_->stats().prefix_cache_queries, engine_->stats().prefix_cache_hits);
@@ -148,7 +185,7 @@ void EngineWorker::add(Pending& p) {
   active->logprobs = p.request.sampling.logprobs >= 0;
   // The engine thread calls it for each token: the text piece it makes safe to show goes to the
   // reader; a reader that left, or a stop string, ends the request.
-  p.request.on_token = [a = active.get(), &metrics = metrics_](const GeneratedToken& g) {
+  p.request.on_token = [this, a = active.get(), &metrics = metrics_](const GeneratedToken& g) {
     const Clock::time_point now = Clock::now();
     a->started = true;
     if (a->tokens++ == 0) metrics.first_token(std::chrono::duration<double>(now - a->submitted).count());
@@ -163,7 +200,8 @@ void EngineWorker::add(Pending& p) {
       StreamEvent event;
       event.text = std::move(piece);
       if (a->logprobs) event.tokens.push_back(g);
-      a->stream->push(std::move(event));
+      a->stream->push(std::move(event), /*wake=*/false);
+      to_wake_.push_back(a->stream);
     }
     return !a->text->stopped();
   };

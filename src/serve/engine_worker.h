@@ -54,8 +54,9 @@ class RequestStream {
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
 
-  // The engine thread's side.
-  void push(StreamEvent event);
+  // The engine thread's side: the event, and the reader woken now or (wake false) by wake().
+  void push(StreamEvent event, bool wake = true);
+  void wake() { ready_.notify_one(); }
 
  private:
   std::mutex mutex_;
@@ -63,6 +64,26 @@ class RequestStream {
   std::deque<StreamEvent> events_;
   std::atomic<bool> cancelled_{false};
   std::function<void()> on_release_;
+};
+
+// Wakes the readers of streams on a thread of its own, so that the engine thread pays one
+// wake-up a step instead of one a token: a wake-up is a system call, and 64 of them a step
+// would sit between a decode step's end and the next one whenever the next is not queued yet.
+class StreamWaker {
+ public:
+  StreamWaker();
+  ~StreamWaker();
+  StreamWaker(const StreamWaker&) = delete;
+  StreamWaker& operator=(const StreamWaker&) = delete;
+  // Wakes these streams' readers soon (their events already pushed, without waking).
+  void wake(std::vector<std::shared_ptr<RequestStream>>& streams);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable work_;
+  std::vector<std::shared_ptr<RequestStream>> pending_;
+  bool stopping_ = false;
+  std::thread thread_;
 };
 
 class EngineWorker {
@@ -132,6 +153,9 @@ class EngineWorker {
   std::map<std::int64_t, std::shared_ptr<Active>> active_;  // the engine thread's: engine id -> its request
   // The engine thread's: groups' followers, waiting for their first request to start.
   std::vector<std::pair<std::shared_ptr<Active>, std::vector<Pending>>> deferred_;
+  // The engine thread's: streams that got a token's events in this step, to wake after it.
+  std::vector<std::shared_ptr<RequestStream>> to_wake_;
+  StreamWaker waker_;  // before the engine thread, which uses it; after in_flight_, which its streams' release needs
   std::thread thread_;
 };
 

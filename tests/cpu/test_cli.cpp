@@ -138,6 +138,39 @@ TEST(Cli, BenchWritesJsonOnlyWhereAskedAndPlainLinesToAPipe) {
   EXPECT_TRUE(fs::exists(s.file("r.json")));
 }
 
+// init-checkpoint --config takes a checkpoint's config.json: random weights of that shape.
+TEST(Cli, InitCheckpointCopiesAConfigJsonsShape) {
+  Scratch s;
+  ASSERT_EQ(run_asynct({"init-checkpoint", "--arch", "llama", "--out", "a"}, s.dir()).code, 0);
+  const Outcome both = run_asynct({"init-checkpoint", "--config", "a/config.json", "--arch", "qwen3", "--out", "b"}, s.dir());
+  EXPECT_EQ(both.code, 2) << both.describe();
+  EXPECT_TRUE(contains(both.err, "--arch")) << both.describe();
+  const Outcome o = run_asynct({"init-checkpoint", "--config", "a/config.json", "--seed", "3", "--out", "b"}, s.dir());
+  ASSERT_EQ(o.code, 0) << o.describe();
+  std::ifstream a_in(s.file("a/config.json")), b_in(s.file("b/config.json"));
+  EXPECT_EQ(nlohmann::json::parse(a_in), nlohmann::json::parse(b_in));
+  EXPECT_TRUE(fs::exists(s.file("b/model.safetensors")));
+}
+
+// bench --model runs one named scenario on a checkpoint, with the JSON naming the model.
+TEST(Cli, BenchRunsANamedScenarioOnACheckpoint) {
+  Scratch s;
+  ASSERT_EQ(run_asynct({"init-checkpoint", "--arch", "llama", "--out", "ckpt"}, s.dir()).code, 0);
+  const Outcome unnamed = run_asynct({"bench", "--model", "ckpt", "--scale", "4096"}, s.dir());
+  EXPECT_EQ(unnamed.code, 2) << unnamed.describe();
+  EXPECT_TRUE(contains(unnamed.err, "--scenario")) << unnamed.describe();
+  const Outcome o = run_asynct({"bench", "--model", "ckpt", "--scale", "4096", "--scenario", "decode_b1", "--json",
+                                "r.json"},
+                               s.dir());
+  ASSERT_EQ(o.code, 0) << o.describe();
+  EXPECT_TRUE(contains(o.out, "output tokens/s")) << o.describe();
+  const nlohmann::json r = nlohmann::json::parse(std::ifstream(s.file("r.json")));
+  EXPECT_EQ(r["architecture"], "LlamaForCausalLM");
+  ASSERT_EQ(r["results"].size(), 1u);
+  EXPECT_EQ(r["results"][0]["scenario"], "decode_b1");
+  EXPECT_GT(r["results"][0]["output_tokens_per_second"].get<double>(), 0.0);
+}
+
 TEST(Cli, CommandLineErrorsExitWithOne) {
   Scratch s;
   for (const std::vector<std::string>& args :

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <limits>
 
@@ -130,7 +131,13 @@ int main(int argc, char** argv) {
   init_cmd->add_option("--arch", init_arch, "asynct, qwen3 or llama (not with a config.json)")
       ->check(CLI::IsMember({"asynct", "qwen3", "llama"}));
   init_cmd->add_option("--config", init_size, "tiny, 1.7b, or a checkpoint's config.json (its architecture and shape)")
-      ->check(CLI::IsMember({"tiny", "1.7b"}) | CLI::ExistingFile);
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            return v == "tiny" || v == "1.7b" || std::filesystem::is_regular_file(v)
+                       ? std::string()
+                       : "must be tiny, 1.7b or an existing config.json, got '" + v + "'";
+          },
+          "{tiny,1.7b,FILE}"));
   init_cmd->add_option("--seed", init_seed, "weights seed")->check(integer_in(std::uint64_t(0), kSeedMax));
   init_cmd->add_option("--out", init_out, "checkpoint directory to create")->required();
 

@@ -4,9 +4,12 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include <pthread.h>
@@ -36,6 +39,62 @@ int run_serve(const ServeOptions&) {
 
 // How long a signal lets the requests in flight end before the server closes.
 constexpr int kDrainSeconds = 10;
+
+// SIGINT and SIGTERM go to one thread of ours. They are blocked before any other thread starts:
+// every thread inherits the mask, and a process-directed signal reaching a thread that does not
+// block it (the CUDA runtime's start with the engine) would end the process on the spot. Until
+// serve() the server is starting and a signal ends the process; after it, it calls on_signal.
+class SignalWatcher {
+ public:
+  SignalWatcher() {
+    sigemptyset(&signals_);
+    sigaddset(&signals_, SIGINT);
+    sigaddset(&signals_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~SignalWatcher() { close(); }
+  SignalWatcher(const SignalWatcher&) = delete;
+  SignalWatcher& operator=(const SignalWatcher&) = delete;
+
+  void serve(std::function<void(int)> on_signal) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    on_signal_ = std::move(on_signal);
+  }
+  // Stops watching (after a signal's on_signal has returned, if one came).
+  void close() {
+    if (!thread_.joinable()) return;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      closing_ = true;
+    }
+    pthread_kill(thread_.native_handle(), SIGTERM);  // wakes sigwait when no signal came
+    thread_.join();
+  }
+
+ private:
+  void run() {
+    int signal = 0;
+    sigwait(&signals_, &signal);
+    std::function<void(int)> on_signal;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (closing_) return;
+      on_signal = on_signal_;
+    }
+    if (!on_signal) {
+      std::fprintf(stderr, "asynct serve: %s while starting: exiting\n", signal == SIGINT ? "SIGINT" : "SIGTERM");
+      std::_Exit(0);
+    }
+    on_signal(signal);
+  }
+
+  sigset_t signals_;
+  std::mutex mutex_;
+  std::function<void(int)> on_signal_;
+  bool closing_ = false;
+  std::thread thread_;
+};
 
 int run_serve(const ServeOptions& o) {
   // Everything is checked before the weights are loaded or the cache is allocated.
@@ -67,6 +126,7 @@ int run_serve(const ServeOptions& o) {
         " tokens) cannot hold one request of the whole context (", context,
         " tokens): raise --max-cache-mib or --num-blocks, or lower --max-model-len");
 
+  SignalWatcher watcher;  // before the weights, the engine and their threads
   std::fprintf(stderr, "asynct serve: loading %s\n", o.model_dir.c_str());
   ModelWeights weights = load_weights(o.model_dir);
   EngineOptions engine_options;
@@ -78,14 +138,6 @@ int run_serve(const ServeOptions& o) {
                          .max_tokens_per_step = o.max_batched_tokens, .cuda_graphs = o.cuda_graphs};
   std::string backend;
   auto engine = std::make_unique<Engine>(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);
-
-  // SIGINT and SIGTERM go to one thread, which stops the server; every thread started after
-  // this line inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const int in_flight = o.max_num_seqs + o.max_waiting;
   serve::ServerMetrics metrics;
@@ -104,9 +156,7 @@ int run_serve(const ServeOptions& o) {
   serve::HttpServer server(worker, *text, metrics, http);
   const int port = server.bind();
 
-  std::thread watcher([&] {
-    int signal = 0;
-    sigwait(&signals, &signal);
+  watcher.serve([&](int signal) {
     std::fprintf(stderr, "asynct serve: %s: ending %d requests in flight\n", signal == SIGINT ? "SIGINT" : "SIGTERM",
                  worker.in_flight());
     // Every request ends at its next token and its stream gets its last chunk, within the
@@ -125,9 +175,13 @@ int run_serve(const ServeOptions& o) {
                static_cast<long long>(context), o.max_num_seqs, o.max_waiting, o.prefix_caching ? "on" : "off", text->summary().c_str(),
                text->has_chat_template() ? "on" : "off (no chat template)", o.host.c_str(), port, http.model_name.c_str());
   std::fflush(stderr);
-  server.listen();
-  pthread_kill(watcher.native_handle(), SIGTERM);  // wakes the watcher when listen() ended otherwise
-  watcher.join();
+  try {
+    server.listen();
+  } catch (...) {
+    watcher.close();  // its on_signal uses the server and the worker
+    throw;
+  }
+  watcher.close();
   worker.stop();
   std::fprintf(stderr, "asynct serve: stopped\n");
   return 0;

@@ -157,6 +157,8 @@ if want serve; then
     bench shared_prefix --input-len 4160 --shared-prefix-len 4096 --output-len 16 --num-prompts 8 --concurrency 1
     bench short_prompt --input-len 64 --output-len 16 --num-prompts 8 --concurrency 1
     curl -s http://127.0.0.1:8011/metrics >"$out/serve_${model}_metrics.txt"
+    grep -E "^asynct_engine_(steps_total|pipelined_steps_total|step_seconds_(sum|count)|gap_seconds_(sum|count))" \
+      "$out/serve_${model}_metrics.txt" | tr '\n' ' '; echo
     kill -TERM "$server"; wait "$server" || status=1
   done
   (cd "$out" && tar czf serve_results.tgz serve_* && rm -f serve_*.json serve_*.txt serve_*.log)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <optional>
 
 namespace asynct::serve {
 
@@ -119,6 +120,7 @@ void EngineWorker::finish(const std::shared_ptr<RequestStream>& stream, StreamEv
 }
 
 void EngineWorker::run() {
+  std::optional<Clock::time_point> last_step_end;  // while requests stay unfinished between steps
   for (;;) {
     std::vector<Pending> incoming;
     {
@@ -144,8 +146,10 @@ void EngineWorker::run() {
       if (active->stream->cancelled() && engine_->abort_waiting(id)) active->aborted = true;
     if (!engine_->has_unfinished()) {
       metrics_.engine_state(0, 0, engine_->kv_blocks_used(), engine_->kv_blocks());
+      last_step_end.reset();
       continue;
     }
+    if (last_step_end) metrics_.engine_gap(std::chrono::duration<double>(Clock::now() - *last_step_end).count());
     std::vector<RequestOutput> outputs;
     try {
       outputs = engine_->step();
@@ -154,10 +158,13 @@ void EngineWorker::run() {
       fail_all(e.what());
       return;
     }
+    last_step_end = Clock::now();
     waker_.wake(to_wake_);
+    const EngineStats& stats = engine_->stats();
+    metrics_.engine_step(stats.last_step_ms / 1e3, stats.steps, stats.pipelined_steps);
     // Before any reader hears of its request's end, so that /metrics agrees with what it saw.
     metrics_.engine_state(engine_->num_running(), engine_->num_waiting(), engine_->kv_blocks_used(), engine_->kv_blocks());
-    metrics_.prefix_cache(engine_->stats().prefix_cache_queries, engine_->stats().prefix_cache_hits);
+    metrics_.prefix_cache(stats.prefix_cache_queries, stats.prefix_cache_hits);
     for (const RequestOutput& out : outputs) {
       const auto it = active_.find(out.id);
       if (it == active_.end()) continue;

@@ -46,7 +46,12 @@ std::string Histogram::text(const std::string& name, const std::string& help) co
   return out;
 }
 
-ServerMetrics::ServerMetrics() : ttft_(kRequestBounds), itl_(kTokenBounds), e2e_(kRequestBounds) {
+// An engine step, and the gap between two, from 50 us to 2.5 s.
+const std::vector<double> kStepBounds = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.0025, 0.003,
+                                         0.004,   0.005,  0.0075,  0.01,   0.025, 0.1,    0.5,   2.5};
+
+ServerMetrics::ServerMetrics()
+    : ttft_(kRequestBounds), itl_(kTokenBounds), e2e_(kRequestBounds), step_(kStepBounds), gap_(kStepBounds) {
   for (const char* reason : {"stop", "length", "abort", "error"}) finished_[reason] = 0;
 }
 
@@ -59,6 +64,11 @@ void ServerMetrics::request_finished(const std::string& finish_reason, std::int6
     generation_tokens_ += std::uint64_t(generated_tokens);
   }
   e2e_.observe(seconds);
+}
+
+void ServerMetrics::engine_step(double step_seconds, std::int64_t steps, std::int64_t pipelined_steps) {
+  step_.observe(step_seconds);
+  steps_ = steps, pipelined_steps_ = pipelined_steps;
 }
 
 void ServerMetrics::http_error(int status) {
@@ -97,6 +107,13 @@ std::string ServerMetrics::prometheus_text() const {
   out += ttft_.text("asynct_time_to_first_token_seconds", "From submission to the first generated token.");
   out += itl_.text("asynct_inter_token_latency_seconds", "Between two generated tokens of a request.");
   out += e2e_.text("asynct_e2e_request_latency_seconds", "From submission to the request's end.");
+  out += header("asynct_engine_steps_total", "Engine steps.", "counter") + "asynct_engine_steps_total " +
+         std::to_string(steps_) + "\n";
+  out += header("asynct_engine_pipelined_steps_total", "Engine steps queued before the step they continue was read.",
+                "counter") +
+         "asynct_engine_pipelined_steps_total " + std::to_string(pipelined_steps_) + "\n";
+  out += step_.text("asynct_engine_step_seconds", "An engine step's host time: building, submitting, waiting for and reading it.");
+  out += gap_.text("asynct_engine_gap_seconds", "The engine thread's time between two steps while requests are unfinished.");
   return out;
 }
 

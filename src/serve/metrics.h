@@ -11,6 +11,11 @@
 //                                                        prompt tokens looked up, and found cached
 //   asynct_time_to_first_token_seconds, asynct_inter_token_latency_seconds,
 //   asynct_e2e_request_latency_seconds                   histograms (from submission)
+//   asynct_engine_steps_total, asynct_engine_pipelined_steps_total
+//                                                        engine steps, and those queued behind the one before
+//   asynct_engine_step_seconds                           histogram: a step's host time (EngineStats::last_step_ms)
+//   asynct_engine_gap_seconds                            histogram: the engine thread's time between two steps
+//                                                        while requests are unfinished (the server's own share)
 #pragma once
 
 #include <array>
@@ -49,6 +54,10 @@ class ServerMetrics {
   void http_error(int status);
   void engine_state(int running, int waiting, int blocks_used, int blocks);
   void prefix_cache(std::int64_t queries, std::int64_t hits) { cache_queries_ = queries, cache_hits_ = hits; }
+  // After each engine step: its host time, the engine's step counts, and (when the step before
+  // it ended with requests still unfinished) the time since that step ended.
+  void engine_step(double step_seconds, std::int64_t steps, std::int64_t pipelined_steps);
+  void engine_gap(double seconds) { gap_.observe(seconds); }
 
   std::string prometheus_text() const;
 
@@ -59,7 +68,8 @@ class ServerMetrics {
   std::uint64_t prompt_tokens_ = 0, generation_tokens_ = 0;
   std::atomic<int> running_{0}, waiting_{0}, blocks_used_{0}, blocks_{0};
   std::atomic<std::int64_t> cache_queries_{0}, cache_hits_{0};
-  Histogram ttft_, itl_, e2e_;
+  std::atomic<std::int64_t> steps_{0}, pipelined_steps_{0};
+  Histogram ttft_, itl_, e2e_, step_, gap_;
 };
 
 }  // namespace asynct::serve

@@ -193,12 +193,17 @@ TEST(ServerMetrics, PrometheusTextWithCumulativeBuckets) {
   m.request_finished("abort", 3, 2, 0.1);
   m.http_error(429);
   m.engine_state(2, 1, 7, 64);
+  m.engine_step(0.0021, 10, 6);
+  m.engine_step(0.0019, 11, 7);
+  m.engine_gap(0.00003);
   const std::string all = m.prometheus_text();
   for (const char* line : {"asynct_requests_total{finish_reason=\"length\"} 1\n", "asynct_requests_total{finish_reason=\"abort\"} 1\n",
                            "asynct_requests_total{finish_reason=\"stop\"} 0\n", "asynct_http_errors_total{status=\"429\"} 1\n",
                            "asynct_prompt_tokens_total 8\n", "asynct_generation_tokens_total 18\n", "asynct_requests_running 2\n",
                            "asynct_requests_waiting 1\n", "asynct_kv_blocks_used 7\n", "asynct_kv_blocks 64\n",
-                           "asynct_e2e_request_latency_seconds_count 2\n"})
+                           "asynct_e2e_request_latency_seconds_count 2\n", "asynct_engine_steps_total 11\n",
+                           "asynct_engine_pipelined_steps_total 7\n", "asynct_engine_step_seconds_bucket{le=\"0.002\"} 1\n",
+                           "asynct_engine_step_seconds_count 2\n", "asynct_engine_gap_seconds_bucket{le=\"5e-05\"} 1\n"})
     EXPECT_NE(all.find(line), std::string::npos) << line << "\nin\n" << all;
 }
 

@@ -51,6 +51,15 @@ void BlockManager::release(std::vector<int>& table) {
   table.clear();
 }
 
+void BlockManager::share(const std::vector<int>& from, int count, std::vector<int>& table) {
+  check(count >= 0 && std::size_t(count) <= from.size(), "BlockManager: sharing ", count, " of ", from.size(), " blocks");
+  for (int i = 0; i < count; ++i) {
+    check(holders_[std::size_t(from[std::size_t(i)])] > 0, "BlockManager: block ", from[std::size_t(i)], " shared but not held");
+    hold(from[std::size_t(i)]);
+    table.push_back(from[std::size_t(i)]);
+  }
+}
+
 void BlockManager::hold(int block) {
   const std::size_t b = std::size_t(block);
   if (holders_[b]++ == 0) evictable_.erase(evictable_at_[b]);  // a filed block no one held

@@ -20,6 +20,26 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, int vocab_size, EngineOption
 }
 
 std::int64_t Engine::add_request(const Request& r) {
+  waiting_.push_back(make_sequence(r));
+  return waiting_.back()->id;
+}
+
+std::vector<std::int64_t> Engine::add_request_group(const std::vector<Request>& choices) {
+  check(!choices.empty(), "request group: no choices");
+  std::vector<std::unique_ptr<Sequence>> made;
+  for (const Request& r : choices) {
+    check(r.prompt == choices[0].prompt, "request group: every choice has the same prompt");
+    made.push_back(make_sequence(r));  // all checked before any is queued
+  }
+  std::vector<std::int64_t> ids;
+  for (const auto& seq : made) ids.push_back(seq->id);
+  std::unique_ptr<Sequence> leader = std::move(made[0]);
+  leader->forks.assign(std::make_move_iterator(made.begin() + 1), std::make_move_iterator(made.end()));
+  waiting_.push_back(std::move(leader));
+  return ids;
+}
+
+std::unique_ptr<Engine::Sequence> Engine::make_sequence(const Request& r) {
   check(!r.prompt.empty(), "request: the prompt is empty");
   for (std::size_t i = 0; i < r.prompt.size(); ++i)
     check(r.prompt[i] >= 0 && r.prompt[i] < vocab_size_, "request: token id ", r.prompt[i],
@@ -43,8 +63,7 @@ std::int64_t Engine::add_request(const Request& r) {
   seq->request = r;
   seq->tokens = r.prompt;
   if (r.sampling.has_penalties()) seq->penalties.emplace(seq->tokens, r.prompt.size());
-  waiting_.push_back(std::move(seq));
-  return waiting_.back()->id;
+  return seq;
 }
 
 void Engine::preempt(Sequence* seq) {
@@ -141,6 +160,8 @@ bool Engine::finished(const Sequence& seq, bool go_on, std::string* reason) cons
 // to step, so a steady decode loop allocates nothing here.
 void Engine::build_batch(StepState& s) {
   s.chained = false;
+  s.forks.clear();
+  s.block_copies.clear();
   const std::vector<Scheduled>& scheduled = s.scheduled;
   std::vector<int>& sample_row = s.sample_row;
   StepBatch& b = s.batch;
@@ -170,7 +191,39 @@ void Engine::build_batch(StepState& s) {
       const bool record = options_.record_first_logits && seq.num_generated == 0;
       b.full_logits.push_back(record ? 1 : 0);
       add_row_sampling(b, seq, /*chained=*/false);
+      if (!seq.forks.empty()) fork(*scheduled[i].seq, sample_row[i], s);
     }
+  }
+}
+
+void Engine::fork(Sequence& leader, int row, StepState& s) {
+  check(leader.num_generated == 0, "engine: forking request ", leader.id, " after its first token");
+  StepBatch& b = s.batch;
+  const int prompt = int(leader.tokens.size()), bs = blocks_.block_size();
+  const int full = prompt / bs;
+  const bool partial = prompt % bs != 0;
+  std::vector<std::unique_ptr<Sequence>> forks = std::move(leader.forks);
+  leader.forks.clear();
+  for (std::size_t i = 0; i < forks.size(); ++i) {
+    Sequence& f = *forks[i];
+    if (partial && blocks_.num_free_blocks() < 1) {
+      // No block for its copy: it and the rest compute their prompts as requests of their own,
+      // first in line.
+      for (std::size_t j = forks.size(); j-- > i;) waiting_.push_front(std::move(forks[j]));
+      return;
+    }
+    blocks_.share(leader.block_table, full, f.block_table);
+    if (partial) {
+      blocks_.grow(f.block_table, prompt);
+      s.block_copies.push_back({leader.block_table[std::size_t(full)], f.block_table.back()});
+    }
+    f.num_computed = prompt;  // once this step and the copies after it have run
+    const int fork_row = int(b.logit_rows.size());
+    b.logit_rows.push_back(b.logit_rows[std::size_t(row)]);
+    b.full_logits.push_back(options_.record_first_logits ? 1 : 0);
+    add_row_sampling(b, f, /*chained=*/false);
+    s.forks.emplace_back(&f, fork_row);
+    running_.push_back(std::move(forks[i]));
   }
 }
 
@@ -259,6 +312,7 @@ std::vector<RequestOutput> Engine::step() {
     stats_.schedule_ms += ms_since(t);
     t = Clock::now();
     runner_->submit(current_.batch);
+    if (!current_.block_copies.empty()) runner_->copy_blocks(current_.block_copies);
     stats_.forward_ms += ms_since(t);
     current_.submit_ms = ms_since(start);
   }
@@ -310,20 +364,9 @@ std::vector<RequestOutput> Engine::apply(const StepState& s, const StepOutput& o
         "engine: the runner returned ", out.summaries.size(), " rows for ", rows, " logit rows");
   // Before any sequence changes: every sampled row must be finite (a NaN or an infinity is an
   // error), its token in the vocabulary, and its full logits and top logprobs there when asked.
-  for (std::size_t i = 0; i < scheduled.size(); ++i) {
-    const int row = s.sample_row[i];
-    if (row < 0 || scheduled[i].seq == nullptr) continue;
-    const LogitSummary& summary = out.summaries[std::size_t(row)];
-    check_finite(summary);
-    check(summary.token >= 0 && summary.token < vocab_size_, "engine: the runner gave token ", summary.token,
-          " for logit row ", row, ", outside the vocabulary [0, ", vocab_size_, ")");
-    check(!s.batch.full_logits[std::size_t(row)] || out.logits[std::size_t(row)],
-          "engine: the runner did not return logit row ", row);
-    const int top = scheduled[i].seq->request.sampling.logprobs;
-    check(top <= 0 || out.top_logprobs[std::size_t(row)].size() == std::size_t(std::min(top, vocab_size_)),
-          "engine: the runner returned ", out.top_logprobs[std::size_t(row)].size(), " top logprobs for logit row ",
-          row, ", which asked for ", top);
-  }
+  for (std::size_t i = 0; i < scheduled.size(); ++i)
+    if (s.sample_row[i] >= 0 && scheduled[i].seq != nullptr) check_row(*scheduled[i].seq, s.sample_row[i], s, out);
+  for (const auto& [fork, row] : s.forks) check_row(*fork, row, s, out);
   std::vector<RequestOutput> done;
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
     if (scheduled[i].seq == nullptr) continue;  // finished in the step before
@@ -331,43 +374,58 @@ std::vector<RequestOutput> Engine::apply(const StepState& s, const StepOutput& o
     seq.num_computed += scheduled[i].num_tokens;
     if (options_.prefix_caching) file_full_blocks(seq);
     if (s.chained) stats_.decode_tokens += scheduled[i].num_tokens;
-    const int row = s.sample_row[i];
-    if (row < 0) continue;
-    const LogitSummary& summary = out.summaries[std::size_t(row)];
-    const float* logits = out.logits[std::size_t(row)];
-    if (options_.record_first_logits && seq.num_generated == 0) seq.first_logits.assign(logits, logits + vocab_size_);
-    append_token(seq, summary.token);
-    const int logprobs = seq.request.sampling.logprobs;
-    if (logprobs >= 0) seq.logprobs.push_back(summary.logprob);
-    if (logprobs > 0) seq.top_logprobs.push_back(out.top_logprobs[std::size_t(row)]);
-    bool go_on = true;
-    if (seq.request.on_token) {
-      GeneratedToken g;
-      g.request_id = seq.id;
-      g.token = summary.token;
-      if (logprobs >= 0) g.logprob = summary.logprob;
-      if (logprobs > 0) g.top_logprobs = out.top_logprobs[std::size_t(row)];
-      try {
-        go_on = seq.request.on_token(g);
-      } catch (...) {
-        if (!callback_error_) callback_error_ = std::current_exception();
-        go_on = false;
-      }
-    }
-    std::string reason;
-    if (finished(seq, go_on, &reason)) {
-      done.push_back(output_of(seq, reason));
-      // A step queued behind this one computed a token for it too: that row is dropped.
-      if (next_queued_)
-        for (Scheduled& e : next_.scheduled)
-          if (e.seq == &seq) e.seq = nullptr;
-      blocks_.release(seq.block_table);
-      auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == &seq; });
-      running_.erase(it);
-    }
+    if (s.sample_row[i] >= 0) take_token(seq, s.sample_row[i], out, done);
   }
+  for (const auto& [fork, row] : s.forks) take_token(*fork, row, out, done);
   stats_.sample_ms += std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   return done;
+}
+
+void Engine::check_row(const Sequence& seq, int row, const StepState& s, const StepOutput& out) const {
+  const LogitSummary& summary = out.summaries[std::size_t(row)];
+  check_finite(summary);
+  check(summary.token >= 0 && summary.token < vocab_size_, "engine: the runner gave token ", summary.token,
+        " for logit row ", row, ", outside the vocabulary [0, ", vocab_size_, ")");
+  check(!s.batch.full_logits[std::size_t(row)] || out.logits[std::size_t(row)],
+        "engine: the runner did not return logit row ", row);
+  const int top = seq.request.sampling.logprobs;
+  check(top <= 0 || out.top_logprobs[std::size_t(row)].size() == std::size_t(std::min(top, vocab_size_)),
+        "engine: the runner returned ", out.top_logprobs[std::size_t(row)].size(), " top logprobs for logit row ",
+        row, ", which asked for ", top);
+}
+
+void Engine::take_token(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done) {
+  const LogitSummary& summary = out.summaries[std::size_t(row)];
+  const float* logits = out.logits[std::size_t(row)];
+  if (options_.record_first_logits && seq.num_generated == 0) seq.first_logits.assign(logits, logits + vocab_size_);
+  append_token(seq, summary.token);
+  const int logprobs = seq.request.sampling.logprobs;
+  if (logprobs >= 0) seq.logprobs.push_back(summary.logprob);
+  if (logprobs > 0) seq.top_logprobs.push_back(out.top_logprobs[std::size_t(row)]);
+  bool go_on = true;
+  if (seq.request.on_token) {
+    GeneratedToken g;
+    g.request_id = seq.id;
+    g.token = summary.token;
+    if (logprobs >= 0) g.logprob = summary.logprob;
+    if (logprobs > 0) g.top_logprobs = out.top_logprobs[std::size_t(row)];
+    try {
+      go_on = seq.request.on_token(g);
+    } catch (...) {
+      if (!callback_error_) callback_error_ = std::current_exception();
+      go_on = false;
+    }
+  }
+  std::string reason;
+  if (!finished(seq, go_on, &reason)) return;
+  done.push_back(output_of(seq, reason));
+  // A step queued behind this one computed a token for it too: that row is dropped.
+  if (next_queued_)
+    for (Scheduled& e : next_.scheduled)
+      if (e.seq == &seq) e.seq = nullptr;
+  blocks_.release(seq.block_table);
+  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == &seq; });
+  running_.erase(it);
 }
 
 void Engine::file_full_blocks(Sequence& seq) {
@@ -398,12 +456,29 @@ void Engine::release_blocks(Sequence& seq) {
 }
 
 bool Engine::abort_waiting(std::int64_t id) {
+  // A choice not yet forked: it leaves its group.
+  for (auto* queue : {&waiting_, &running_})
+    for (const auto& leader : *queue) {
+      auto& forks = leader->forks;
+      const auto f = std::find_if(forks.begin(), forks.end(), [&](const auto& s) { return s->id == id; });
+      if (f == forks.end()) continue;
+      unreported_.push_back(output_of(**f, "abort"));
+      forks.erase(f);
+      return true;
+    }
   const auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& s) { return s->id == id; });
   if (it == waiting_.end()) return false;
   Sequence& seq = **it;
   check(seq.block_table.empty(), "engine: waiting request ", id, " holds KV blocks");
   unreported_.push_back(output_of(seq, "abort"));
-  waiting_.erase(it);
+  // Its group's other choices wait in its place, the first of them leading the rest.
+  std::unique_ptr<Sequence> heir;
+  if (!seq.forks.empty()) {
+    heir = std::move(seq.forks.front());
+    heir->forks.assign(std::make_move_iterator(seq.forks.begin() + 1), std::make_move_iterator(seq.forks.end()));
+  }
+  const auto at = waiting_.erase(it);
+  if (heir) waiting_.insert(at, std::move(heir));
   return true;
 }
 

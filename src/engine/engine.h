@@ -108,13 +108,21 @@ class Engine {
   // stop tokens), sampling parameters out of range (validate_sampling), or a request that could
   // never fit (prompt + max_tokens over max_model_len or over the whole cache).
   std::int64_t add_request(const Request& request);
+  // Queues a request's choices (OpenAI's n): requests with one prompt, checked as add_request
+  // checks each. The first runs; the others are forked from it in the step that computes the
+  // last of its prompt: each shares the prompt's full KV blocks, gets its own copy of the
+  // partial last block (ModelRunner::copy_blocks), and draws its first token from the same
+  // logits with its own sampling. Where the blocks for the copies are not free then, the rest
+  // wait as requests of their own. Returns their ids, in order.
+  std::vector<std::int64_t> add_request_group(const std::vector<Request>& choices);
   bool has_unfinished() const {
     return !waiting_.empty() || !running_.empty() || next_queued_ || !unreported_.empty();
   }
   // Runs one step; returns the requests that finished in it.
   std::vector<RequestOutput> step();
   // Ends a request that waits for a place (new, or preempted: it holds no blocks and no queued
-  // step has a row for it) with finish_reason "abort"; its output comes from the next step().
+  // step has a row for it; or a choice not yet forked) with finish_reason "abort"; its output
+  // comes from the next step().
   // Returns false when it is running (its on_token can end it at its next token) or unknown.
   bool abort_waiting(std::int64_t id);
   // Runs until every queued request finishes; outputs in the order the requests were added.
@@ -145,6 +153,7 @@ class Engine {
     std::optional<PenaltyHistory> penalties;  // only when the request has penalties
     std::vector<float> logprobs;
     std::vector<std::vector<TopLogprob>> top_logprobs;
+    std::vector<std::unique_ptr<Sequence>> forks;  // its group's other choices, until they fork
   };
   struct Scheduled {
     Sequence* seq;   // null once the sequence finished in the step before (pipelining)
@@ -156,12 +165,24 @@ class Engine {
     std::vector<Scheduled> scheduled;
     StepBatch batch;
     std::vector<int> sample_row;  // [scheduled] row of batch.logit_rows, or -1
+    // Choices forked off in this step (add_request_group), each with its row of batch.logit_rows,
+    // and the blocks copied for them once the step has run.
+    std::vector<std::pair<Sequence*, int>> forks;
+    std::vector<BlockCopy> block_copies;
     bool chained = false;         // its tokens come from the step before (pipelining)
     double submit_ms = 0;         // host time building and submitting it (EngineStats::last_step_ms)
   };
 
   void schedule(StepState& s);     // fills s.scheduled
   void build_batch(StepState& s);  // fills s.batch and s.sample_row from s.scheduled
+  // Forks `leader`'s waiting choices in the step being built, whose row `row` draws its first
+  // token (build_batch).
+  void fork(Sequence& leader, int row, StepState& s);
+  std::unique_ptr<Sequence> make_sequence(const Request& request);  // checked as add_request says
+  // Checks a sampled row's output (apply), and reads its token into `seq`, adding its output to
+  // `done` when it ends.
+  void check_row(const Sequence& seq, int row, const StepState& s, const StepOutput& out) const;
+  void take_token(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done);
   // Appends the sampling of `seq`'s next row to a batch: of the token after its newest, or,
   // in a chained batch, of the token after the one the step before draws for it.
   void add_row_sampling(StepBatch& b, const Sequence& seq, bool chained) const;

@@ -21,6 +21,12 @@ struct StepOutput {
   std::vector<std::vector<TopLogprob>> top_logprobs;  // [rows] filled for rows with params.logprobs > 0
 };
 
+// A KV-cache block's contents copied to another block, in every layer (a fork's own copy of
+// the partial block it shares with its parent).
+struct BlockCopy {
+  int from = 0, to = 0;
+};
+
 class ModelRunner {
  public:
   virtual ~ModelRunner() = default;
@@ -44,6 +50,8 @@ class ModelRunner {
     (void)row;
     return true;
   }
+  // Copies blocks in the cache, after the steps submitted so far and before any submitted later.
+  virtual void copy_blocks(const std::vector<BlockCopy>& copies) = 0;
   virtual int num_blocks() const = 0;
   virtual int block_size() const = 0;
   // Time spent so far per phase of a step, in milliseconds, when the backend measures it; empty

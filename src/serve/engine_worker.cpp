@@ -125,21 +125,11 @@ void EngineWorker::run() {
     std::vector<Pending> incoming;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      // With the engine idle, every group's first request has ended: its followers can go.
-      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || engine_->has_unfinished() || !deferred_.empty(); });
-      if (stopping_ && inbox_.empty() && deferred_.empty() && !engine_->has_unfinished()) return;
+      wake_.wait(lock, [&] { return stopping_ || !inbox_.empty() || engine_->has_unfinished(); });
+      if (stopping_ && inbox_.empty() && !engine_->has_unfinished()) return;
       incoming.swap(inbox_);
     }
     for (Pending& p : incoming) add(p);
-    for (std::size_t g = 0; g < deferred_.size();) {
-      if (!deferred_[g].first->started) {
-        ++g;
-        continue;
-      }
-      std::vector<Pending> followers = std::move(deferred_[g].second);
-      deferred_.erase(deferred_.begin() + std::ptrdiff_t(g));
-      for (Pending& p : followers) add(p);
-    }
     // A request whose reader left while it waits for a place ends now, without its prefill;
     // a running one ends at its next token (on_token).
     for (const auto& [id, active] : active_)
@@ -170,7 +160,6 @@ void EngineWorker::run() {
       if (it == active_.end()) continue;
       const std::shared_ptr<Active> active = it->second;
       active_.erase(it);
-      active->started = true;
       StreamEvent last;
       last.text = active->text->finish();
       last.finish_reason = active->aborted ? "abort" : active->text->stopped() ? "stop" : out.finish_reason;
@@ -184,44 +173,54 @@ void EngineWorker::run() {
 }
 
 void EngineWorker::add(Pending& p) {
-  auto active = std::make_shared<Active>();
-  active->text = std::move(p.text);
-  active->stream = p.stream;
-  active->submitted = p.submitted;
-  active->prompt_tokens = std::int64_t(p.request.prompt.size());
-  active->logprobs = p.request.sampling.logprobs >= 0;
-  // The engine thread calls it for each token: the text piece it makes safe to show goes to the
-  // reader; a reader that left, or a stop string, ends the request.
-  p.request.on_token = [this, a = active.get(), &metrics = metrics_](const GeneratedToken& g) {
-    const Clock::time_point now = Clock::now();
-    a->started = true;
-    if (a->tokens++ == 0) metrics.first_token(std::chrono::duration<double>(now - a->submitted).count());
-    else metrics.inter_token(std::chrono::duration<double>(now - a->last_token).count());
-    a->last_token = now;
-    if (a->stream->cancelled()) {
-      a->aborted = true;
-      return false;
-    }
-    std::string piece = a->text->push(g.token);
-    if (!piece.empty() || a->logprobs) {
-      StreamEvent event;
-      event.text = std::move(piece);
-      if (a->logprobs) event.tokens.push_back(g);
-      a->stream->push(std::move(event), /*wake=*/false);
-      to_wake_.push_back(a->stream);
-    }
-    return !a->text->stopped();
-  };
-  try {
-    active_[engine_->add_request(p.request)] = active;
-  } catch (const std::exception& e) {
-    active->started = true;
-    StreamEvent refused;
-    refused.error = e.what();
-    metrics_.request_finished("error", 0, 0, std::chrono::duration<double>(Clock::now() - p.submitted).count());
-    finish(p.stream, std::move(refused));
+  std::vector<Pending*> group{&p};
+  for (Pending& f : p.followers) group.push_back(&f);
+  std::vector<std::shared_ptr<Active>> actives;
+  std::vector<Request> requests;
+  for (Pending* q : group) {
+    auto active = std::make_shared<Active>();
+    active->text = std::move(q->text);
+    active->stream = q->stream;
+    active->submitted = q->submitted;
+    active->prompt_tokens = std::int64_t(q->request.prompt.size());
+    active->logprobs = q->request.sampling.logprobs >= 0;
+    // The engine thread calls it for each token: the text piece it makes safe to show goes to
+    // the reader; a reader that left, or a stop string, ends the request.
+    q->request.on_token = [this, a = active.get(), &metrics = metrics_](const GeneratedToken& g) {
+      const Clock::time_point now = Clock::now();
+      if (a->tokens++ == 0) metrics.first_token(std::chrono::duration<double>(now - a->submitted).count());
+      else metrics.inter_token(std::chrono::duration<double>(now - a->last_token).count());
+      a->last_token = now;
+      if (a->stream->cancelled()) {
+        a->aborted = true;
+        return false;
+      }
+      std::string piece = a->text->push(g.token);
+      if (!piece.empty() || a->logprobs) {
+        StreamEvent event;
+        event.text = std::move(piece);
+        if (a->logprobs) event.tokens.push_back(g);
+        a->stream->push(std::move(event), /*wake=*/false);
+        to_wake_.push_back(a->stream);
+      }
+      return !a->text->stopped();
+    };
+    actives.push_back(std::move(active));
+    requests.push_back(std::move(q->request));
   }
-  if (!p.followers.empty()) deferred_.emplace_back(active, std::move(p.followers));
+  try {
+    // A request's n choices fork after its prompt (Engine::add_request_group).
+    const std::vector<std::int64_t> ids =
+        requests.size() == 1 ? std::vector<std::int64_t>{engine_->add_request(requests[0])} : engine_->add_request_group(requests);
+    for (std::size_t i = 0; i < ids.size(); ++i) active_[ids[i]] = actives[i];
+  } catch (const std::exception& e) {
+    for (Pending* q : group) {
+      StreamEvent refused;
+      refused.error = e.what();
+      metrics_.request_finished("error", 0, 0, std::chrono::duration<double>(Clock::now() - q->submitted).count());
+      finish(q->stream, std::move(refused));
+    }
+  }
 }
 
 void EngineWorker::fail_all(const std::string& error) {
@@ -249,9 +248,6 @@ void EngineWorker::fail_all(const std::string& error) {
     fail(p.stream);
     for (Pending& f : p.followers) fail(f.stream);
   }
-  for (auto& [leader, followers] : deferred_)
-    for (Pending& f : followers) fail(f.stream);
-  deferred_.clear();
 }
 
 }  // namespace asynct::serve

@@ -97,8 +97,8 @@ class EngineWorker {
   // output text `text` makes; nullptr when max_in_flight requests are unfinished.
   std::shared_ptr<RequestStream> submit(Request request, std::unique_ptr<OutputText> text);
   // Queues a group of requests with one prompt (a request's n choices), all or none (empty when
-  // there are not places for all): the first now, the others once it has its first token, so
-  // that they find the prompt's full blocks in the prefix cache and compute only the rest.
+  // there are not places for all): the others fork from the first once its prompt is computed
+  // (Engine::add_request_group).
   std::vector<std::shared_ptr<RequestStream>> submit_group(std::vector<Request> requests,
                                                            std::vector<std::unique_ptr<OutputText>> texts);
 
@@ -120,7 +120,7 @@ class EngineWorker {
     Request request;
     std::unique_ptr<OutputText> text;
     std::shared_ptr<RequestStream> stream;
-    std::vector<Pending> followers;  // the rest of its group, added once it has a token
+    std::vector<Pending> followers;  // the rest of its group (a request's n choices)
   };
   struct Active {
     std::unique_ptr<OutputText> text;
@@ -129,10 +129,8 @@ class EngineWorker {
     std::int64_t prompt_tokens = 0, tokens = 0;
     bool logprobs = false;  // the request asks for them: an event for every token
     bool aborted = false;  // ended because its reader left
-    bool started = false;  // it has a token, or has ended: its followers can go
   };
-  // Adds a pending request to the engine, and keeps its followers until it starts (the engine
-  // thread).
+  // Adds a pending request and its followers to the engine, as one group (the engine thread).
   void add(Pending& p);
   // Ends every request with the engine's error and stops taking new ones (the engine thread).
   void fail_all(const std::string& error);
@@ -151,8 +149,6 @@ class EngineWorker {
   bool stopping_ = false;
   std::vector<std::shared_ptr<RequestStream>> all_;  // every unfinished stream (stop() cancels them)
   std::map<std::int64_t, std::shared_ptr<Active>> active_;  // the engine thread's: engine id -> its request
-  // The engine thread's: groups' followers, waiting for their first request to start.
-  std::vector<std::pair<std::shared_ptr<Active>, std::vector<Pending>>> deferred_;
   // The engine thread's: streams that got a token's events in this step, to wake after it.
   std::vector<std::shared_ptr<RequestStream>> to_wake_;
   StreamWaker waker_;  // before the engine thread, which uses it; after in_flight_, which its streams' release needs

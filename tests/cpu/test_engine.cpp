@@ -735,6 +735,77 @@ TEST(Engine, PrefixCachingSkipsTheSharedPrefixAndKeepsTheTokens) {
   }
 }
 
+// A request's choices (add_request_group) fork after the prompt: the same tokens as separate
+// requests with the same sampling, the prompt computed once when the cache has room (its full
+// blocks shared, the partial one copied), and with too few blocks the choices compute their
+// own prompts or are preempted; no block left held at the end.
+TEST(Engine, ForkedChoicesEqualSeparateRequests) {
+  for (int prompt_len : {21, 32, 5}) {
+    std::vector<Request> choices;
+    for (int i = 0; i < 3; ++i) {
+      Request r;
+      for (int t = 0; t < prompt_len; ++t) r.prompt.push_back((t * 11 + 5) % 250);
+      r.max_tokens = 10 + i;
+      r.sampling = {.temperature = 0.8f, .top_k = 20, .repetition_penalty = 1.2f, .seed = std::uint64_t(40 + i),
+                    .logprobs = 2};
+      choices.push_back(r);
+    }
+    for (Architecture arch : {Architecture::AsyncT, Architecture::Qwen3})
+      for (int num_blocks : {64, 5})
+        for (bool pipeline : {true, false})
+          for (bool caching : {false, true}) {
+            SCOPED_TRACE(::testing::Message() << "prompt " << prompt_len << ", " << num_blocks << " blocks, pipeline "
+                                              << pipeline << ", prefix caching " << caching);
+            const EngineSetup setup{arch, num_blocks, 16, 2048, 64, pipeline, caching};
+            EngineStats separate_stats, group_stats;
+            const std::vector<RequestOutput> separate = run(setup, choices, &separate_stats);
+            Engine e = make_engine(setup);
+            const std::vector<std::int64_t> ids = e.add_request_group(choices);
+            ASSERT_EQ(ids.size(), 3u);
+            std::vector<RequestOutput> grouped = e.run_to_completion();
+            group_stats = e.stats();
+            expect_same_outputs(grouped, separate);
+            expect_same_logprobs(grouped, separate);
+            EXPECT_EQ(e.kv_blocks_used(), 0);
+            if (num_blocks == 64) EXPECT_EQ(group_stats.prefill_tokens, prompt_len) << "the prompt computed once";
+          }
+  }
+}
+
+TEST(Engine, AbortingAChoiceOfAGroupLeavesTheOthers) {
+  Request r;
+  r.prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  r.max_tokens = 6;
+  std::vector<Request> choices(4, r);
+  for (int i = 0; i < 4; ++i) choices[std::size_t(i)].sampling = {.temperature = 1.0f, .seed = std::uint64_t(i)};
+  const std::vector<RequestOutput> separate = run({Architecture::AsyncT}, choices);
+  for (int aborted : {0, 2}) {  // the choice that leads, one that waits to fork
+    Engine e = make_engine({Architecture::AsyncT});
+    const std::vector<std::int64_t> ids = e.add_request_group(choices);
+    EXPECT_TRUE(e.abort_waiting(ids[std::size_t(aborted)]));
+    EXPECT_FALSE(e.abort_waiting(ids[std::size_t(aborted)])) << "already ended";
+    std::map<std::int64_t, RequestOutput> out;
+    while (e.has_unfinished())
+      for (RequestOutput& o : e.step()) out[o.id] = std::move(o);
+    ASSERT_EQ(out.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      const RequestOutput& o = out[ids[std::size_t(i)]];
+      if (i == aborted) {
+        EXPECT_EQ(o.finish_reason, "abort");
+        EXPECT_TRUE(o.tokens.empty());
+      } else {
+        EXPECT_EQ(o.tokens, separate[std::size_t(i)].tokens) << "choice " << i;
+      }
+    }
+    EXPECT_EQ(e.kv_blocks_used(), 0);
+  }
+  Engine e = make_engine({Architecture::AsyncT});
+  std::vector<Request> mixed = choices;
+  mixed[1].prompt.push_back(7);
+  expect_error([&] { e.add_request_group(mixed); }, "same prompt");
+  EXPECT_FALSE(e.has_unfinished()) << "a refused group queues nothing";
+}
+
 // The one block-size rule per backend, checked by the runner before it allocates anything.
 TEST(StepBatch, BlockSizeRulePerBackend) {
   for (int ok : {1, 8, 16, 24, 256, 4096}) EXPECT_NO_THROW(check_block_size(ok, Backend::Cpu)) << ok;

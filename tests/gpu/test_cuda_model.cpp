@@ -154,6 +154,29 @@ TEST_P(CudaModel, EngineRunsToCompletion) {
   for (const RequestOutput& o2 : out) EXPECT_EQ(o2.tokens.size(), 20u);
 }
 
+// A request's greedy choices (Engine::add_request_group) fork after the prompt, each with its
+// own copy of the partial last block (CudaModelRunner::copy_blocks): identical rows in every
+// product and the same K/V, so every choice generates the leader's tokens. A wrong or missing
+// copy would give the forks other K/V for the prompt's last positions.
+TEST_P(CudaModel, ForkedGreedyChoicesGenerateTheSameTokens) {
+  testing::require_gpu();
+  ModelWeights w = random_weights(tiny_config(GetParam()), 23);
+  const int vocab = w.config.vocab_size;
+  for (int prompt_len : {21, 32}) {  // a partial last block, and none
+    SCOPED_TRACE(::testing::Message() << "prompt " << prompt_len);
+    Engine e(std::make_unique<CudaModelRunner>(w, 24, 16, 64), vocab, {});
+    Request r;
+    for (int t = 0; t < prompt_len; ++t) r.prompt.push_back((t * 5 + 2) % vocab);
+    r.max_tokens = 24;
+    e.add_request_group(std::vector<Request>(3, r));
+    const auto out = e.run_to_completion();
+    ASSERT_EQ(out.size(), 3u);
+    for (const RequestOutput& o : out) EXPECT_EQ(o.tokens, out[0].tokens);
+    EXPECT_EQ(e.stats().prefill_tokens, prompt_len) << "the prompt computed once";
+    EXPECT_EQ(e.kv_blocks_used(), 0);
+  }
+}
+
 // Decode steps replayed from CUDA graphs give what eager steps give. The graphs size the
 // decode kernel's splits from the block-table width, not the longest context, so the sums
 // may be ordered differently: logits within 1e-3, and the greedy tokens the same.

@@ -88,6 +88,20 @@ void CpuModelRunner::submit(const StepBatch& batch) {
   last_summaries_ = queued_.back().output.summaries;
 }
 
+void CpuModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) {
+  const ModelConfig& c = weights_.config;
+  const std::size_t per_block = std::size_t(block_size_) * std::size_t(c.num_key_value_heads) * std::size_t(c.head_dim);
+  for (const BlockCopy& copy : copies) {
+    check(copy.from >= 0 && copy.from < num_blocks_ && copy.to >= 0 && copy.to < num_blocks_ && copy.from != copy.to,
+          "copy_blocks: block ", copy.from, " to ", copy.to, " (the cache has ", num_blocks_, ")");
+    for (std::vector<Tensor>* cache : {&key_cache_, &value_cache_})
+      for (Tensor& layer : *cache) {
+        float* base = layer.data_as<float>();
+        std::copy_n(base + std::size_t(copy.from) * per_block, per_block, base + std::size_t(copy.to) * per_block);
+      }
+  }
+}
+
 const StepOutput& CpuModelRunner::collect() {
   check(!queued_.empty(), "collect: no step was submitted");
   collected_ = std::move(queued_.front());

@@ -25,6 +25,7 @@ class CpuModelRunner : public ModelRunner {
   void submit(const StepBatch& batch) override;
   const StepOutput& collect() override;
   bool pipelines_steps() const override { return true; }
+  void copy_blocks(const std::vector<BlockCopy>& copies) override;  // at once: submit() has run its steps
   int num_blocks() const override { return num_blocks_; }
   int block_size() const override { return block_size_; }
   const ModelConfig& config() const { return weights_.config; }

@@ -252,6 +252,14 @@ CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int bloc
 
 CudaModelRunner::~CudaModelRunner() = default;
 
+void CudaModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) {
+  Impl& m = *impl_;
+  for (const BlockCopy& copy : copies)
+    check(copy.from >= 0 && copy.from < m.num_blocks && copy.to >= 0 && copy.to < m.num_blocks && copy.from != copy.to,
+          "copy_blocks: block ", copy.from, " to ", copy.to, " (the cache has ", m.num_blocks, ")");
+  m.forward.copy_blocks(copies, m.streams.compute);
+}
+
 int CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
 bool CudaModelRunner::samples_on_device(const RowSampling& row) const { return impl_->device_samples(row); }
 int CudaModelRunner::block_size() const { return impl_->block_size; }

@@ -37,6 +37,7 @@ class CudaModelRunner : public ModelRunner {
   const StepOutput& collect() override;
   bool pipelines_steps() const override { return true; }
   bool samples_on_device(const RowSampling& row) const override;
+  void copy_blocks(const std::vector<BlockCopy>& copies) override;  // queued on the steps' stream
   int num_blocks() const override;
   int block_size() const override;
   // With profiling on, each phase of every eager step is timed with CUDA events (no extra

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/common/cuda_check.h"
 #include "kernels/common/device_info.h"
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/attention/prefill/prefill.h"
@@ -153,6 +154,15 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
     }
     timer.mark("sample");
   }
+}
+
+void ModelForward::copy_blocks(const std::vector<BlockCopy>& copies, cudaStream_t stream) {
+  const std::size_t per_block = std::size_t(block_size_) * c_.num_key_value_heads * c_.head_dim;
+  for (const BlockCopy& copy : copies)
+    for (DeviceLayer& layer : weights_.layers)
+      for (bf16* cache : {layer.key_cache.get(), layer.value_cache.get()})
+        ASYNCT_CUDA_CHECK(cudaMemcpyAsync(cache + std::size_t(copy.to) * per_block, cache + std::size_t(copy.from) * per_block,
+                                          per_block * sizeof(bf16), cudaMemcpyDeviceToDevice, stream));
 }
 
 void ModelForward::reserve_decode_workspace(const StepShape& shape, const StepPointers& step) {

@@ -7,10 +7,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
 #include "core/logit_summary.h"
+#include "engine/model_runner.h"
 #include "kernels/common/cuda_array.h"
 #include "kernels/attention/decode/decode.h"
 #include "kernels/gemm/gemm.h"
@@ -60,6 +62,8 @@ class ModelForward {
   // stream gets there), sampling its `rows` logit rows into `out`.
   void run(const StepShape& shape, const StepPointers& step, int rows, const Sampling& out, PhaseTimer& timer,
            cudaStream_t stream);
+  // Copies whole KV blocks in every layer's cache (ModelRunner::copy_blocks), queued on `stream`.
+  void copy_blocks(const std::vector<BlockCopy>& copies, cudaStream_t stream);
   // Room for the decode kernel's split partials of an all-decode step of this shape (before a
   // graph capture, which must not allocate).
   void reserve_decode_workspace(const StepShape& shape, const StepPointers& step);

@@ -67,8 +67,9 @@ void print_phases(kernels::SampleRowsArgs a, cudaStream_t stream) {
   int device = 0, khz = 0;
   ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
   ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));
-  const char* names[kernels::kSampleRowsPhases] = {"start", "load", "stats", "histogram", "head chosen", "head gathered",
-                                                    "head drawn", "drawn", "end"};
+  const char* names[kernels::kSampleRowsPhases] = {"start", "load", "stats pass", "stats reduced", "histogram pass",
+                                                    "histogram met", "histogram scanned", "histogram merged",
+                                                    "head chosen", "head gathered", "head drawn", "drawn", "end"};
   std::printf("    phases (median over rows, us):");
   for (int k = 1; k < kernels::kSampleRowsPhases; ++k) {
     std::vector<double> us;
@@ -76,7 +77,7 @@ void print_phases(kernels::SampleRowsArgs a, cudaStream_t stream) {
       const long long* row = host.data() + std::size_t(r) * kernels::kSampleRowsPhases;
       int before = k - 1;
       while (before > 0 && row[before] < 0) --before;
-      if (row[k] >= 0 && row[before] >= 0) us.push_back(double(row[k] - row[before]) * 1e3 / double(khz));
+      if (row[k] >= 0 && row[before] >= 0 && row[k] >= row[before]) us.push_back(double(row[k] - row[before]) * 1e3 / double(khz));
     }
     if (us.empty()) continue;
     std::sort(us.begin(), us.end());

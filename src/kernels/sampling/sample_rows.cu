@@ -337,7 +337,9 @@ __device__ void build_histogram(Row& row, float peak, float temperature, bool ma
     deep_fixed += __shfl_xor_sync(0xffffffffu, deep_fixed, mask);
   }
   if (threadIdx.x % 32 == 0 && deep != 0) atomicAdd(&sh.bin_count[kBins - 1], deep), atomicAdd(&sh.bin_fixed[kBins - 1], deep_fixed);
+  mark(row, SampleRowsPhase::kHistogramPass);
   row.cluster.sync();
+  mark(row, SampleRowsPhase::kHistogramMet);
   const int range = (kBins + row.blocks - 1) / row.blocks;
   const int bin = int(row.rank) * range + int(threadIdx.x);
   CountWeight own{0, 0.0};
@@ -362,6 +364,7 @@ __device__ void build_histogram(Row& row, float peak, float temperature, bool ma
   const CountWeight range_total = *reinterpret_cast<const CountWeight*>(&sh.warp_partial[0][0]);
   // Every block's reads of the bins are done after it: block 0's become its prefix sums.
   const CountWeight before = cluster_exclusive_scan(range_total, row);
+  mark(row, SampleRowsPhase::kHistogramScan);
   if (int(threadIdx.x) < range && bin < kBins) {
     row.cluster.map_shared_rank(sh.bin_count, 0)[bin] = unsigned(before.count + in_range.count + own.count);
     row.cluster.map_shared_rank(sh.bin_mass, 0)[bin] = before.mass + in_range.mass + own.mass;
@@ -937,6 +940,7 @@ __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float
                       rs.newest_is_output != 0, in.first);
     RowStats local = best_and_nonfinite(row);
     if (penalties) local.nonfinite = min(local.nonfinite, row.sh.penalised_nonfinite);
+    mark(row, SampleRowsPhase::kStatsPass);
     s = cluster_allreduce(local, StatsOp{}, row);
   } else {
     s = raw_stats(row);

@@ -17,15 +17,19 @@ namespace asynct::kernels {
 enum class SampleRowsPhase : int {
   kStart,          // the kernel began (after the previous kernel's results are visible)
   kLoaded,         // the row's slices are in shared memory
-  kStats,          // maxima reduced over the cluster (penalties applied)
-  kHistogram,      // the histogram merged into block 0 (sampled rows)
+  kStatsPass,      // block 0's pass over its slice done (penalties applied; logprobs < 0)
+  kStats,          // maxima reduced over the cluster
+  kHistogramPass,  // block 0's histogram of its slice done (sampled rows)
+  kHistogramMet,   // ... and every block's (the cluster barrier after the pass)
+  kHistogramScan,  // the blocks' ranges' totals scanned over the cluster
+  kHistogram,      // the histogram merged into block 0
   kHeadChosen,     // every block knows the head's last bin
   kHeadGathered,   // the head's tokens are in block 0
   kHeadDrawn,      // block 0 has the token from the head
   kDrawn,          // the token is known (however it was found)
   kEnd,            // the cluster's last barrier passed
 };
-constexpr int kSampleRowsPhases = 9;
+constexpr int kSampleRowsPhases = 13;
 
 struct SampleRowsArgs {
   const float* logits = nullptr;  // [rows, vocab], device; read, never written

@@ -123,6 +123,7 @@ void Engine::schedule(StepState& s) {
     blocks_.grow(seq->block_table, seq->num_computed + n);
     stats_.prefix_cache_queries += std::int64_t(seq->tokens.size());
     stats_.prefix_cache_hits += cached;
+    if (seq->cached_tokens < 0) seq->cached_tokens = cached;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
     out.push_back({seq, n});
@@ -202,6 +203,7 @@ void Engine::fork(Sequence& leader, int row, StepState& s) {
   const int prompt = int(leader.tokens.size()), bs = blocks_.block_size();
   const int full = prompt / bs;
   const bool partial = prompt % bs != 0;
+  const int leader_token = b.logit_rows[std::size_t(row)];  // the prompt's last token, in the batch
   std::vector<std::unique_ptr<Sequence>> forks = std::move(leader.forks);
   leader.forks.clear();
   for (std::size_t i = 0; i < forks.size(); ++i) {
@@ -218,8 +220,9 @@ void Engine::fork(Sequence& leader, int row, StepState& s) {
       s.block_copies.push_back({leader.block_table[std::size_t(full)], f.block_table.back()});
     }
     f.num_computed = prompt;  // once this step and the copies after it have run
+    f.cached_tokens = prompt;
     const int fork_row = int(b.logit_rows.size());
-    b.logit_rows.push_back(b.logit_rows[std::size_t(row)]);
+    b.logit_rows.push_back(leader_token);
     b.full_logits.push_back(options_.record_first_logits ? 1 : 0);
     add_row_sampling(b, f, /*chained=*/false);
     s.forks.emplace_back(&f, fork_row);
@@ -442,6 +445,7 @@ RequestOutput Engine::output_of(Sequence& seq, const std::string& reason) {
   o.tokens.assign(seq.tokens.begin() + std::ptrdiff_t(seq.request.prompt.size()), seq.tokens.end());
   o.finish_reason = reason;
   o.preemptions = seq.preemptions;
+  o.cached_tokens = std::max(0, seq.cached_tokens);
   o.first_logits = std::move(seq.first_logits);
   o.logprobs = std::move(seq.logprobs);
   o.top_logprobs = std::move(seq.top_logprobs);

@@ -70,6 +70,9 @@ struct RequestOutput {
   // ended it), "length" (max_tokens), "abort" (Engine::abort_waiting).
   std::string finish_reason;
   int preemptions = 0;
+  // Prompt tokens it did not compute when it first ran: found in the prefix cache, or (a forked
+  // choice, Engine::add_request_group) shared with its group's first.
+  int cached_tokens = 0;
   std::vector<float> first_logits;   // with EngineOptions::record_first_logits
   std::vector<float> logprobs;       // [tokens] when sampling.logprobs >= 0: each token's, under the raw logits
   std::vector<std::vector<TopLogprob>> top_logprobs;  // [tokens] when sampling.logprobs > 0
@@ -147,6 +150,7 @@ class Engine {
     int num_computed = 0;              // tokens whose K/V are in the cache
     std::vector<int> block_table;
     int preemptions = 0;
+    int cached_tokens = -1;          // RequestOutput::cached_tokens, once it first runs
     int num_filed_blocks = 0;        // leading blocks filed in the prefix cache (prefix caching)
     std::uint64_t last_filed_hash = 0;  // the last of them's chained hash
     std::vector<float> first_logits;

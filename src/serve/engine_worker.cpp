@@ -164,6 +164,7 @@ void EngineWorker::run() {
       last.text = active->text->finish();
       last.finish_reason = active->aborted ? "abort" : active->text->stopped() ? "stop" : out.finish_reason;
       last.completion_tokens = std::int64_t(out.tokens.size());
+      last.cached_tokens = out.cached_tokens;
       metrics_.request_finished(last.finish_reason == "length" || last.finish_reason == "abort" ? last.finish_reason : "stop",
                                 active->prompt_tokens, last.completion_tokens,
                                 std::chrono::duration<double>(Clock::now() - active->submitted).count());

@@ -38,6 +38,7 @@ struct StreamEvent {
   std::string error;           // on the final event, when the engine refused the request
   bool engine_failed = false;  // ... or failed (no request is taken after that)
   std::int64_t completion_tokens = 0;  // on the final event
+  std::int64_t cached_tokens = 0;      // on the final event: prompt tokens not computed (RequestOutput)
 };
 
 // One request's stream: written by the engine thread, read by one HTTP thread.

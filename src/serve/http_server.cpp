@@ -158,6 +158,7 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
             choice.finish_reason = openai_finish_reason(event.finish_reason);
             choice.logprobs = logprobs_of(tokens);
             usage.completion_tokens += event.completion_tokens;
+            if (choices.empty()) usage.cached_tokens = event.cached_tokens;  // the prompt's, once: the first choice's
             choices.push_back(std::move(choice));
           }
           res.set_content(text_of(completion_response(r, id, created, choices, usage)), "application/json");
@@ -184,6 +185,7 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
             c.done = true;
           } else {
             st.usage.completion_tokens += event.completion_tokens;
+            if (i == 0) st.usage.cached_tokens = event.cached_tokens;  // the prompt's, once: the first choice's
             text = sse(completion_chunk(st.request, st.id, st.created, event.text, openai_finish_reason(event.finish_reason),
                                         c.first, {}, c.token_bytes, int(i)));
             c.done = true;

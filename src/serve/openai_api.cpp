@@ -141,7 +141,8 @@ json base_object(const CompletionRequest& r, const std::string& id, std::int64_t
 
 json usage_json(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens}, {"completion_tokens", u.completion_tokens},
-          {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
 }
 
 json finish_value(const std::string& finish_reason) { return finish_reason.empty() ? json(nullptr) : json(finish_reason); }

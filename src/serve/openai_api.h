@@ -69,6 +69,7 @@ struct TokenLogprob {
 // What a finished or streaming request reports.
 struct Usage {
   std::int64_t prompt_tokens = 0, completion_tokens = 0;
+  std::int64_t cached_tokens = 0;  // of the prompt's, found in the prefix cache (prompt_tokens_details)
 };
 
 // One choice of a whole response.

@@ -727,6 +727,9 @@ TEST(Engine, PrefixCachingSkipsTheSharedPrefixAndKeepsTheTokens) {
       SCOPED_TRACE(std::to_string(num_blocks) + " blocks, pipeline " + std::to_string(pipeline));
       expect_same_outputs(outs[1], outs[0]);
       EXPECT_EQ(stats[0].prefix_cache_hits, 0);
+      for (const RequestOutput& o : outs[0]) EXPECT_EQ(o.cached_tokens, 0);
+      if (num_blocks == 64)
+        for (std::size_t i = 1; i < outs[1].size(); ++i) EXPECT_EQ(outs[1][i].cached_tokens, 32) << "request " << i;
       if (num_blocks == 64) {
         EXPECT_EQ(stats[1].prefix_cache_hits, 3 * 32) << "two blocks of 16 for each later request";
         EXPECT_EQ(stats[1].prefill_tokens, stats[0].prefill_tokens - 3 * 32);
@@ -767,7 +770,11 @@ TEST(Engine, ForkedChoicesEqualSeparateRequests) {
             expect_same_outputs(grouped, separate);
             expect_same_logprobs(grouped, separate);
             EXPECT_EQ(e.kv_blocks_used(), 0);
-            if (num_blocks == 64) EXPECT_EQ(group_stats.prefill_tokens, prompt_len) << "the prompt computed once";
+            if (num_blocks == 64) {
+              EXPECT_EQ(group_stats.prefill_tokens, prompt_len) << "the prompt computed once";
+              EXPECT_EQ(grouped[0].cached_tokens, 0);
+              for (std::size_t i = 1; i < grouped.size(); ++i) EXPECT_EQ(grouped[i].cached_tokens, prompt_len);
+            }
           }
   }
 }

@@ -141,6 +141,8 @@ TEST(OpenAiApi, ResponsesAndChunksHaveOpenAisShape) {
   const json usage = usage_chunk(chat, "id1", 5, Usage{3, 2});
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(usage_chunk(chat, "id1", 5, Usage{40, 2, 32})["usage"]["prompt_tokens_details"]["cached_tokens"], 32);
   const CompletionRequest text = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", "hi"}});
   EXPECT_EQ(completion_response(text, "c", 1, "x", "length", Usage{})["choices"][0]["text"], "x");
   EXPECT_EQ(completion_chunk(text, "c", 1, "y", "", true)["object"], "text_completion");

@@ -201,6 +201,11 @@ def main():
                                             extra_body={"ignore_eos": True})
             c.equal("token-id prompt, ignore_eos: every token generated", (ids.usage.prompt_tokens, ids.usage.completion_tokens,
                                                                           ids.choices[0].finish_reason), (3, 40, "length"))
+            # Prefix caching: the second request with a 40-token prompt finds its first two blocks of
+            # 16 (never the last token) cached, and says so in usage.prompt_tokens_details.
+            cached = [client.completions.create(model="tiny", prompt=list(range(500, 540)), max_tokens=2, temperature=0)
+                      .usage.prompt_tokens_details.cached_tokens for _ in range(2)]
+            c.equal("usage.prompt_tokens_details.cached_tokens: none, then two blocks", cached, [0, 32])
 
             # Logprobs: the engine's, as asynct generate --logprobs prints them.
             reference = json.loads(generate(args.asynct, model, prompt, 6, extra=["--logprobs", "2", "--json"]))
@@ -324,7 +329,7 @@ def main():
             ended = sum(v for k, v in metrics.items() if k.startswith("asynct_requests_total{"))
             c.equal("/metrics is Prometheus text", (status, response.getheader("Content-Type").split(";")[0]), (200, "text/plain"))
             c.equal("/metrics: requests ended, first tokens", (ended, metrics.get("asynct_time_to_first_token_seconds_count")),
-                    (44, 44))
+                    (46, 46))
             c.equal("/metrics: nothing running, waiting or holding KV blocks",
                     [metrics.get(k) for k in ("asynct_requests_running", "asynct_requests_waiting", "asynct_kv_blocks_used")],
                     [0, 0, 0])

@@ -15,6 +15,23 @@ bool RequestStream::next(StreamEvent& event, std::chrono::milliseconds timeout) 
   return true;
 }
 
+bool RequestStream::wait_taken(StreamEvent& refused) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  ready_.wait(lock, [&] { return taken_ || !events_.empty(); });
+  if (taken_) return true;
+  refused = std::move(events_.front());
+  events_.pop_front();
+  return false;
+}
+
+void RequestStream::taken() {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    taken_ = true;
+  }
+  ready_.notify_one();
+}
+
 void RequestStream::push(StreamEvent event, bool wake) {
   {
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -213,7 +230,10 @@ void EngineWorker::add(Pending& p) {
     // A request's n choices fork after its prompt (Engine::add_request_group).
     const std::vector<std::int64_t> ids =
         requests.size() == 1 ? std::vector<std::int64_t>{engine_->add_request(requests[0])} : engine_->add_request_group(requests);
-    for (std::size_t i = 0; i < ids.size(); ++i) active_[ids[i]] = actives[i];
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      active_[ids[i]] = actives[i];
+      actives[i]->stream->taken();
+    }
   } catch (const std::exception& e) {
     for (Pending* q : group) {
       StreamEvent refused;

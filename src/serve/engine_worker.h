@@ -51,6 +51,9 @@ class RequestStream {
 
   // The next event, waiting at most `timeout`; false when none came in time.
   bool next(StreamEvent& event, std::chrono::milliseconds timeout);
+  // Waits until the engine has taken the request (true), or has refused it: false, with its
+  // final event (the error) in `refused`.
+  bool wait_taken(StreamEvent& refused);
   // The reader has gone: the request ends at its next token.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
@@ -58,11 +61,13 @@ class RequestStream {
   // The engine thread's side: the event, and the reader woken now or (wake false) by wake().
   void push(StreamEvent event, bool wake = true);
   void wake() { ready_.notify_one(); }
+  void taken();  // the engine has the request
 
  private:
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<StreamEvent> events_;
+  bool taken_ = false;
   std::atomic<bool> cancelled_{false};
   std::function<void()> on_release_;
 };

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <ctime>
 #include <exception>
+#include <functional>
+#include <optional>
 
 #include <httplib.h>
 
@@ -48,6 +50,73 @@ struct StreamState {
   std::string id;
   std::int64_t created = 0;
   Usage usage;
+};
+
+// A whole (not streamed) response's choices, read as they run.
+struct WholeState {
+  CompletionRequest request;
+  std::vector<std::shared_ptr<RequestStream>> streams;  // one a choice
+  std::vector<Choice> choices;
+  std::vector<std::vector<GeneratedToken>> tokens;      // each choice's, for its logprobs
+  std::vector<char> ended;                              // each choice's: its last event came
+  std::size_t done = 0;                                 // choices ended
+  std::function<std::vector<TokenLogprob>(const std::vector<GeneratedToken>&)> logprobs_of;
+  std::optional<ApiError> failed;                       // a choice's error: the body
+  std::string id;
+  std::int64_t created = 0;
+  Usage usage;
+  std::chrono::steady_clock::time_point last_write;
+
+  void cancel() {
+    for (const auto& stream : streams) stream->cancel();
+  }
+  void take(std::size_t i, StreamEvent& event) {
+    Choice& choice = choices[i];
+    choice.text += event.text;
+    tokens[i].insert(tokens[i].end(), event.tokens.begin(), event.tokens.end());
+    if (!event.done) return;
+    ended[i] = 1;
+    ++done;
+    if (!event.error.empty()) {
+      if (!failed) failed = ApiError(event.engine_failed ? 500 : 400, event.error);
+      cancel();  // the other choices end too
+      return;
+    }
+    choice.finish_reason = openai_finish_reason(event.finish_reason);
+    choice.logprobs = logprobs_of(tokens[i]);
+    usage.completion_tokens += event.completion_tokens;
+    if (i == 0) usage.cached_tokens = event.cached_tokens;  // the prompt's, once: the first choice's
+  }
+  // One call of the content provider: the events that are ready (waiting a little for one),
+  // the body once every choice has ended, a space when a second has passed without a write.
+  bool provide(httplib::DataSink& sink) {
+    using namespace std::chrono_literals;
+    bool any = false;
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      StreamEvent event;
+      while (!ended[i] && streams[i]->next(event, 0ms)) take(i, event), any = true;
+    }
+    if (!any && done < streams.size())
+      for (std::size_t i = 0; i < streams.size(); ++i) {
+        if (ended[i]) continue;
+        StreamEvent event;
+        if (streams[i]->next(event, 200ms)) take(i, event);
+        break;
+      }
+    const auto now = std::chrono::steady_clock::now();
+    if (done == streams.size()) {
+      const std::string body =
+          failed ? text_of(error_body(*failed)) : text_of(completion_response(request, id, created, choices, usage));
+      if (!sink.write(body.data(), body.size())) return false;
+      sink.done();
+      return true;
+    }
+    if (now - last_write >= 1s) {
+      if (!sink.write(" ", 1)) return false;
+      last_write = now;
+    }
+    return true;
+  }
 };
 
 }  // namespace
@@ -139,29 +208,34 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
         const std::string id = next_id(endpoint == Endpoint::ChatCompletions ? "chatcmpl-" : "cmpl-");
         const std::int64_t created = now_seconds();
         if (!r.stream) {
-          std::vector<Choice> choices;
-          Usage usage{prompt, 0};
+          // Refused by the engine: an error status. Taken: the response comes through a content
+          // provider that also sends a space (JSON allows leading whitespace) every second while
+          // the choices run: a write that fails means the client has left, and its choices end.
           for (const auto& stream : streams) {
-            Choice choice;
-            std::vector<GeneratedToken> tokens;
-            StreamEvent event;
-            for (;;) {
-              if (!stream->next(event, 1000ms)) continue;
-              choice.text += event.text;
-              tokens.insert(tokens.end(), event.tokens.begin(), event.tokens.end());
-              if (event.done) break;
+            StreamEvent refused;
+            if (!stream->wait_taken(refused)) {
+              for (const auto& other : streams) other->cancel();
+              throw ApiError(refused.engine_failed ? 500 : 400, refused.error);
             }
-            if (!event.error.empty()) {
-              for (const auto& other : streams) other->cancel();  // the other choices end too
-              throw ApiError(event.engine_failed ? 500 : 400, event.error);
-            }
-            choice.finish_reason = openai_finish_reason(event.finish_reason);
-            choice.logprobs = logprobs_of(tokens);
-            usage.completion_tokens += event.completion_tokens;
-            if (choices.empty()) usage.cached_tokens = event.cached_tokens;  // the prompt's, once: the first choice's
-            choices.push_back(std::move(choice));
           }
-          res.set_content(text_of(completion_response(r, id, created, choices, usage)), "application/json");
+          auto whole = std::make_shared<WholeState>();
+          whole->streams = streams;
+          whole->choices.resize(streams.size());
+          whole->tokens.resize(streams.size());
+          whole->ended.resize(streams.size(), 0);
+          whole->logprobs_of = [this](const std::vector<GeneratedToken>& tokens) { return logprobs_of(tokens); };
+          whole->usage.prompt_tokens = prompt;
+          whole->id = id;
+          whole->created = created;
+          whole->request = std::move(r);
+          whole->last_write = std::chrono::steady_clock::now();
+          ++open_streams_;
+          res.set_chunked_content_provider(
+              "application/json", [whole](std::size_t, httplib::DataSink& sink) { return whole->provide(sink); },
+              [this, whole](bool success) {
+                if (!success) whole->cancel();  // the client left
+                --open_streams_;
+              });
           return;
         }
         auto state = std::make_shared<StreamState>();

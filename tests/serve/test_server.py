@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -295,6 +296,32 @@ def main():
                     {i: results.get(i) for i in alone}, alone)
             c.equal("the server is alive after", raw(server.port, "GET", "/health")[0], 200)
 
+            # A whole (not streamed) response's client leaves: its request ends ("abort") and frees
+            # its blocks within a few seconds (the server writes a space a second while it runs).
+            def scrape():
+                values = {}
+                for line in raw(server.port, "GET", "/metrics")[1].splitlines():
+                    if line and not line.startswith("#"):
+                        name, value = line.rsplit(" ", 1)
+                        values[name] = float(value)
+                return values
+            aborted_before = scrape().get('asynct_requests_total{finish_reason="abort"}', 0)
+            leaving = socket.create_connection(("127.0.0.1", server.port), timeout=TIMEOUT)
+            body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 3000, "temperature": 0,
+                               "ignore_eos": True}).encode()
+            leaving.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            time.sleep(1.5)
+            leaving.close()
+            deadline, now = time.monotonic() + 20, scrape()
+            while time.monotonic() < deadline and (now.get("asynct_requests_running") or
+                                                   now.get('asynct_requests_total{finish_reason="abort"}', 0) == aborted_before):
+                time.sleep(0.2)
+                now = scrape()
+            c.equal("a whole response's client leaves: its request aborted, nothing running",
+                    (now.get('asynct_requests_total{finish_reason="abort"}', 0) - aborted_before,
+                     now.get("asynct_requests_running"), now.get("asynct_kv_blocks_used")), (1, 0, 0))
+
             # Bad requests: status and the field named.
             context_prompt = "word " * 5000
             bad = [
@@ -329,7 +356,7 @@ def main():
             ended = sum(v for k, v in metrics.items() if k.startswith("asynct_requests_total{"))
             c.equal("/metrics is Prometheus text", (status, response.getheader("Content-Type").split(";")[0]), (200, "text/plain"))
             c.equal("/metrics: requests ended, first tokens", (ended, metrics.get("asynct_time_to_first_token_seconds_count")),
-                    (46, 46))
+                    (47, 47))
             c.equal("/metrics: nothing running, waiting or holding KV blocks",
                     [metrics.get(k) for k in ("asynct_requests_running", "asynct_requests_waiting", "asynct_kv_blocks_used")],
                     [0, 0, 0])

@@ -90,8 +90,8 @@ def write_tiny_llama(directory, tokenizer_dir):
 class Server:
     """`asynct serve` on 127.0.0.1 at a free port, stopped on exit."""
 
-    def __init__(self, binary, model, *extra):
-        self.process = subprocess.Popen([binary, "serve", "--model", model, "--port", "0", "--served-model-name", "tiny",
+    def __init__(self, binary, model, *extra, name="tiny"):
+        self.process = subprocess.Popen([binary, "serve", "--model", model, "--port", "0", "--served-model-name", name,
                                          *extra], stderr=subprocess.PIPE, text=True)
         self.port, self.log = None, []
         deadline = time.monotonic() + TIMEOUT

@@ -10,8 +10,8 @@ tokenizer files and chat template, so that requests take milliseconds even under
 Checked:
 - completions and chat, streamed and not: the same text as `asynct generate` for the same
   prompt (greedy, and seeded sampling), usage counts, finish reasons, stop strings;
-- 16 concurrent streams, 4 closed mid-stream: every finished one complete and equal to its
-  request alone, the server alive after;
+- 32 concurrent streams, 8 closed mid-stream: every finished one complete and equal to its
+  request alone, the server alive after; a whole response's client that leaves ends its request;
 - bad requests, each with its status and OpenAI's error object;
 - 429 past the queue bound, 413 past the body limit;
 - SIGTERM: an open stream ends with finish_reason "abort" and [DONE], the server exits 0.
@@ -182,7 +182,7 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         model = os.path.join(work, "tiny")
         write_tiny_llama(model, args.tokenizer_from)
-        with Server(args.asynct, model, "--max-num-seqs", "8", "--max-waiting", "16", "--max-body-mib", "1") as server:
+        with Server(args.asynct, model, "--max-num-seqs", "8", "--max-waiting", "32", "--max-body-mib", "1") as server:
             client = openai.OpenAI(base_url=server.url(), api_key="unused", timeout=TIMEOUT, max_retries=0)
             c.equal("/v1/models lists the model", [m.id for m in client.models.list().data], ["tiny"])
 
@@ -269,7 +269,7 @@ def main():
                 c.equal("a stop string ends the text before it", (got.choices[0].text, got.choices[0].finish_reason),
                         (want[:want.index(stop)], "stop"))
 
-            # Concurrent streams, some closed mid-stream.
+            # 32 concurrent streams, 8 closed mid-stream.
             results, lock = {}, threading.Lock()
 
             def stream(i):
@@ -285,14 +285,14 @@ def main():
                 with lock:
                     results[i] = text
 
-            threads = [threading.Thread(target=stream, args=(i,)) for i in range(16)]
+            threads = [threading.Thread(target=stream, args=(i,)) for i in range(32)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join(TIMEOUT)
             alone = {i: client.completions.create(model="tiny", prompt=f"{prompt} {i}", max_tokens=24,
-                                                  temperature=0).choices[0].text for i in range(16) if i % 4}
-            c.equal("16 concurrent streams (4 closed): the others complete and as if alone",
+                                                  temperature=0).choices[0].text for i in range(32) if i % 4}
+            c.equal("32 concurrent streams (8 closed): the others complete and as if alone",
                     {i: results.get(i) for i in alone}, alone)
             c.equal("the server is alive after", raw(server.port, "GET", "/health")[0], 200)
 
@@ -346,7 +346,7 @@ def main():
                 c.equal(f"{body[:48]!r}... -> {status}", (got_status, error.get("param"), "message" in error),
                         (status, param, True))
 
-            # /metrics after all of it: 44 requests ended (n = 3 counts 3), nothing running or holding blocks.
+            # /metrics after all of it: 75 requests ended (n = 3 counts 3), nothing running or holding blocks.
             status, text, response = raw(server.port, "GET", "/metrics")
             metrics = {}
             for line in text.splitlines():
@@ -356,7 +356,7 @@ def main():
             ended = sum(v for k, v in metrics.items() if k.startswith("asynct_requests_total{"))
             c.equal("/metrics is Prometheus text", (status, response.getheader("Content-Type").split(";")[0]), (200, "text/plain"))
             c.equal("/metrics: requests ended, first tokens", (ended, metrics.get("asynct_time_to_first_token_seconds_count")),
-                    (47, 47))
+                    (75, 75))
             c.equal("/metrics: nothing running, waiting or holding KV blocks",
                     [metrics.get(k) for k in ("asynct_requests_running", "asynct_requests_waiting", "asynct_kv_blocks_used")],
                     [0, 0, 0])

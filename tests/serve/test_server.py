@@ -338,7 +338,7 @@ def main():
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": []}', 400, "messages"),
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}', 400,
                  "messages[0].role"),
-                ("/v1/completions", b"x" * (2 << 20), 413, None),
+                ("/v1/completions", b"x" * (100 << 20), 413, None),  # 100 MB, over --max-body-mib 1
             ]
             for path, body, status, param in bad:
                 got_status, payload, _ = raw(server.port, "POST", path, body)

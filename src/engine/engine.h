@@ -83,8 +83,9 @@ struct EngineStats {
   // Tokens the model computed: a decode token is a generated token fed to the model for the
   // first time (the newest token of a sequence past its prompt); prefill tokens are the rest,
   // the prompts and the output a preempted sequence recomputes. Whatever the chunking, a
-  // request that runs without preemption adds its prompt length to prefill_tokens and
-  // (generated - 1) to decode_tokens.
+  // request that runs without preemption adds its prompt length to prefill_tokens (a forked
+  // choice, add_request_group, none: its first choice computed the prompt) and (generated - 1)
+  // to decode_tokens.
   std::int64_t prefill_tokens = 0, decode_tokens = 0;
   std::int64_t pipelined_steps = 0;  // steps queued before the step they continue was read
   // Prefix caching: the tokens of the requests that started running (again, after a

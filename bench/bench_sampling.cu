@@ -67,9 +67,10 @@ void print_phases(kernels::SampleRowsArgs a, cudaStream_t stream) {
   int device = 0, khz = 0;
   ASYNCT_CUDA_CHECK(cudaGetDevice(&device));
   ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device));
-  const char* names[kernels::kSampleRowsPhases] = {"start", "load", "stats pass", "stats reduced", "histogram pass",
-                                                    "histogram met", "histogram scanned", "histogram merged",
-                                                    "head chosen", "head gathered", "head drawn", "drawn", "end"};
+  const char* names[kernels::kSampleRowsPhases] = {"start", "load", "stats pass", "stats reduced", "candidates gathered",
+                                                    "candidates selected", "histogram pass", "histogram met",
+                                                    "histogram scanned", "histogram merged", "head chosen",
+                                                    "head gathered", "head drawn", "drawn", "end"};
   std::printf("    phases (median over rows, us):");
   for (int k = 1; k < kernels::kSampleRowsPhases; ++k) {
     std::vector<double> us;
@@ -140,6 +141,8 @@ int main(int argc, char** argv) {
     float top_p, min_p;
     bool penalties;
     int logprobs;
+    bool histogram = false;  // top-k <= 64 through the histogram (SampleRowsArgs::small_top_k off)
+    bool phases = false;     // print where a row's time goes
   };
   const Config configs[] = {
       {"greedy + penalties", 0.0f, 0, 1.0f, 0.0f, true, -1},
@@ -147,13 +150,14 @@ int main(int argc, char** argv) {
       {"top-k 50", 1.0f, 50, 1.0f, 0.0f, false, -1},
       {"top-p 0.9", 1.0f, 0, 0.9f, 0.0f, false, -1},
       {"min-p 0.1", 1.0f, 0, 1.0f, 0.1f, false, -1},
-      {"top-k 50 + top-p 0.9 + penalties", 0.8f, 50, 0.9f, 0.0f, true, -1},
+      {"top-k 50 + top-p 0.9 + penalties", 0.8f, 50, 0.9f, 0.0f, true, -1, false, true},
+      {"top-k 50 + top-p 0.9 + penalties, histogram", 0.8f, 50, 0.9f, 0.0f, true, -1, true, true},
       {"top-k 50 + top-p 0.9 + penalties + logprobs 20", 0.8f, 50, 0.9f, 0.0f, true, 20},
   };
-  // Each config in the launch's own layout; the last also in the other cluster size.
+  // Each config in the launch's own layout; the one that prints its phases first also in the other cluster size.
   const int other_blocks = layout.cluster_blocks == 8 ? 7 : 8;
   for (std::size_t ci = 0; ci < std::size(configs) + 1; ++ci) {
-    const Config& c = configs[ci < std::size(configs) ? ci : std::size(configs) - 2];
+    const Config& c = configs[ci < std::size(configs) ? ci : 5];
     std::vector<RowSampling> sampling(static_cast<std::size_t>(rows));
     for (int r = 0; r < rows; ++r) {
       RowSampling& s = sampling[std::size_t(r)];
@@ -184,11 +188,12 @@ int main(int argc, char** argv) {
     a.logit_rows = d_rows.get();
     a.summaries = summaries.get();
     a.top_logprobs = top.get();
+    a.small_top_k = !c.histogram;
     if (ci == std::size(configs)) a.cluster_blocks = other_blocks;
     const float us = median_us(stream, [&] { kernels::launch_sample_rows(a, stream); });
     const std::string name = ci == std::size(configs) ? std::string(c.name) + ", " + std::to_string(other_blocks) + "-block clusters" : c.name;
     std::printf("  %-44s %8.1f us\n", name.c_str(), double(us));
-    if (ci == std::size(configs) - 2) print_phases(a, stream);
+    if (c.phases && ci < std::size(configs)) print_phases(a, stream);
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 //   - the distribution of many draws: chi-square against the exact probabilities of the kept
 //     tokens, computed here from a full sort (p > 1e-6 required);
 //   - logprobs: the sampled token's and the top-n, against a log-softmax in double (1e-4);
+//   - the small top-k path (1 <= top-k <= 64) against the histogram's: the same tokens;
 //   - the paths: few candidates (top-k), the draw's bin (no cut), min-p, and more candidates
 //     than the gather holds (top-p alone on a flat row, top-k 3000, a row of equal logits);
 //     vocabularies of 151936 (in 8- and 7-block clusters), 49152 and odd sizes; the same launch
@@ -69,7 +70,7 @@ struct Sampled {
   std::vector<TopLogprob> top;  // [rows * kMaxTopLogprobs]
 };
 
-Sampled sample_on_device(const Batch& b, int cluster_blocks = 0) {
+Sampled sample_on_device(const Batch& b, int cluster_blocks = 0, bool small_top_k = true) {
   const int rows = b.rows();
   DeviceArray<float> logits = to_device(b.logits);
   DeviceArray<RowSampling> sampling = to_device(b.sampling);
@@ -93,6 +94,7 @@ Sampled sample_on_device(const Batch& b, int cluster_blocks = 0) {
   a.summaries = summaries.get();
   a.top_logprobs = top.get();
   a.cluster_blocks = cluster_blocks;
+  a.small_top_k = small_top_k;
   kernels::launch_sample_rows(a, nullptr);
   testing::check_launch("sample_rows");
   return {to_host(summaries, std::size_t(rows)), to_host(top, std::size_t(rows) * kMaxTopLogprobs)};
@@ -383,6 +385,59 @@ TEST(DeviceSampleRows, ReportsNonFiniteLogitsThePenaltiesTouch) {
     for (int r = 0; r < 4; ++r) {
       EXPECT_EQ(got.summaries[std::size_t(r)].nonfinite, expected[r]) << "row " << r << ", " << blocks << "-block clusters";
       if (expected[r] < 0) EXPECT_EQ(got.summaries[std::size_t(r)].token, host_token(b, r)) << "row " << r;
+    }
+  }
+}
+
+// Rows with 1 <= top-k <= 64 take the k best tokens without the histogram; both paths weigh the
+// head's tokens alike and walk it alike, so they draw the same token for every (seed, step). Rows
+// of N(0, s^2) logits from flat to peaked (the k-th token past 48 nats), k from 1 to 64 with every
+// other cut, penalties and logprobs, small vocabularies (most threads hold no token), and rows
+// whose candidates overflow the gather (all logits equal; ties at the bound) and fall through.
+TEST(DeviceSampleRows, SmallTopKPathDrawsTheHistogramsTokens) {
+  testing::require_gpu();
+  if (!kernels::device_sampling_supported(151936)) GTEST_SKIP() << "device sampling needs sm_90";
+  struct Case {
+    int vocab;
+    float scale;
+  };
+  const Case cases[] = {{151936, 2.5f}, {151936, 0.3f}, {151936, 45.0f}, {49152, 2.0f}, {4099, 1.0f}, {1000, 3.0f}, {70, 1.0f}};
+  const int ks[] = {1, 2, 20, 50, 63, 64};
+  for (const Case& c : cases) {
+    testing::Random rng(std::uint64_t(c.vocab) * 7 + std::uint64_t(c.scale * 10));
+    Tensor logits = rng.normal({4, c.vocab}, c.scale);
+    float* rows = logits.data_as<float>();
+    std::fill(rows + 3 * std::int64_t(c.vocab), rows + 4 * std::int64_t(c.vocab), 0.25f);  // all equal
+    for (int i = 0; i < c.vocab; i += 3) rows[2 * std::int64_t(c.vocab) + i] = std::round(rows[2 * std::int64_t(c.vocab) + i]);  // ties
+    Batch b;
+    b.vocab = c.vocab;
+    for (int s = 0; s < 256; ++s) {
+      const int k = ks[s % 6];
+      if (k >= c.vocab) continue;
+      RowSampling rs = sampled(s % 5 == 0 ? 0.7f : 1.0f, k, s % 3 == 0 ? 0.9f : 1.0f, s % 7 == 0 ? 0.05f : 0.0f, 40 + std::uint64_t(s), std::uint64_t(s));
+      rs.params.logprobs = s % 11 == 0 ? 5 : (s % 13 == 0 ? 0 : -1);
+      std::vector<PenaltyToken> entries;
+      if (s % 4 == 1) {
+        rs.params.repetition_penalty = 1.2f;
+        rs.params.presence_penalty = 0.4f;
+        rs.newest_is_output = 1;
+        entries = {{int(s) % c.vocab, 1, 0}, {(int(s) * 31 + 5) % c.vocab, 2, 1}};
+      }
+      b.add(rows + std::int64_t(s % 4) * c.vocab, rs, s % c.vocab, entries);
+    }
+    for (int blocks : {8, 7}) {
+      const Sampled small = sample_on_device(b, blocks, true), histogram = sample_on_device(b, blocks, false);
+      for (int s = 0; s < b.rows(); ++s) {
+        ASSERT_EQ(small.summaries[std::size_t(s)].nonfinite, -1);
+        EXPECT_EQ(small.summaries[std::size_t(s)].token, histogram.summaries[std::size_t(s)].token)
+            << "vocab " << c.vocab << ", scale " << c.scale << ", draw " << s << ", top-k " << b.sampling[std::size_t(s)].params.top_k
+            << ", " << blocks << "-block clusters";
+      }
+      if (c.vocab == 151936 && blocks == 8) {  // and the host's, but for draws within rounding of a boundary
+        int differ = 0;
+        for (int s = 0; s < b.rows(); ++s) differ += small.summaries[std::size_t(s)].token != host_token(b, s) ? 1 : 0;
+        EXPECT_LE(differ, 1) << "scale " << c.scale;
+      }
     }
   }
 }

@@ -12,7 +12,13 @@
 //      memory stays raw); the processed row's maximum and argmax. One cluster reduction.
 //      With top-n logprobs the raw statistics are reduced first and the top-n found before the
 //      penalties change the copy.
-//   2. temperature 0: the processed argmax. Otherwise a histogram of the tokens by how far
+//   2. temperature 0: the processed argmax. With 1 <= top-k <= 64 (the serving case) the draw needs
+//      only the k best tokens: step 1 also bounds the row's k-th logit from below by the threads'
+//      maxima (k threads' maxima at or above a value are k tokens at or above it); each block
+//      adds its tokens at or above the bound to block 0 (about 6k for k = 50 on N(0, s^2) rows), which
+//      ranks them, keeps the k best in order and walks them as step 3 does. More than the gather
+//      holds (a flat row) falls through to the histogram.
+//      Otherwise a histogram of the tokens by how far
 //      below the maximum their tempered logit lies, d = (max - x) / T, 1/32 nat a bin, with each
 //      bin's count and mass. A token's weight exp(-d) is kept in its bin's fixed point:
 //      q = round(exp(b/32 - d) * 2^16) in bin b, worth q * 2^-16 * exp(-b/32) (relative error
@@ -58,14 +64,26 @@ static_assert(kWarps <= 32 && (kWarps & (kWarps - 1)) == 0, "block_allreduce's t
 constexpr int kBins = 1536;  // 1/32 nat each; the last also takes everything beyond 48 nats
 constexpr int kMaxCandidates = 2 * kThreads;
 constexpr int kSubBins = 256;  // a bin too full to gather is split this finely (1/8192 nat)
+constexpr int kMaxSmallTopK = 64;  // the small top-k path's largest k: one warp walks the head
+// Each warp's largest thread maxima that bound the k-th logit (step 1): 8 a warp, so the bound
+// needs no warp to hold more than 8 of the block's k best maxima (16 warps, k <= 64).
+constexpr int kBoundsPerWarp = 8;
 
 using u64 = unsigned long long;
 
 struct Shared {
-  unsigned bin_count[kBins];  // a block's counts; then, in block 0, their prefix sums
+  union {
+    unsigned bin_count[kBins];  // a block's counts; then, in block 0, their prefix sums
+    unsigned candidate_rank[kMaxCandidates];  // the small top-k path: how many candidates lie above each
+  };
   union {
     unsigned bin_fixed[kBins];  // a block's bin masses in fixed point while the histogram is built
     double bin_mass[kBins];     // then, in block 0, the prefix sums of the bins' masses
+    u64 own[kMaxCandidates];    // the small top-k path: a block's candidates before they go to block 0
+    struct {                    // ... then block 0's candidates that may be among the k best, and the k best in order
+      u64 kept[kMaxCandidates];
+      u64 best[kMaxSmallTopK];
+    } select;
   };
   // Block 0's gathered order keys, sorted in place (first = most likely).
   union {
@@ -81,14 +99,19 @@ struct Shared {
   u64 reduced[4];      // their result, for the block
   u64 warp_partial[kWarps][4];
   u64 decision[2];     // share_from_block0's slots, used in turn
+  alignas(16) float bounds[kWarps * kBoundsPerWarp];  // the warps' largest thread maxima (the small top-k bound)
   u64 scratch;         // block 0's locate
   int gathered;        // in block 0: candidates gathered so far (every block adds to it)
+  int own_count, own_base;  // the small top-k path: a block's candidates, and where they go in block 0's
   int newest_found;    // the row's input token was among its penalty entries
   int penalised_nonfinite;  // the lowest id whose raw logit the penalties changed and was not finite
 };
 // Two blocks a multiprocessor (228 KB) with a seventh of a 151,936-token row each (86,832 bytes),
 // 1 KB reserved per block.
 static_assert(sizeof(Shared) <= (233472 - 2 * 1024) / 2 - 86832, "two 7-way Qwen3 blocks fit a multiprocessor");
+static_assert(kMaxCandidates <= kBins && kMaxSmallTopK <= 2 * 32 && kWarps * kBoundsPerWarp >= kMaxSmallTopK && kBoundsPerWarp % 4 == 0,
+              "the small top-k path's arrays");
+static_assert(sizeof(u64) * (kMaxCandidates + kMaxSmallTopK) <= sizeof(double) * kBins, "fits the union");
 static_assert(3 * sizeof(unsigned) * kSubBins + sizeof(u64) * kSubBins <= sizeof(u64) * kMaxCandidates, "fits the union");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -166,8 +189,10 @@ struct RowStats {
   float raw_sum;
   float max;
   int id;
-  int pad[2];
+  float bound;  // the small top-k path: a value at most the row's k-th logit; -inf when not taken
+  int pad;
 };
+__device__ __forceinline__ RowStats empty_stats() { return RowStats{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, -INFINITY, 0}; }
 __device__ __forceinline__ bool better(float v, int id, float than_v, int than_id) {
   return v > than_v || (v == than_v && id < than_id);
 }
@@ -179,6 +204,7 @@ struct StatsOp {
     if (better(b.raw_max, b.raw_id, a.raw_max, a.raw_id)) r.raw_max = b.raw_max, r.raw_id = b.raw_id;
     r.nonfinite = min(a.nonfinite, b.nonfinite);
     if (better(b.max, b.id, a.max, a.id)) r.max = b.max, r.id = b.id;
+    r.bound = fmaxf(a.bound, b.bound);
     return r;
   }
 };
@@ -698,15 +724,16 @@ struct WarpTeam {
 };
 
 // The team, with the head's c tokens (at most Team::kMaxHead) gathered into block 0: sorts them
-// and takes every cut and the draw on them, in the reference sampler's order. Each token weighs
+// (unless `sorted`) and takes every cut and the draw on them, in the reference sampler's order. Each token weighs
 // its bin's fixed-point share, as the histogram sums it. `total` is the row's weight (without
 // top-k). With top-k the kept weights are the head's own: top-k's tokens past the head (past 48
 // nats) count as weightless. Returns -1 when a place the draw needs lies past the head (the
 // histogram's and the head's sums round apart); every member returns the same.
 template <typename Team>
-__device__ int draw_on_head(const Team& team, const SamplingParams& p, double u, float peak, double total, int c, int vocab) {
+__device__ int draw_on_head(const Team& team, const SamplingParams& p, double u, float peak, double total, int c, int vocab,
+                            bool sorted = false) {
   const u64* head = team.sh.candidates;
-  team.sort(c);
+  if (!sorted) team.sort(c);
   const float t = p.temperature;
   const int m = team.member();
   double w[2];
@@ -750,14 +777,210 @@ __device__ int draw_on_head(const Team& team, const SamplingParams& p, double u,
   return id_of(head[cut ? min(j, keep - 1) : j]);
 }
 
+// The small top-k path (step 2), in step 1: this thread's share of the bound on the row's k-th
+// logit, from the block's thread maxima (`thread_max`, -FLT_MAX for a thread without tokens).
+// Each warp sorts its maxima (a bitonic network over the lanes) and puts its 8 largest in shared
+// memory; a value among those 128 with k of them at or above it is held by k threads, so k of the
+// block's tokens lie at or above it. The largest such value, over the cluster (StatsOp's max),
+// bounds the row's k-th logit from below. Every thread of the block calls it; -inf from the
+// threads that hold no such value.
+__device__ float small_top_k_bound(Row& row, float thread_max, int k) {
+  Shared& sh = row.sh;
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  float v = thread_max;
+#pragma unroll
+  for (int size = 2; size <= 32; size *= 2)
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, v, stride);
+      v = ((lane & stride) == 0) == ((lane & size) == 0) ? fmaxf(v, other) : fminf(v, other);  // descending by lane
+    }
+  if (lane < kBoundsPerWarp) sh.bounds[warp * kBoundsPerWarp + lane] = v;
+  __syncthreads();
+  float share = -INFINITY;
+  if (threadIdx.x < unsigned(kWarps * kBoundsPerWarp)) {
+    const float value = sh.bounds[threadIdx.x];
+    int at_or_above = 0;
+    const float4* all = reinterpret_cast<const float4*>(sh.bounds);
+#pragma unroll 8
+    for (int i = 0; i < kWarps * kBoundsPerWarp / 4; ++i) {
+      const float4 q = all[i];
+      at_or_above += (q.x >= value) + (q.y >= value) + (q.z >= value) + (q.w >= value);
+    }
+    if (at_or_above >= k) share = value;
+  }
+  return share;  // (the cluster reduction's block barriers come before bounds is written again)
+}
+
+// The warp's takers append their keys to out (one counter update a warp); past kMaxCandidates
+// they are only counted. Every lane of the warp calls it.
+__device__ __forceinline__ void warp_append(bool take, float v, int id, u64* out, int* counter) {
+  const unsigned takers = __ballot_sync(0xffffffffu, take);
+  if (takers == 0) return;
+  const unsigned lane = threadIdx.x % 32;
+  int base = 0;
+  if (lane == 0) base = atomicAdd(counter, __popc(takers));
+  base = __shfl_sync(0xffffffffu, base, 0);
+  const int at = base + __popc(takers & ((1u << lane) - 1u));
+  if (take && at < kMaxCandidates) out[at] = order_key(v, id);
+}
+
+// Every block: the order keys of its tokens at or above `bound`, gathered in its own shared
+// memory, then appended to block 0's candidates (one cluster-wide counter update a block); block
+// 0's counter may pass kMaxCandidates. Returns the count, the same in every block, after a
+// cluster barrier.
+__device__ int gather_at_or_above(Row& row, float bound) {
+  Shared& sh = row.sh;
+  if (threadIdx.x == 0) sh.own_count = 0;
+  __syncthreads();
+  const int quads = row.n / 4;
+  for (int j0 = 0; j0 < quads; j0 += kThreads) {  // the same trip count in every warp
+    const int j = j0 + int(threadIdx.x);
+    float4 q = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+    if (j < quads) q = reinterpret_cast<const float4*>(row.x)[j];
+    const int id = row.base + 4 * j;
+    warp_append(q.x >= bound, q.x, id, sh.own, &sh.own_count);
+    warp_append(q.y >= bound, q.y, id + 1, sh.own, &sh.own_count);
+    warp_append(q.z >= bound, q.z, id + 2, sh.own, &sh.own_count);
+    warp_append(q.w >= bound, q.w, id + 3, sh.own, &sh.own_count);
+  }
+  const int i = 4 * quads + int(threadIdx.x);  // the last n % 4 tokens
+  const float x = i < row.n ? row.x[i] : -INFINITY;
+  warp_append(x >= bound, x, row.base + i, sh.own, &sh.own_count);
+  __syncthreads();
+  int* counter = row.cluster.map_shared_rank(&sh.gathered, 0);
+  const int own = sh.own_count;
+  if (threadIdx.x == 0) sh.own_base = own ? atomicAdd(counter, own) : 0;
+  __syncthreads();
+  u64* out = row.cluster.map_shared_rank(sh.candidates, 0);
+  for (int k = int(threadIdx.x); k < min(own, kMaxCandidates); k += kThreads)
+    if (sh.own_base + k < kMaxCandidates) out[sh.own_base + k] = sh.own[k];
+  row.cluster.sync();
+  return *counter;
+}
+
+// Block 0: the k best of its c gathered candidates (k <= c <= kMaxCandidates), in order, as the
+// first k candidates. The candidates are counted into 256 bins of value between the row's
+// maximum and the bound; those up to the bin that reaches k hold the k best (a higher bin holds
+// only lower values), ~k of them. Each of those is ranked by the number above it (keys are
+// unique), over segments of them so that ~2 (key, segment) pairs fall to each thread.
+__device__ void select_best(Shared& sh, int c, int k, float peak, float bound) {
+  constexpr int kSelectBins = 256;
+  static_assert(kSelectBins == 8 * 32 && kSelectBins <= kMaxCandidates, "one warp scans the bins, 8 a lane");
+  unsigned* bins = sh.candidate_rank;
+  for (int b = int(threadIdx.x); b < kSelectBins; b += kThreads) bins[b] = 0;
+  float scale = peak > bound ? float(kSelectBins) / (peak - bound) : 0.0f;
+  if (!isfinite(scale)) scale = 0.0f;  // a bound of -FLT_MAX: one bin (a small vocabulary)
+  const auto bin_of = [&](u64 key) { return min(int((peak - value_of(key)) * scale), kSelectBins - 1); };
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < c; i += kThreads) atomicAdd(&bins[bin_of(sh.candidates[i])], 1u);
+  __syncthreads();
+  if (threadIdx.x < 32) {  // the first bin whose prefix count reaches k
+    const int lane = int(threadIdx.x);
+    unsigned own = 0;
+    for (int b = 8 * lane; b < 8 * lane + 8; ++b) own += bins[b];
+    unsigned inclusive = own;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const unsigned up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += up;
+    }
+    const unsigned reached = __ballot_sync(0xffffffffu, inclusive >= unsigned(k));  // the last lane always reaches
+    const int first = __ffs(int(reached)) - 1;
+    if (lane == first) {
+      unsigned cumulative = inclusive - own;
+      int b = 8 * lane;
+      while ((cumulative += bins[b]) < unsigned(k)) ++b;
+      sh.scratch = u64(b);
+    }
+    if (lane == 0) sh.own_count = 0;
+  }
+  __syncthreads();
+  const int last_bin = int(sh.scratch);
+  for (int i0 = 0; i0 < c; i0 += kThreads) {  // the same trip count in every warp
+    const int i = i0 + int(threadIdx.x);
+    const u64 key = i < c ? sh.candidates[i] : 0;
+    const bool take = i < c && bin_of(key) <= last_bin;
+    const unsigned takers = __ballot_sync(0xffffffffu, take);
+    if (!takers) continue;
+    int base = 0;
+    if (threadIdx.x % 32 == 0) base = atomicAdd(&sh.own_count, __popc(takers));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (take) sh.select.kept[base + __popc(takers & ((1u << (threadIdx.x % 32)) - 1u))] = key;
+  }
+  __syncthreads();
+  const int n = sh.own_count;
+  unsigned* rank = sh.candidate_rank;  // (the bins are done with)
+  for (int i = int(threadIdx.x); i < n; i += kThreads) rank[i] = 0;
+  __syncthreads();
+  const int segments = max(1, 2 * kThreads / n), length = (n + segments - 1) / segments;
+  for (int item = int(threadIdx.x); item < n * segments; item += kThreads) {
+    const int i = item % n, from = (item / n) * length, to = min(n, from + length);
+    const u64 key = sh.select.kept[i];
+    unsigned above = 0;
+    for (int m = from; m < to; ++m) above += sh.select.kept[m] > key ? 1u : 0u;
+    if (above) atomicAdd(&rank[i], above);
+  }
+  __syncthreads();
+  for (int i = int(threadIdx.x); i < n; i += kThreads)
+    if (rank[i] < unsigned(k)) sh.select.best[rank[i]] = sh.select.kept[i];
+  __syncthreads();
+  if (int(threadIdx.x) < k) sh.candidates[threadIdx.x] = sh.select.best[threadIdx.x];
+  __syncthreads();
+}
+
+// The small top-k path's draw (1 <= top_k <= kMaxSmallTopK, top_k < vocab): every block gathers
+// its tokens at or above the bound from step 1; block 0 keeps the k best in order and its first
+// warp walks them as draw_on_head does the histogram's head, with the same weights, so the two
+// paths draw the same token. A k-th token past 48 nats ends the head before the last bin, as
+// head_bin does. Returns the token in every block, or -1 when the candidates do not fit the
+// gather (every block then goes on to the histogram).
+__device__ int draw_small_top_k(Row& row, const SamplingParams& p, double u, float peak, float bound, int vocab) {
+  Shared& sh = row.sh;
+  const bool zero = row.rank == 0;
+  const int c = gather_at_or_above(row, bound);
+  mark(row, SampleRowsPhase::kCandidates);
+  if (c < p.top_k || c > kMaxCandidates) {
+    row.cluster.sync();  // every block has read the count
+    if (zero && threadIdx.x == 0) sh.gathered = 0;
+    __syncthreads();
+    return -1;
+  }
+  int token = 0;
+  if (zero) {
+    select_best(sh, c, p.top_k, peak, bound);
+    mark(row, SampleRowsPhase::kSelected);
+    if (threadIdx.x < 32) {
+      int head = 0;
+      for (int k = 0; k < 2; ++k) {
+        const int i = 2 * int(threadIdx.x) + k;
+        head += i < p.top_k && bin_of_depth(depth(value_of(sh.candidates[i]), peak, p.temperature)) < kBins - 1 ? 1 : 0;
+      }
+#pragma unroll
+      for (int mask = 16; mask > 0; mask /= 2) head += __shfl_xor_sync(0xffffffffu, head, mask);
+      token = draw_on_head(WarpTeam{sh}, p, u, peak, 0.0, head, vocab, true);
+    }
+  }
+  mark(row, SampleRowsPhase::kHeadDrawn);
+  token = int(unsigned(share_from_block0(row, u64(unsigned(token)))));
+  if (token < 0 && zero && threadIdx.x == 0) sh.gathered = 0;  // (every block has read the count)
+  __syncthreads();
+  return token;
+}
+
 // The processed row's draw (temperature > 0), in the reference sampler's order: the token id,
 // in block 0 (the others may return anything). The kept set is the first `keep` tokens of the
 // order; each cut and the draw is a place found by locate().
-__device__ int draw(Row& row, const SamplingParams& p, std::uint64_t step, float peak, int vocab) {
+// With the small top-k path's bound from step 1 (> -inf), that path first.
+__device__ int draw(Row& row, const SamplingParams& p, std::uint64_t step, float peak, float bound, int vocab) {
   Shared& sh = row.sh;
   const float t = p.temperature;
   const double u = uniform_draw(p.seed, step);
   const bool top_k = p.top_k > 0 && p.top_k < vocab;
+  if (bound > -INFINITY) {
+    const int token = draw_small_top_k(row, p, u, peak, bound, vocab);
+    if (token >= 0) return token;
+  }
   build_histogram(row, peak, t, !top_k);
   mark(row, SampleRowsPhase::kHistogram);
   const bool zero = row.rank == 0;
@@ -892,7 +1115,7 @@ __device__ void best_of(const Row& row, float& max, int& id, int& nonfinite) {
 }
 // The slice's raw best, non-finite id and sum of exp(x - its raw max).
 __device__ RowStats raw_stats(const Row& row) {
-  RowStats s{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, {0, 0}};
+  RowStats s = empty_stats();
   best_of(row, s.raw_max, s.raw_id, s.nonfinite);
   if (s.raw_id != INT_MAX) for_each_logit(row, [&](float v, int) { s.raw_sum += isfinite(v) ? expf(v - s.raw_max) : 0.0f; });
   return s;
@@ -904,7 +1127,7 @@ __device__ void processed_best(const Row& row, RowStats& s) {
 }
 // The slice's best and lowest non-finite logit in one pass.
 __device__ RowStats best_and_nonfinite(const Row& row) {
-  RowStats s{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, {0, 0}};
+  RowStats s = empty_stats();
   best_of(row, s.max, s.id, s.nonfinite);
   return s;
 }
@@ -931,6 +1154,12 @@ __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float
   const RowSampling& rs = in.rs;
   const SamplingParams& p = rs.params;
   const bool penalties = p.has_penalties(), top_n = p.logprobs > 0;
+  const bool small_top_k = a.small_top_k && p.temperature > 0.0f && p.top_k >= 1 && p.top_k <= kMaxSmallTopK && p.top_k < a.vocab;
+  // A thread's processed maximum, before the reduction, gives its share of the small top-k bound.
+  const auto with_bound = [&](RowStats local) {
+    if (small_top_k) local.bound = small_top_k_bound(row, local.max, p.top_k);
+    return local;
+  };
   RowStats s;
   if (p.logprobs < 0) {
     // One pass over the processed row, the penalties first: the raw row's non-finite logits are
@@ -941,7 +1170,7 @@ __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float
     RowStats local = best_and_nonfinite(row);
     if (penalties) local.nonfinite = min(local.nonfinite, row.sh.penalised_nonfinite);
     mark(row, SampleRowsPhase::kStatsPass);
-    s = cluster_allreduce(local, StatsOp{}, row);
+    s = cluster_allreduce(with_bound(local), StatsOp{}, row);
   } else {
     s = raw_stats(row);
   }
@@ -956,11 +1185,11 @@ __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float
       apply_penalties(row, p, a.penalty_tokens + rs.penalty_begin, rs.penalty_end - rs.penalty_begin, in.newest,
                       rs.newest_is_output != 0, in.first);
     if (penalties || !top_n) {
-      RowStats local = top_n ? RowStats{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, {0, 0}} : s;
+      RowStats local = top_n ? empty_stats() : s;
       if (penalties) processed_best(row, local);
       else local.max = local.raw_max, local.id = local.raw_id;
-      const RowStats all = cluster_allreduce(local, StatsOp{}, row);
-      if (top_n) s.max = all.max, s.id = all.id;
+      const RowStats all = cluster_allreduce(with_bound(local), StatsOp{}, row);
+      if (top_n) s.max = all.max, s.id = all.id, s.bound = all.bound;
       else s = all;
     }
   }
@@ -972,7 +1201,7 @@ __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float
     return;
   }
   mark(row, SampleRowsPhase::kStats);
-  const int token = p.temperature == 0.0f ? s.id : draw(row, p, rs.step, s.max, a.vocab);
+  const int token = p.temperature == 0.0f ? s.id : draw(row, p, rs.step, s.max, s.bound, a.vocab);
   mark(row, SampleRowsPhase::kDrawn);
   if (row.rank == 0 && threadIdx.x == 0) {
     summary.token = token;

@@ -19,6 +19,8 @@ enum class SampleRowsPhase : int {
   kLoaded,         // the row's slices are in shared memory
   kStatsPass,      // block 0's pass over its slice done (penalties applied; logprobs < 0)
   kStats,          // maxima reduced over the cluster
+  kCandidates,     // the small top-k path: every block's candidates in block 0
+  kSelected,       // ... and block 0 has the k best in order
   kHistogramPass,  // block 0's histogram of its slice done (sampled rows)
   kHistogramMet,   // ... and every block's (the cluster barrier after the pass)
   kHistogramScan,  // the blocks' ranges' totals scanned over the cluster
@@ -29,7 +31,7 @@ enum class SampleRowsPhase : int {
   kDrawn,          // the token is known (however it was found)
   kEnd,            // the cluster's last barrier passed
 };
-constexpr int kSampleRowsPhases = 13;
+constexpr int kSampleRowsPhases = 15;
 
 struct SampleRowsArgs {
   const float* logits = nullptr;  // [rows, vocab], device; read, never written
@@ -45,6 +47,10 @@ struct SampleRowsArgs {
   TopLogprob* top_logprobs = nullptr;     // [rows * kMaxTopLogprobs] out; null when no row asks
   // Blocks a row (7 or 8); 0: sample_rows_layout's choice for the rows. Tests and benches set it.
   int cluster_blocks = 0;
+  // Rows with 1 <= top_k <= 64 take the k best tokens without the histogram (sample_rows.cu,
+  // step 2; 34.6 -> see bench/RESULTS.md); false sends them through the histogram, for tests and
+  // benches to compare. The two draw the same tokens.
+  bool small_top_k = true;
   // [rows * kSampleRowsPhases] out, or null: each row's phase clocks (SampleRowsPhase); a phase
   // the row skips keeps what was there.
   long long* phase_clocks = nullptr;

@@ -16,6 +16,9 @@ find them cached; `--concurrency 1` then shows the first request's TTFT against 
 Python (http.client in threads, spread over --workers processes: no client library between the
 clock and the socket). TTFT is the first chunk with text; inter-token latency is
 between chunks (a token that ends inside a UTF-8 character arrives with the next one).
+Where the server has asynct's /metrics, the run's server-side figures are printed beside the
+client's: its TTFT (submission to the first token's sampling), its engine steps' host time and
+the engine thread's gaps between steps (means over the run).
 """
 import argparse
 import http.client
@@ -96,6 +99,32 @@ def percentiles(values, scale=1000.0):
     return {"mean": statistics.fmean(values) * scale, "p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
 
 
+# The histograms of asynct's /metrics whose run means are printed (name, label).
+SERVER_HISTOGRAMS = (("asynct_time_to_first_token_seconds", "ttft"), ("asynct_engine_step_seconds", "step"),
+                     ("asynct_engine_gap_seconds", "gap between steps"))
+
+
+def server_sums(url):
+    """{histogram: (sum, count)} from the server's /metrics, or None where it has none."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=10)
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        text = response.read().decode()
+        if response.status != 200:
+            return None
+    except (OSError, http.client.HTTPException):
+        return None
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        for histogram, _ in SERVER_HISTOGRAMS:
+            if name in (histogram + "_sum", histogram + "_count"):
+                values[name] = float(value)
+    return {h: (values.get(h + "_sum", 0.0), values.get(h + "_count", 0.0)) for h, _ in SERVER_HISTOGRAMS}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000/v1")
@@ -143,12 +172,14 @@ def main():
     print(f"bench_serve: {args.num_prompts} requests of {args.input_len} prompt / {args.output_len} output tokens to "
           f"{args.url} ({args.model}), concurrency {args.concurrency}, rate {args.request_rate} req/s, "
           f"{workers} client processes", flush=True)
+    before = server_sums(args.url)
     start = time.monotonic() + 0.2 * workers  # time for the processes to start
     jobs = [(args, [(prompts[i], offsets[i]) for i in range(w, args.num_prompts, workers)],
              args.concurrency // workers + (w < args.concurrency % workers), start) for w in range(workers)]
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         results = [r for part in pool.starmap(run_share, jobs) for r in part]
     duration = max(r["end"] for r in results) - start
+    after = server_sums(args.url) if before else None
 
     ok = sorted((r for r in results if not r["error"] and r["chunks"]), key=lambda r: r["start"])
     failed = [r for r in results if r["error"] or not r["chunks"]]
@@ -180,6 +211,16 @@ def main():
     if args.shared_prefix_len and ok:
         print(f"  shared prefix of {args.shared_prefix_len} tokens: the first request's TTFT {report['ttft_first_ms']:.2f} ms, "
               f"the others' p50 {percentiles(ttft[1:])['p50'] or 0:.2f} ms")
+    if after:
+        report["server"] = {}
+        parts = []
+        for histogram, label in SERVER_HISTOGRAMS:
+            total, count = (a - b for a, b in zip(after[histogram], before[histogram]))
+            mean_ms = total / count * 1000 if count else None
+            report["server"][label] = {"count": count, "mean_ms": mean_ms}
+            if mean_ms is not None:
+                parts.append(f"{label} {mean_ms:.3f} ms (x{count:.0f})")
+        print("  server side, means: " + "; ".join(parts))
     for error in report["errors"]:
         print(f"  error: {error}")
     if args.json:

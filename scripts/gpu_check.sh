@@ -148,14 +148,15 @@ if want serve; then
       seed=$((seed + 1))
       timeout 300 python3 bench/bench_serve.py --url http://127.0.0.1:8011/v1 --seed "$seed" --token-range "$range" \
         --json "$out/serve_${model}_$name.json" "$@" >"$out/serve_${model}_$name.txt" 2>&1 || status=1
-      echo "-- $model $name: $*"; grep -E "completed|requests|ttft|tpot|shared prefix|error" "$out/serve_${model}_$name.txt"
+      echo "-- $model $name: $*"; grep -E "completed|requests|ttft|tpot|shared prefix|server side|error" "$out/serve_${model}_$name.txt"
     }
     bench c64 --input-len 1024 --output-len 256 --num-prompts 256 --concurrency 64
     for rate in $rates; do
       bench "rate$rate" --input-len 1024 --output-len 256 --num-prompts $((rate * 6)) --concurrency 2048 --request-rate "$rate"
     done
-    bench shared_prefix --input-len 4160 --shared-prefix-len 4096 --output-len 16 --num-prompts 8 --concurrency 1
-    bench short_prompt --input-len 64 --output-len 16 --num-prompts 8 --concurrency 1
+    # One output token: the server's step figures are then the prompts' steps alone.
+    bench shared_prefix --input-len 4160 --shared-prefix-len 4096 --output-len 1 --num-prompts 8 --concurrency 1
+    bench short_prompt --input-len 64 --output-len 1 --num-prompts 8 --concurrency 1
     curl -s http://127.0.0.1:8011/metrics >"$out/serve_${model}_metrics.txt"
     grep -E "^asynct_engine_(steps_total|pipelined_steps_total|step_seconds_(sum|count)|gap_seconds_(sum|count))" \
       "$out/serve_${model}_metrics.txt" | tr '\n' ' '; echo

@@ -389,8 +389,9 @@ TEST(DeviceSampleRows, ReportsNonFiniteLogitsThePenaltiesTouch) {
   }
 }
 
-// Rows with 1 <= top-k <= 64 take the k best tokens without the histogram; both paths weigh the
-// head's tokens alike and walk it alike, so they draw the same token for every (seed, step). Rows
+// Rows with 1 <= top-k <= 64 take the k best tokens without the histogram (and top-n logprobs the
+// n best raw logits the same way); both paths weigh the head's tokens alike and walk it alike, so
+// they draw the same token for every (seed, step), and give the same top-n logprobs. Rows
 // of N(0, s^2) logits from flat to peaked (the k-th token past 48 nats), k from 1 to 64 with every
 // other cut, penalties and logprobs, small vocabularies (most threads hold no token), and rows
 // whose candidates overflow the gather (all logits equal; ties at the bound) and fall through.
@@ -415,7 +416,7 @@ TEST(DeviceSampleRows, SmallTopKPathDrawsTheHistogramsTokens) {
       const int k = ks[s % 6];
       if (k >= c.vocab) continue;
       RowSampling rs = sampled(s % 5 == 0 ? 0.7f : 1.0f, k, s % 3 == 0 ? 0.9f : 1.0f, s % 7 == 0 ? 0.05f : 0.0f, 40 + std::uint64_t(s), std::uint64_t(s));
-      rs.params.logprobs = s % 11 == 0 ? 5 : (s % 13 == 0 ? 0 : -1);
+      rs.params.logprobs = s % 11 == 0 ? (s % 2 ? 5 : kMaxTopLogprobs) : (s % 13 == 0 ? 0 : -1);
       std::vector<PenaltyToken> entries;
       if (s % 4 == 1) {
         rs.params.repetition_penalty = 1.2f;
@@ -432,6 +433,11 @@ TEST(DeviceSampleRows, SmallTopKPathDrawsTheHistogramsTokens) {
         EXPECT_EQ(small.summaries[std::size_t(s)].token, histogram.summaries[std::size_t(s)].token)
             << "vocab " << c.vocab << ", scale " << c.scale << ", draw " << s << ", top-k " << b.sampling[std::size_t(s)].params.top_k
             << ", " << blocks << "-block clusters";
+        for (int j = 0; j < std::min(b.sampling[std::size_t(s)].params.logprobs, c.vocab); ++j) {
+          const std::size_t at = std::size_t(s) * kMaxTopLogprobs + std::size_t(j);
+          EXPECT_EQ(small.top[at].id, histogram.top[at].id) << "vocab " << c.vocab << ", draw " << s << ", rank " << j;
+          EXPECT_EQ(small.top[at].logprob, histogram.top[at].logprob) << "vocab " << c.vocab << ", draw " << s << ", rank " << j;
+        }
       }
       if (c.vocab == 151936 && blocks == 8) {  // and the host's, but for draws within rounding of a boundary
         int differ = 0;

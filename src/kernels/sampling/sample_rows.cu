@@ -102,6 +102,7 @@ struct Shared {
   alignas(16) float bounds[kWarps * kBoundsPerWarp];  // the warps' largest thread maxima (the small top-k bound)
   u64 scratch;         // block 0's locate
   int gathered;        // in block 0: candidates gathered so far (every block adds to it)
+  int gathered_top;    // ... by the small top-k path for top-n logprobs (a counter of its own: never reset)
   int own_count, own_base;  // the small top-k path: a block's candidates, and where they go in block 0's
   int newest_found;    // the row's input token was among its penalty entries
   int penalised_nonfinite;  // the lowest id whose raw logit the penalties changed and was not finite
@@ -189,10 +190,12 @@ struct RowStats {
   float raw_sum;
   float max;
   int id;
-  float bound;  // the small top-k path: a value at most the row's k-th logit; -inf when not taken
-  int pad;
+  float bound;      // the small top-k path: a value at most the processed row's k-th logit; -inf when not taken
+  float top_bound;  // ... at most the raw row's n-th, for the top-n logprobs
 };
-__device__ __forceinline__ RowStats empty_stats() { return RowStats{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, -INFINITY, 0}; }
+__device__ __forceinline__ RowStats empty_stats() {
+  return RowStats{-FLT_MAX, INT_MAX, INT_MAX, 0.0f, -FLT_MAX, INT_MAX, -INFINITY, -INFINITY};
+}
 __device__ __forceinline__ bool better(float v, int id, float than_v, int than_id) {
   return v > than_v || (v == than_v && id < than_id);
 }
@@ -205,6 +208,7 @@ struct StatsOp {
     r.nonfinite = min(a.nonfinite, b.nonfinite);
     if (better(b.max, b.id, a.max, a.id)) r.max = b.max, r.id = b.id;
     r.bound = fmaxf(a.bound, b.bound);
+    r.top_bound = fmaxf(a.top_bound, b.top_bound);
     return r;
   }
 };
@@ -787,6 +791,7 @@ __device__ int draw_on_head(const Team& team, const SamplingParams& p, double u,
 __device__ float small_top_k_bound(Row& row, float thread_max, int k) {
   Shared& sh = row.sh;
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  __syncthreads();  // an earlier call's readers of bounds are done
   float v = thread_max;
 #pragma unroll
   for (int size = 2; size <= 32; size *= 2)
@@ -827,9 +832,9 @@ __device__ __forceinline__ void warp_append(bool take, float v, int id, u64* out
 
 // Every block: the order keys of its tokens at or above `bound`, gathered in its own shared
 // memory, then appended to block 0's candidates (one cluster-wide counter update a block); block
-// 0's counter may pass kMaxCandidates. Returns the count, the same in every block, after a
-// cluster barrier.
-__device__ int gather_at_or_above(Row& row, float bound) {
+// 0's counter (its copy of `counter`, zero before) may pass kMaxCandidates. Returns the count,
+// the same in every block, after a cluster barrier.
+__device__ int gather_at_or_above(Row& row, float bound, int& own_counter) {
   Shared& sh = row.sh;
   if (threadIdx.x == 0) sh.own_count = 0;
   __syncthreads();
@@ -848,7 +853,7 @@ __device__ int gather_at_or_above(Row& row, float bound) {
   const float x = i < row.n ? row.x[i] : -INFINITY;
   warp_append(x >= bound, x, row.base + i, sh.own, &sh.own_count);
   __syncthreads();
-  int* counter = row.cluster.map_shared_rank(&sh.gathered, 0);
+  int* counter = row.cluster.map_shared_rank(&own_counter, 0);
   const int own = sh.own_count;
   if (threadIdx.x == 0) sh.own_base = own ? atomicAdd(counter, own) : 0;
   __syncthreads();
@@ -938,7 +943,7 @@ __device__ void select_best(Shared& sh, int c, int k, float peak, float bound) {
 __device__ int draw_small_top_k(Row& row, const SamplingParams& p, double u, float peak, float bound, int vocab) {
   Shared& sh = row.sh;
   const bool zero = row.rank == 0;
-  const int c = gather_at_or_above(row, bound);
+  const int c = gather_at_or_above(row, bound, sh.gathered);
   mark(row, SampleRowsPhase::kCandidates);
   if (c < p.top_k || c > kMaxCandidates) {
     row.cluster.sync();  // every block has read the count
@@ -1049,10 +1054,25 @@ __device__ int draw(Row& row, const SamplingParams& p, std::uint64_t step, float
   return draw_by_bisection(row, p, u, peak, vocab);
 }
 
-// The n largest raw logits (n <= kMaxTopLogprobs), written by block 0 as logprobs: the bins up to
-// the one holding the n-th are gathered and sorted.
-__device__ void top_logprobs(Row& row, int n, float peak, float log_sum, TopLogprob* out) {
+// The n largest raw logits (n <= kMaxTopLogprobs), written by block 0 as logprobs. With a bound
+// from step 1 (> -inf) on the raw row's n-th logit, as the small top-k path takes its k best;
+// otherwise, or when those candidates overflow the gather, the bins up to the one holding the
+// n-th are gathered and sorted. Ends with a cluster barrier, after which block 0's candidates
+// are free for the draw.
+__device__ void top_logprobs(Row& row, int n, float peak, float bound, float log_sum, TopLogprob* out) {
   Shared& sh = row.sh;
+  if (bound > -INFINITY) {
+    const int c = gather_at_or_above(row, bound, sh.gathered_top);
+    if (c >= n && c <= kMaxCandidates) {
+      if (row.rank == 0) {
+        select_best(sh, c, n, peak, bound);
+        for (int j = int(threadIdx.x); j < n; j += kThreads)
+          out[j] = TopLogprob{id_of(sh.candidates[j]), value_of(sh.candidates[j]) - log_sum};
+      }
+      row.cluster.sync();
+      return;
+    }
+  }
   build_histogram(row, peak, 1.0f, false);
   const u64 hi = share_from_block0(row, row.rank == 0 ? u64(bin_reaching_count(sh, u64(n))) | (u64(sh.bin_count[bin_reaching_count(sh, u64(n))]) << 32) : 0);
   int c = int(hi >> 32);
@@ -1076,6 +1096,7 @@ __device__ void top_logprobs(Row& row, int n, float peak, float log_sum, TopLogp
       out[j] = TopLogprob{id_of(sh.candidates[j]), value_of(sh.candidates[j]) - log_sum};
     if (threadIdx.x == 0) sh.gathered = 0;
   }
+  row.cluster.sync();
 }
 
 // Applies the penalties to the slice: the row's entries, and its input token `newest`. Notes the
@@ -1175,10 +1196,14 @@ __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float
     s = raw_stats(row);
   }
   if (top_n) {  // the top-n raw logits before the penalties change the copy
+    const int n = min(p.logprobs, a.vocab);
     s.max = s.raw_max, s.id = s.raw_id;
+    // This thread's raw maximum bounds the top n, and without penalties the draw's k best too.
+    if (a.small_top_k && n <= kMaxSmallTopK) s.top_bound = small_top_k_bound(row, s.raw_max, n);
+    if (!penalties) s = with_bound(s);
     s = cluster_allreduce(s, StatsOp{}, row);
     if (s.nonfinite == INT_MAX)
-      top_logprobs(row, min(p.logprobs, a.vocab), s.raw_max, s.raw_max + logf(s.raw_sum), a.top_logprobs + std::size_t(r) * kMaxTopLogprobs);
+      top_logprobs(row, n, s.raw_max, s.top_bound, s.raw_max + logf(s.raw_sum), a.top_logprobs + std::size_t(r) * kMaxTopLogprobs);
   }
   if (p.logprobs >= 0 && (s.nonfinite == INT_MAX || !top_n)) {
     if (penalties)
@@ -1226,7 +1251,7 @@ __global__ void __launch_bounds__(kThreads, 2) sample_rows_kernel(SampleRowsArgs
           a.phase_clocks ? a.phase_clocks + std::size_t(r) * kSampleRowsPhases : nullptr};
   mark(row, SampleRowsPhase::kStart);
   row.n = max(0, min(slice_len, a.vocab - row.base));
-  if (threadIdx.x == 0) sh.gathered = 0;
+  if (threadIdx.x == 0) sh.gathered = 0, sh.gathered_top = 0;
   const float* logits = a.logits + std::size_t(r) * std::size_t(a.vocab);
   RowInputs in;
   if (a.vocab % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.logits) % 16 == 0) {

@@ -48,7 +48,7 @@ struct SampleRowsArgs {
   // Blocks a row (7 or 8); 0: sample_rows_layout's choice for the rows. Tests and benches set it.
   int cluster_blocks = 0;
   // Rows with 1 <= top_k <= 64 take the k best tokens without the histogram (sample_rows.cu,
-  // step 2: 32 rows of 151,936 with top-k 50 + top-p 0.9 + penalties 24.5 us against 33.5 on
+  // step 2: 32 rows of 151,936 with top-k 50 + top-p 0.9 + penalties 24.2 us against 33.8 on
   // the H200); false sends them through the histogram, for tests and benches to compare. The
   // two draw the same tokens.
   bool small_top_k = true;

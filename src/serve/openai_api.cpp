@@ -193,12 +193,76 @@ json error_body(const ApiError& e) {
                      {"code", nullptr}}}};
 }
 
+std::optional<PromptIdsApart> prompt_ids_apart(const std::string& body) {
+  const std::size_t n = body.size();
+  std::size_t i = 0;
+  const auto skip_space = [&] {
+    while (i < n && (body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r')) ++i;
+  };
+  const auto digit = [&](std::size_t at) { return at < n && body[at] >= '0' && body[at] <= '9'; };
+  int depth = 0;
+  std::size_t begin = 0, end = 0;  // the prompt's array, when found
+  std::vector<std::int32_t> ids;
+  while (i < n) {
+    const char c = body[i];
+    if (c != '"') {
+      depth += c == '{' || c == '[' ? 1 : c == '}' || c == ']' ? -1 : 0;
+      ++i;
+      continue;
+    }
+    const std::size_t start = ++i;  // a string: to its closing quote
+    while (i < n && body[i] != '"') i += body[i] == '\\' ? 2 : 1;
+    if (i >= n) return std::nullopt;
+    const std::size_t length = i++ - start;
+    if (depth != 1 || length != 6 || body.compare(start, 6, "prompt") != 0) continue;
+    skip_space();
+    if (i >= n || body[i] != ':') continue;  // a value "prompt", not the key
+    if (end != 0) return std::nullopt;        // a second "prompt"
+    ++i;
+    skip_space();
+    if (i >= n || body[i] != '[') return std::nullopt;
+    begin = i++;
+    for (;;) {  // plain integers: no sign, fraction, exponent or leading zero
+      skip_space();
+      if (!digit(i) || (body[i] == '0' && digit(i + 1))) return std::nullopt;
+      std::int64_t id = 0;
+      while (digit(i) && id <= std::numeric_limits<std::int32_t>::max()) id = 10 * id + (body[i++] - '0');
+      if (id > std::numeric_limits<std::int32_t>::max() || digit(i)) return std::nullopt;
+      if (i < n && (body[i] == '.' || body[i] == 'e' || body[i] == 'E')) return std::nullopt;
+      ids.push_back(std::int32_t(id));
+      skip_space();
+      if (i < n && body[i] == ',') {
+        ++i;
+        continue;
+      }
+      if (i < n && body[i] == ']') break;
+      return std::nullopt;
+    }
+    end = ++i;
+  }
+  if (end == 0) return std::nullopt;
+  PromptIdsApart apart;
+  apart.body.reserve(n - (end - begin) + 2);
+  apart.body.append(body, 0, begin).append("[]").append(body, end, std::string::npos);
+  apart.ids = std::move(ids);
+  return apart;
+}
+
 CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body_text, const std::string& served_model) {
   json body;
+  std::optional<PromptIdsApart> apart = endpoint == Endpoint::Completions ? prompt_ids_apart(body_text) : std::nullopt;
   try {
-    body = json::parse(body_text);
+    body = json::parse(apart ? apart->body : body_text);
   } catch (const json::exception& e) {
-    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
+    std::string message = e.what();
+    if (apart) {
+      try {  // the error as the body was sent (its positions)
+        [[maybe_unused]] const json sent = json::parse(body_text);
+      } catch (const json::exception& sent) {
+        message = sent.what();
+      }
+    }
+    throw ApiError(400, std::string("the body is not valid JSON: ") + message);
   }
   if (!body.is_object()) throw ApiError(400, std::string("the body must be a JSON object, not ") + type_name(body));
   CompletionRequest r;
@@ -215,18 +279,23 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   } else {
     const json* p = field(body, "prompt");
     if (!p) throw bad("prompt", "prompt is missing");
-    if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
-    if (p->is_array()) {  // token ids
-      if (p->empty()) throw bad("prompt", "prompt is empty");
-      for (const json& id : *p) {
-        if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
-          throw bad("prompt", "prompt must be a string or a list of token ids (integers >= 0), and holds " + id.dump());
-        r.prompt_ids.push_back(std::int32_t(id.get<std::int64_t>()));
-      }
-    } else if (p->is_string()) {
-      r.prompt = p->get<std::string>();
+    if (apart && p->is_array() && p->empty()) {
+      // The ids read apart (unless a later "prompt" spelled with escapes replaced the [] left for them).
+      r.prompt_ids = std::move(apart->ids);
     } else {
-      throw bad("prompt", std::string("prompt must be a string or a list of token ids (one prompt a request), not ") + type_name(*p));
+      if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+      if (p->is_array()) {  // token ids
+        if (p->empty()) throw bad("prompt", "prompt is empty");
+        for (const json& id : *p) {
+          if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
+            throw bad("prompt", "prompt must be a string or a list of token ids (integers >= 0), and holds " + id.dump());
+          r.prompt_ids.push_back(std::int32_t(id.get<std::int64_t>()));
+        }
+      } else if (p->is_string()) {
+        r.prompt = p->get<std::string>();
+      } else {
+        throw bad("prompt", std::string("prompt must be a string or a list of token ids (one prompt a request), not ") + type_name(*p));
+      }
     }
   }
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -57,6 +58,20 @@ struct CompletionRequest {
 // Parses and checks a request body (served_model: the name /v1/models lists; a request for
 // another model is a 404). Throws ApiError.
 CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body, const std::string& served_model);
+
+// A completions body whose token-id prompt was read apart: `body` with that array replaced by
+// [], and its ids. nlohmann-json takes ~0.1 us an id (a 4160-id body ~0.45 ms on the
+// development machine, most of a long cached prompt's parsing); this reads them ~10x faster.
+struct PromptIdsApart {
+  std::string body;
+  std::vector<std::int32_t> ids;
+};
+// Only for a body with exactly one top-level "prompt" key (as sent, without escapes) whose value
+// is a non-empty flat array of plain integers in [0, 2^31); otherwise (another form, a second
+// "prompt", anything unusual) nullopt, and the whole body goes to nlohmann-json, whose errors
+// and last-key-wins rule then apply. Parsing `body` gives the original's JSON but for the
+// prompt.
+std::optional<PromptIdsApart> prompt_ids_apart(const std::string& body);
 
 // A generated token's log-probability and the most likely tokens' (when the request asks), with
 // the token's bytes (a token can hold part of a UTF-8 character).

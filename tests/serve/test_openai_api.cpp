@@ -1,5 +1,8 @@
 // The OpenAI request checks and response bodies (serve/openai_api.h), without a server.
+#include <optional>
+#include <random>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -109,6 +112,110 @@ TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
   // Neutral values of what asynct does not implement are fine.
   EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": false, "n": 1, "tools": []})"),
             (std::pair<int, std::string>{0, "accepted"}));
+}
+
+// A token-id prompt read apart from the rest of the body gives what nlohmann-json gives for the
+// whole body: the same JSON but for the prompt, whose ids are the array's. Bodies of every form
+// nearby, the ones it must leave to nlohmann-json (other prompt forms, a second "prompt",
+// escapes, nesting, signs, fractions, leading zeros, overflow, malformed bodies), and random
+// bodies with strings full of quotes, backslashes, brackets and the word itself.
+TEST(OpenAiApi, TokenIdPromptsReadApartParseAsTheWholeBody) {
+  const auto same_as_whole = [](const std::string& body) -> ::testing::AssertionResult {
+    const std::optional<PromptIdsApart> apart = prompt_ids_apart(body);
+    if (!apart) return ::testing::AssertionSuccess() << "left whole";
+    json whole, rest;
+    try {
+      whole = json::parse(body);
+    } catch (const json::exception&) {
+      // Read apart, the rest must be invalid as well.
+      try {
+        rest = json::parse(apart->body);
+      } catch (const json::exception&) {
+        return ::testing::AssertionSuccess() << "invalid either way";
+      }
+      return ::testing::AssertionFailure() << "the rest of an invalid body parsed: " << body;
+    }
+    rest = json::parse(apart->body);
+    // (A later "prompt" spelled with escapes replaces the [] left for the ids, as it replaces them.)
+    if (rest.contains("prompt") && rest["prompt"] == json::array()) rest["prompt"] = apart->ids;
+    if (rest != whole) return ::testing::AssertionFailure() << "differs: " << body << " -> " << rest.dump();
+    return ::testing::AssertionSuccess() << "read apart";
+  };
+  const auto read_apart = [](const std::string& body) { return prompt_ids_apart(body).has_value(); };
+  const std::vector<std::string> taken = {
+      R"({"model": "m", "prompt": [5, 0, 7]})",
+      R"({"prompt":[2147483647],"model":"m"})",
+      "{\"model\": \"m\",\n\t\"prompt\" :\r\n [ 1 ,2\n,3 ] , \"max_tokens\": 3}",
+      R"({"model": "a \"prompt\": [9]", "prompt": [1, 2], "stop": ["]", "[", "\\"]})",
+      R"({"x": {"prompt": "inner"}, "prompt": [4], "y": [{"prompt": [8]}]})",
+      R"({"prompt": [1], "pr\u006fmpt": "later, spelled with an escape"})",
+      R"({"pr\u006fmpt": "earlier", "prompt": [3, 4]})",
+  };
+  for (const std::string& body : taken) {
+    EXPECT_TRUE(read_apart(body)) << body;
+    EXPECT_TRUE(same_as_whole(body));
+  }
+  const std::vector<std::string> left = {
+      R"({"model": "m", "prompt": "text"})",   R"({"model": "m", "prompt": []})",
+      R"({"model": "m", "prompt": [[1, 2]]})", R"({"model": "m", "prompt": [1, -2]})",
+      R"({"model": "m", "prompt": [1, 2.5]})", R"({"model": "m", "prompt": [1e3]})",
+      R"({"model": "m", "prompt": [007]})",    R"({"model": "m", "prompt": [2147483648]})",
+      R"({"model": "m", "prompt": [99999999999999999999999]})",
+      R"({"model": "m", "prompt": [1, "2"]})", R"({"model": "m", "prompt": [1,]})",
+      R"({"model": "m", "prompt": [1 2]})",    R"({"model": "m", "prompt": [1], "prompt": [2]})",
+      R"({"model": "m", "prompt": [1)",         R"({"model": "m", "prompt)",
+      R"({"model": "m", "prompt": null})",     R"({"model": "m", "prompt": {"ids": [1]}})",
+      R"([{"prompt": [1]}])",                    R"({"model": "m"})",
+  };
+  for (const std::string& body : left) {
+    EXPECT_FALSE(read_apart(body)) << body;
+    EXPECT_TRUE(same_as_whole(body));
+  }
+  // Through the request parser: the ids read apart, or the later escaped "prompt" that replaced them.
+  const auto request = [](const std::string& body) { return parse_completion_request(Endpoint::Completions, body, "m"); };
+  EXPECT_EQ(request(R"({"model": "m", "prompt": [1, 2, 3]})").prompt_ids, (std::vector<std::int32_t>{1, 2, 3}));
+  const CompletionRequest later = request(R"({"model": "m", "prompt": [1], "pr\u006fmpt": "later"})");
+  EXPECT_EQ(later.prompt, "later");
+  EXPECT_TRUE(later.prompt_ids.empty());
+  EXPECT_EQ(request(R"({"model": "m", "pr\u006fmpt": "earlier", "prompt": [3, 4]})").prompt_ids, (std::vector<std::int32_t>{3, 4}));
+  // Malformed elsewhere: read apart, and invalid either way (the error then names the body as sent).
+  EXPECT_TRUE(same_as_whole(R"({"model": "m", "prompt": [1, 2], "temperature": })"));
+  EXPECT_EQ(refusal(Endpoint::Completions, R"({"model": "m", "prompt": [1, 2], "temperature": })"), (std::pair<int, std::string>{400, ""}));
+  EXPECT_EQ(refusal(Endpoint::Completions, R"({"model": "m", "prompt": [1, 2], "model": "other"})"), (std::pair<int, std::string>{404, "model"}));
+
+  // Random bodies.
+  std::mt19937 rng(7);
+  const std::vector<std::string> pieces = {"prompt", "\"", "\\", "[", "]", "{", "}", ",", ":", " ", "p", "\xc3\xa9", "\n"};
+  const auto random_string = [&] {
+    std::string out;
+    for (int k = int(rng() % 6); k > 0; --k) out += pieces[rng() % pieces.size()];
+    return out;
+  };
+  int apart_count = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    json body = json::object();
+    const int fields = 1 + int(rng() % 4), prompt_at = int(rng() % (fields + 1));
+    for (int f = 0; f <= fields; ++f) {
+      if (f == prompt_at) {
+        json ids = json::array();
+        for (int k = 1 + int(rng() % 50); k > 0; --k) ids.push_back(rng() % 3 == 0 ? std::uint32_t(rng() % 2147483648u) : rng() % 10);
+        body["prompt"] = ids;
+        continue;
+      }
+      const std::string key = random_string() + std::to_string(f);
+      switch (rng() % 4) {
+        case 0: body[key] = random_string(); break;
+        case 1: body[key] = json::array({random_string(), int(rng() % 100) - 50, {{"prompt", random_string()}}}); break;
+        case 2: body[key] = {{"prompt", json::array({1, 2})}, {random_string(), nullptr}}; break;
+        default: body[key] = double(rng() % 1000) / 8.0; break;
+      }
+    }
+    const std::string text = body.dump(rng() % 2 ? -1 : int(rng() % 4));
+    EXPECT_TRUE(read_apart(text)) << text;
+    EXPECT_TRUE(same_as_whole(text));
+    ++apart_count;
+  }
+  EXPECT_EQ(apart_count, 400);
 }
 
 TEST(OpenAiApi, ErrorObjectIsOpenAis) {

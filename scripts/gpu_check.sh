@@ -2,7 +2,7 @@
 # On a GPU machine (Hopper): builds asynct for sm_90a, runs the GPU tests, compute-sanitizer on
 # the small ones, the engine against PyTorch, the kernel benchmarks and the 1.7B scenarios,
 # printing a short summary of each. Logs and JSON results go to $OUT (the device tool's output
-# folder) or build/gpu-out.
+# folder) or build/gpu-out; at the end the logs are packed into one logs-HHMMSS.tgz there.
 #
 # STAGES picks what runs (default: all but timeline, in this order):
 #   build tests sanitizer torch bench scenarios sampling serve timeline probes
@@ -189,5 +189,9 @@ if want probes; then
     nvcc -O3 -std=c++20 -gencode=arch=compute_90a,code=sm_90a -Isrc "bench/$probe.cu" -o "build/gpu/$probe" &&
       timeout 120 "build/gpu/$probe" | tee "$out/$probe.txt" || status=1
   done
+fi
+# The device tool brings back only a few files: this run's logs go back as one archive.
+if compgen -G "$out/*.log" >/dev/null; then
+  (cd "$out" && tar czf "logs-$(date +%H%M%S).tgz" ./*.log && rm -f ./*.log)
 fi
 exit $status

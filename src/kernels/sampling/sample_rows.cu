@@ -1,6 +1,7 @@
 // Over 500 lines: one kernel and the cluster primitives only it uses (block and cluster
-// reductions and scans, block 0's decisions shared over distributed shared memory), its two
-// histogram levels and the place-finding walk over them; the pieces call each other throughout.
+// reductions and scans, block 0's decisions shared over distributed shared memory), the small
+// top-k path, its two histogram levels and the place-finding walk over them; the pieces call
+// each other throughout.
 // One thread-block cluster per row: its 8 blocks (7 when 8-block clusters would leave rows
 // waiting: the H200 holds 30 such clusters, 32 of 7) each load their share of the row into
 // shared memory (76 KB at Qwen3's 151,936 tokens in eighths, 87 KB in sevenths), so the row is
@@ -11,16 +12,15 @@
 //      sum of exponentials; the penalties, applied to the shared-memory copy (the row in global
 //      memory stays raw); the processed row's maximum and argmax. One cluster reduction.
 //      With top-n logprobs the raw statistics are reduced first and the top-n found before the
-//      penalties change the copy.
-//   2. temperature 0: the processed argmax. With 1 <= top-k <= 64 (the serving case) the draw needs
-//      only the k best tokens: step 1 also bounds the row's k-th logit from below by the threads'
-//      maxima (k threads' maxima at or above a value are k tokens at or above it); each block
-//      adds its tokens at or above the bound to block 0 (about 6k for k = 50 on N(0, s^2) rows), which
-//      ranks them, keeps the k best in order and walks them as step 3 does. More than the gather
-//      holds (a flat row) falls through to the histogram.
-//      Otherwise a histogram of the tokens by how far
-//      below the maximum their tempered logit lies, d = (max - x) / T, 1/32 nat a bin, with each
-//      bin's count and mass. A token's weight exp(-d) is kept in its bin's fixed point:
+//      penalties change the copy (the n best as the small top-k path below takes its k best).
+//   2. temperature 0: the processed argmax. With 1 <= top-k <= 64 (the serving case) the draw
+//      needs only the k best tokens: step 1 also bounds the row's k-th logit from below by the
+//      threads' maxima (k threads' maxima at or above a value are k tokens at or above it); each
+//      block adds its tokens at or above the bound to block 0 (about 6k for k = 50 on N(0, s^2)
+//      rows), which ranks them, keeps the k best in order and walks them as step 3 does. More
+//      than the gather holds (a flat row) falls through to the histogram.
+//      Otherwise a histogram of the tokens by how far below the maximum their tempered logit
+//      lies, d = (max - x) / T, 1/32 nat a bin, with each bin's count and mass. A token's weight exp(-d) is kept in its bin's fixed point:
 //      q = round(exp(b/32 - d) * 2^16) in bin b, worth q * 2^-16 * exp(-b/32) (relative error
 //      <= 1.6e-5): 32-bit shared-memory atomics, and sums that do not depend on their order.
 //      With top-k, counts alone (the head's weights are its own; step 4 builds them again).

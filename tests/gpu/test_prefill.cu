@@ -6,7 +6,10 @@
 // NaN, and after the launch the cache must hold exactly the new K/V (bf16). The output is
 // poisoned (NaN) before the launch and compared with asynct::attention (float64 accumulate) by
 // relative Frobenius error, tolerance kTolerance = 2e-2 (bf16 inputs, P rounded to bf16 and a
-// bf16 output land near 1e-3..1e-2); a NaN never passes.
+// bf16 output land near 1e-3..1e-2); a NaN never passes. The Hopper kernel runs whole, as its
+// rule splits the keys, and with each query tile's keys split over 2 and 5 CTAs
+// (KernelTuning::prefill_kv_splits), its workspace poisoned too: a part never written makes the
+// output NaN.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -128,7 +131,8 @@ struct DeviceGate {
 };
 
 // Runs launch_prefill on `c` (prefixes in a paged cache of `block_size`, new tokens from the
-// input arrays) and checks the output against `reference` and the cache's new K/V rows.
+// input arrays) and checks the output against `reference` and the cache's new K/V rows. With
+// a workspace when the launch asks for one (prefill_workspace_bytes: the keys split).
 void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& reference,
                         int block_size, Random& rng, float scale) {
   AttentionCase::Paged paged = c.paged(rng, block_size);
@@ -175,6 +179,9 @@ void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& 
   p.kv.num_kv_heads = c.num_kv_heads;
   p.kv.head_dim = c.head_dim;
   p.gate = device_gate.args;
+  DeviceBuffer workspace(DType::F32, {std::int64_t(kernels::prefill_workspace_bytes(p) / sizeof(float))});
+  workspace.poison();
+  if (workspace.numel()) p.workspace = workspace.data(), p.workspace_bytes = std::size_t(workspace.numel()) * sizeof(float);
 
   kernels::launch_prefill(p, nullptr);
   testing::check_launch("launch_prefill");
@@ -187,7 +194,7 @@ void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& 
 }
 
 // ... with each kernel that can run the case: the portable one, and on Hopper for head_dim 128
-// the wgmma one.
+// the wgmma one, whole and with its keys split.
 void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& reference,
                    int block_size, Random& rng, float scale = 0.0f) {
   SCOPED_TRACE("block_size " + std::to_string(block_size));
@@ -195,11 +202,16 @@ void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& refer
   for (kernels::PrefillKernel form : {kernels::PrefillKernel::kPortable, kernels::PrefillKernel::kHopper}) {
     if (form == kernels::PrefillKernel::kHopper && (c.head_dim != 128 || !kernels::prefill_hopper_available()))
       continue;
-    SCOPED_TRACE(form == kernels::PrefillKernel::kHopper ? "Hopper kernel" : "portable kernel");
-    kernels::KernelTuning forced = saved;
-    forced.prefill = form;
-    kernels::set_kernel_tuning(forced);
-    run_and_check_once(c, gate, reference, block_size, rng, scale);
+    for (int splits : {1, 0, 2, 5}) {  // 0: the kernel's own rule
+      if (splits != 1 && form != kernels::PrefillKernel::kHopper) continue;
+      SCOPED_TRACE(form == kernels::PrefillKernel::kHopper ? "Hopper kernel, keys split " + std::to_string(splits) + " ways (0: its rule)"
+                                                           : std::string("portable kernel"));
+      kernels::KernelTuning forced = saved;
+      forced.prefill = form;
+      forced.prefill_kv_splits = splits;
+      kernels::set_kernel_tuning(forced);
+      run_and_check_once(c, gate, reference, block_size, rng, scale);
+    }
   }
   kernels::set_kernel_tuning(saved);
 }
@@ -316,6 +328,18 @@ TEST(Prefill, SoftmaxLongSequences) {
   AttentionCase c(rng, {{1000, 1000}, {300, 1333}, {129, 129}}, 4, 2, 128, /*bf16_exact=*/true);
   Gate gate = Gate::make_softmax();
   run_and_check(c, gate, reference_output(c, gate), 64, rng);
+}
+
+// A short prompt after a long cached prefix, the shape the rule splits (16 query tiles for 132
+// multiprocessors at 1.7B's 16 heads): 64 new tokens after 4096, both gates.
+TEST(Prefill, ShortPromptAfterALongPrefixBothGates) {
+  testing::require_gpu();
+  Random rng(34);
+  AttentionCase c(rng, {{64, 4160}, {1, 700}}, 16, 8, 128, /*bf16_exact=*/true);
+  for (const Gate& gate : {random_async_gate(rng, 16, 3), Gate::make_softmax()}) {
+    SCOPED_TRACE(gate.kind == GateKind::Async ? "async" : "softmax");
+    run_and_check(c, gate, reference_output(c, gate), 64, rng);
+  }
 }
 
 // ---- Bad arguments -------------------------------------------------------------------------

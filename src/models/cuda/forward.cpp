@@ -250,6 +250,13 @@ void ModelForward::attention(DeviceLayer& l, const StepShape& shape, const StepP
   p.kv = paged(l, step, shape.max_blocks);
   p.kv.block_table = step.block_table + d * std::size_t(shape.max_blocks);
   p.gate = gate(l);
+  // A short prompt after a long cached prefix splits its keys over CTAs (prefill.h); the decode
+  // part of the step is done with the workspace by then (one stream).
+  if (const std::size_t bytes = kernels::prefill_workspace_bytes(p)) {
+    act.decode_workspace.reserve(bytes);
+    p.workspace = act.decode_workspace.get();
+    p.workspace_bytes = act.decode_workspace.size();
+  }
   kernels::launch_prefill(p, stream);
 }
 

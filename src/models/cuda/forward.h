@@ -37,7 +37,7 @@ struct Activations {
   // rows of the widest (each is read before the next is written).
   kernels::DeviceArray<float> linear_partials;
   kernels::DeviceArray<float> logits;  // [rows that sample, vocab]
-  kernels::DeviceArray<std::uint8_t> decode_workspace;
+  kernels::DeviceArray<std::uint8_t> decode_workspace;  // decode's split partials, and prefill's when it splits
 
   void reserve(std::size_t tokens, const ModelConfig& c);
   // The addresses a captured graph bakes in (GraphAddresses::activations), workspace aside.

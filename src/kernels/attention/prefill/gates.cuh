@@ -97,6 +97,16 @@ struct SoftmaxGate : SoftmaxGatePolicy {
     }
   }
 
+  // Row g (hh 0) or g+8's log2 of the sum of exp2 of its scaled scores: the weight of this
+  // part of the keys when a tile's keys are split over CTAs; -inf when the row saw no key.
+  // Every lane of the quad calls it.
+  __device__ __forceinline__ float log2_sum(int mb, int hh) const {
+    float l = row_sum[mb][hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    return l > 0.0f ? row_max[mb][hh] + __log2f(l) : -INFINITY;
+  }
+
   template <int DB>
   __device__ __forceinline__ void finish(int mb, float (&o)[DB][4]) {
 #pragma unroll

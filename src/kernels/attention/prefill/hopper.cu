@@ -26,8 +26,18 @@
 //   at the same moment;
 // - the producer runs up to three tiles ahead.
 //
+// When the query tiles alone would leave most of the GPU idle (a short prompt after a long cached
+// prefix: 16 CTAs for 132 multiprocessors at 1.7B), each tile's keys are split over several CTAs
+// (prefill_hopper_kv_splits). Each writes its rows' output in fp32 to the workspace, softmax's
+// normalised by its own sum with that sum's log2 beside it; a second kernel adds the parts
+// (softmax's weighted by their sums). The async gate's P of a split's first keys needs the
+// scores of the W-1 keys before them: its CTA runs the tile before its keys through Q K^T and
+// the gate (not P V) to carry them in.
+//
 // Not done (FlashAttention-3 does it): tensor copies for pages of at least 128 tokens, and
 // softmax's rescale split from its exponentials.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "core/error.h"
@@ -49,6 +59,20 @@ namespace {
 
 using namespace prefill;          // TileInfo, the gates, kv_row, store_new_rows
 using namespace prefill::hopper;  // the tile shape, RingBarriers
+
+// Where a split's parts go in the workspace: [splits][total_q][num_q_heads] rows of kD floats,
+// then [splits][total_q][num_q_heads] floats of log2 sums (softmax).
+struct SplitParts {
+  float* out;
+  float* log2_sum;
+  __device__ __forceinline__ long long row(const PrefillParams& p, const TileInfo& t, int split, int r) const {
+    return ((long long)split * p.total_q + t.q_begin + t.m0 + r) * p.num_q_heads + t.head;
+  }
+};
+__host__ __device__ inline SplitParts split_parts(const PrefillParams& p, int splits) {
+  float* out = static_cast<float*>(p.workspace);
+  return {out, out + (long long)splits * p.total_q * p.num_q_heads * kD};
+}
 
 // The device code exists only where wgmma does (sm_90a); elsewhere the kernel is a trapping stub.
 #ifdef ASYNCT_WGMMA
@@ -131,14 +155,20 @@ __device__ __forceinline__ void claim_registers() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
-// What the warpgroups share.
+// What the warpgroups share. The CTA's key tiles are [begin, end); it visits [first, end), where
+// first is begin - 1 when the gate's halo needs the tile before (a split's warm-up tile) and
+// begin otherwise. The ring's stages, barriers' phases and turns count visits (local index
+// tile - first), not tiles.
 struct Cta {
   const PrefillParams& p;
   const TileInfo& t;
   bf16 *sQ, *sK, *sV;
   RingBarriers& ring;
-  int rows, n_tiles;
+  int rows;
+  int first, begin, end;
+  __device__ int visits() const { return end - first; }
 };
+
 
 // The producer: tile t into stage t % kStages once both consumers released tile t - kStages.
 // Tile t is announced by the copies themselves: each thread's arrival on full[t % kStages] is
@@ -148,15 +178,16 @@ __device__ __forceinline__ void produce(const Cta& cta) {
   const PrefillParams& p = cta.p;
   const TileInfo& t = cta.t;
   // The first query head of each KV-head group writes the new tokens' K/V into the cache.
+  // (A split writes the new rows of its own tiles, not of its warm-up tile.)
   const bool writes_cache = t.head % (p.num_q_heads / p.kv.num_kv_heads) == 0;
-  for (int tile = 0; tile < cta.n_tiles; ++tile) {
-    const int stage = tile % kStages;
+  for (int local = 0; local < cta.visits(); ++local) {
+    const int tile = cta.first + local, stage = local % kStages;
     bf16 *k_stage = cta.sK + stage * kTileElems, *v_stage = cta.sV + stage * kTileElems;
-    if (tile >= kStages) cta.ring.empty[stage].wait((tile / kStages - 1) & 1);
-    if (tile == 0) load_q(cta.sQ, p, t, cta.rows);
+    if (local >= kStages) cta.ring.empty[stage].wait((local / kStages - 1) & 1);
+    if (local == 0) load_q(cta.sQ, p, t, cta.rows);
     load_kv(k_stage, v_stage, tile, p, t);
     cta.ring.full[stage].arrive_when_copies_land();
-    if (writes_cache && (tile + 1) * kBlockN > t.prefix + t.m0) {  // the tile holds new rows
+    if (writes_cache && tile >= cta.begin && (tile + 1) * kBlockN > t.prefix + t.m0) {  // the tile holds new rows
       cp_async_commit();  // (wait_group waits for committed groups only)
       cp_async_wait_all();
       producer_barrier();  // every producer thread's copies of the tile have landed
@@ -166,9 +197,10 @@ __device__ __forceinline__ void produce(const Cta& cta) {
   }
 }
 
-// Consumer c: rows [64 c, 64 c + 64) of the CTA's tile.
-template <class Gate>
-__device__ __forceinline__ void consume(const Cta& cta, int c, float scale) {
+// Consumer c: rows [64 c, 64 c + 64) of the CTA's tile; with splits > 1 its part of their output
+// goes to the workspace.
+template <class Gate, bool kSplit>
+__device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int splits) {
   const PrefillParams& p = cta.p;
   const TileInfo& t = cta.t;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -188,26 +220,27 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale) {
   // Shared addresses in bytes: the consumer's 64 rows of each Q panel; the panels' sizes.
   const unsigned q_base = smem_addr(cta.sQ) + 64 * c * kRowBytes;
   constexpr unsigned kQPanelBytes = kBlockM * kRowBytes, kKvPanelBytes = kBlockN * kRowBytes;
-  const auto release = [&](int tile) { cta.ring.empty[tile % kStages].arrive(); };
+  const auto release = [&](int local) { cta.ring.empty[local % kStages].arrive(); };
+  const int visits = cta.visits();
 
-  // The consumers take turns at Q K^T, tile by tile: 0, 1, 0, 1, ... Consumer 1 never skips a tile
-  // (its rows are the later ones, and the last tile holds a key of its last row); consumer 0 skips
-  // at most the last tile (its last row is at most 64 keys before the tile's end) and still takes
-  // and passes its turn there. Both directions wait, so neither runs a turn ahead: a consumer that
-  // arrived twice at one barrier before the other waited would complete it alone.
-  const auto take_turn = [&](int tile) {
-    if (c == 1 || tile > 0) wait_for_turn(c);
+  // The consumers take turns at Q K^T, visit by visit: 0, 1, 0, 1, ... Consumer 1 never skips a
+  // tile (its rows are the later ones, and the last tile holds a key of its last row); consumer 0
+  // skips at most the last tile (its last row is at most 64 keys before the tile's end) and still
+  // takes and passes its turn there. Both directions wait, so neither runs a turn ahead: a
+  // consumer that arrived twice at one barrier before the other waited would complete it alone.
+  const auto take_turn = [&](int local) {
+    if (c == 1 || local > 0) wait_for_turn(c);
   };
-  const auto pass_turn = [&](int tile) {
-    if (c == 0 || tile + 1 < cta.n_tiles) give_turn(1 - c);
+  const auto pass_turn = [&](int local) {
+    if (c == 0 || local + 1 < visits) give_turn(1 - c);
   };
 
   // P of the tile whose Q K^T and gate are done and whose P V is not yet issued (bf16 pairs: the
   // register operand, key step kk = n8 blocks 2kk and 2kk+1 of S).
   unsigned p_frag[kBlockN / 16][4];
-  // O += P V for tile `of_tile`: V's k16 step kk starts 16 rows (2048 bytes) into its panels.
-  const auto issue_pv = [&](int of_tile) {
-    const unsigned v_base = smem_addr(cta.sV + (of_tile % kStages) * kTileElems);
+  // O += P V for visit `of_local`: V's k16 step kk starts 16 rows (2048 bytes) into its panels.
+  const auto issue_pv = [&](int of_local) {
+    const unsigned v_base = smem_addr(cta.sV + (of_local % kStages) * kTileElems);
     wgmma_fence();  // p_frag (and O, after a softmax rescale) written before the wgmma read them
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
@@ -215,17 +248,18 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale) {
     wgmma_commit();
   };
 
-  // Tile `tile`'s S = Q K^T (k16 step ks is 32 bytes into the rows of panel ks / 4), then its gate,
-  // into p_frag. With kPendingPv the previous tile's P V is issued right behind the Q K^T, so the
-  // tensor cores run it while the gate works, and its stage is released once it is done.
-  const auto scores_to_p = [&]<bool kPendingPv>(int tile) {
+  // Visit `local`'s S = Q K^T (k16 step ks is 32 bytes into the rows of panel ks / 4), then its
+  // gate, into p_frag. With kPendingPv the previous visit's P V is issued right behind the Q K^T,
+  // so the tensor cores run it while the gate works, and its stage is released once it is done.
+  const auto scores_to_p = [&]<bool kPendingPv>(int local) {
+    const int tile = cta.first + local;
     float acc_s[16][4];
 #pragma unroll
     for (int nb = 0; nb < 16; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_s[nb][e] = 0.0f;
-    take_turn(tile);
-    const unsigned k_base = smem_addr(cta.sK + (tile % kStages) * kTileElems);
+    take_turn(local);
+    const unsigned k_base = smem_addr(cta.sK + (local % kStages) * kTileElems);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
@@ -234,9 +268,9 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale) {
                          wgmma_descriptor(k_base + (ks / 4) * kKvPanelBytes + offset));
     }
     wgmma_commit();
-    pass_turn(tile);
+    pass_turn(local);
     if constexpr (kPendingPv) {
-      issue_pv(tile - 1);
+      issue_pv(local - 1);
       wgmma_wait<1>();  // Q K^T done; the P V may still run
       if constexpr (Gate::kRowStatistics) wgmma_wait<0>();  // it may rescale O
     } else {
@@ -248,7 +282,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale) {
       gate.template apply<false>(0, acc_s, acc_o, tile * kBlockN, pos0);
     if constexpr (kPendingPv) {
       wgmma_wait<0>();  // the P V is done with p_frag and with its stage
-      release(tile - 1);
+      release(local - 1);
     }
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -259,32 +293,54 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale) {
     }
   };
 
-  for (int tile = 0; tile < cta.n_tiles; ++tile) {
-    cta.ring.full[tile % kStages].wait((tile / kStages) & 1);
+  for (int local = 0; local < visits; ++local) {
+    const int tile = cta.first + local;
+    cta.ring.full[local % kStages].wait((local / kStages) & 1);
     fence_proxy_async_shared();  // the landed copies (generic proxy) before this thread's wgmma reads
-    if (tile == 0) {
-      scores_to_p.template operator()<false>(tile);
+    if (tile < cta.begin) {  // the warm-up tile: its gate carries the halo in; no P V
+      scores_to_p.template operator()<false>(local);
+      release(local);
+    } else if (tile == cta.begin) {
+      scores_to_p.template operator()<false>(local);
     } else if (tile * kBlockN <= last_pos) {
-      scores_to_p.template operator()<true>(tile);
+      scores_to_p.template operator()<true>(local);
     } else {  // (consumer 0, its last tile)
-      take_turn(tile);
-      pass_turn(tile);
-      issue_pv(tile - 1);
+      take_turn(local);
+      pass_turn(local);
+      issue_pv(local - 1);
       wgmma_wait<0>();
-      release(tile - 1);
-      release(tile);
+      release(local - 1);
+      release(local);
     }
   }
-  if ((cta.n_tiles - 1) * kBlockN <= last_pos) {  // the last tile's P V
-    issue_pv(cta.n_tiles - 1);
+  if ((cta.end - 1) * kBlockN <= last_pos || cta.end - 1 == cta.begin) {  // the last tile's P V
+    issue_pv(visits - 1);
     wgmma_wait<0>();
-    release(cta.n_tiles - 1);
+    release(visits - 1);
   }
 
+  const int g = lane / 4, quad = lane % 4;
+  if constexpr (kSplit) {  // this split's part, in fp32, to the workspace
+    const SplitParts parts = split_parts(p, splits);
+    float log2_sum[2] = {0.0f, 0.0f};
+    if constexpr (Gate::kRowStatistics)
+      for (int hh = 0; hh < 2; ++hh) log2_sum[hh] = gate.log2_sum(0, hh);
+    gate.finish(0, acc_o);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = 64 * c + 16 * warp + g + 8 * hh;
+      if (r >= cta.rows) continue;
+      const long long row = parts.row(p, t, t.split, r);
+      float* out = parts.out + row * kD + 2 * quad;
+#pragma unroll
+      for (int db = 0; db < 16; ++db) *reinterpret_cast<float2*>(out + 8 * db) = make_float2(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
+      if (Gate::kRowStatistics && quad == 0) parts.log2_sum[row] = log2_sum[hh];
+    }
+    return;
+  }
   // O (bf16) through the consumer's own rows of sQ (its wgmma reads of them are complete), then
   // 16-byte coalesced stores.
   gate.finish(0, acc_o);
-  const int g = lane / 4, quad = lane % 4;
 #pragma unroll
   for (int db = 0; db < 16; ++db)
 #pragma unroll
@@ -307,11 +363,26 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale) {
 
 #endif  // ASYNCT_WGMMA
 
-template <class Gate>
-__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale) {
+// kSplit: the query tiles' keys are split over `splits` CTAs each (else splits is 1; the
+// unsplit form is its own instantiation, so that its consumers keep every register they had).
+template <class Gate, bool kSplit>
+__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale, int splits) {
 #ifdef ASYNCT_WGMMA
+  if constexpr (!kSplit) splits = 1;
   TileInfo t;
-  if (!make_tile_info(p, kBlockM, t)) return;
+  if (!make_tile_info(p, kBlockM, t, splits)) return;
+  // The CTA's key tiles: all of the query tile's, or its split's even share.
+  const int rows = min(kBlockM, t.q_len - t.m0);
+  const int key_tiles = (t.kv_end + kBlockN - 1) / kBlockN;
+  const int begin = kSplit ? t.split * key_tiles / splits : 0, end = kSplit ? (t.split + 1) * key_tiles / splits : key_tiles;
+  if (kSplit && begin >= end) {  // a split with no keys (a short sequence among longer ones): an empty part
+    const SplitParts parts = split_parts(p, splits);
+    for (int i = threadIdx.x; i < rows * kD; i += kThreads) parts.out[parts.row(p, t, t.split, i / kD) * kD + i % kD] = 0.0f;
+    if (Gate::kRowStatistics)
+      for (int r = threadIdx.x; r < rows; r += kThreads) parts.log2_sum[parts.row(p, t, t.split, r)] = -INFINITY;
+    return;
+  }
+  const int first = kSplit && Gate::kMaxHalo > 0 && begin > 0 ? begin - 1 : begin;
 
   extern __shared__ unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
@@ -327,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   }
   __syncthreads();
 
-  const Cta cta{p, t, sQ, sK, sV, ring, min(kBlockM, t.q_len - t.m0), (t.kv_end + kBlockN - 1) / kBlockN};
+  const Cta cta{p, t, sQ, sK, sV, ring, rows, first, begin, end};
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     release_registers<kProducerRegisters>();
@@ -335,15 +406,58 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
     return;  // (the producer's path must not join the consumers': they hold other register counts)
   }
   claim_registers<kConsumerRegisters>();
-  consume<Gate>(cta, wg - 1, scale);
+  consume<Gate, kSplit>(cta, wg - 1, scale, splits);
 #else
   __trap();  // launched only where the build has sm_90a code (prefill_hopper_applies)
 #endif
 }
 
+// The splits' parts of each (token, query head) row added into the bf16 output: one warp a row,
+// four columns a lane; softmax's parts weighted by their sums (a part with none weighs 0).
+template <bool kSoftmax>
+__global__ void __launch_bounds__(256) combine_splits_kernel(const PrefillParams p, int splits) {
+  const long long rows = (long long)p.total_q * p.num_q_heads;
+  const long long row = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x % 32;
+  const SplitParts parts = split_parts(p, splits);
+  float top = -INFINITY;
+  if constexpr (kSoftmax)
+    for (int s = 0; s < splits; ++s) top = fmaxf(top, __ldcg(parts.log2_sum + s * rows + row));
+  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float weights = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    float w = 1.0f;
+    if constexpr (kSoftmax) w = top == -INFINITY ? 0.0f : exp2f(__ldcg(parts.log2_sum + s * rows + row) - top);
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(parts.out + (s * rows + row) * kD) + lane);
+    sum.x = fmaf(w, v.x, sum.x), sum.y = fmaf(w, v.y, sum.y), sum.z = fmaf(w, v.z, sum.z), sum.w = fmaf(w, v.w, sum.w);
+    weights += w;
+  }
+  const float inv = !kSoftmax ? 1.0f : weights > 0.0f ? 1.0f / weights : 0.0f;
+  __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(p.out + row * kD) + 2 * lane;
+  out[0] = __floats2bfloat162_rn(sum.x * inv, sum.y * inv);
+  out[1] = __floats2bfloat162_rn(sum.z * inv, sum.w * inv);
+}
+
 template <class Gate>
-void launch_with(const PrefillParams& p, float scale, cudaStream_t stream) {
-  launch_tiles<prefill_hopper_kernel<Gate>>(p, kBlockM, kThreads, kSmemBytes, scale, stream, "launch_prefill (Hopper)");
+void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t stream) {
+  const char* who = "launch_prefill (Hopper)";
+  const int m_tiles = (p.max_q_len + kBlockM - 1) / kBlockM;
+  check((long long)m_tiles * splits <= 65535, who, ": max_q_len ", p.max_q_len, " needs ", m_tiles, " query tiles of ", splits,
+        " CTAs; the grid allows 65535");
+  const dim3 grid(p.num_q_heads, p.num_seqs, m_tiles * splits);
+  if (splits == 1) {
+    allow_dynamic_smem<prefill_hopper_kernel<Gate, false>>(kSmemBytes);
+    prefill_hopper_kernel<Gate, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1);
+    check_launch(who);
+    return;
+  }
+  allow_dynamic_smem<prefill_hopper_kernel<Gate, true>>(kSmemBytes);
+  prefill_hopper_kernel<Gate, true><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits);
+  check_launch(who);
+  const long long rows = (long long)p.total_q * p.num_q_heads;
+  combine_splits_kernel<is_softmax_gate<Gate>><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(p, splits);
+  check_launch("launch_prefill (Hopper, the splits' combine)");
 }
 
 // Whether this build holds the kernel's sm_90a code for the current device: the binary the
@@ -351,7 +465,7 @@ void launch_with(const PrefillParams& p, float scale, cudaStream_t stream) {
 bool hopper_code_here() {
   static const bool here = [] {
     cudaFuncAttributes attributes{};
-    ASYNCT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, prefill_hopper_kernel<SoftmaxGate<1>>));
+    ASYNCT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, prefill_hopper_kernel<SoftmaxGate<1>, false>));
     return attributes.binaryVersion == 90;
   }();
   return here;
@@ -366,8 +480,27 @@ bool prefill_hopper_applies(const PrefillParams& p) {
   return prefill_hopper_available();
 }
 
+int prefill_hopper_kv_splits(const PrefillParams& p) {
+  constexpr int kMaxSplits = 16;
+  if (const int forced = kernel_tuning().prefill_kv_splits; forced > 0) return std::min(forced, kMaxSplits);
+  // Split only when the query tiles fill less than half the GPU, into as many CTAs as fill it,
+  // each with at least two key tiles of the longest sequence.
+  const long long tiles = (long long)p.num_q_heads * p.num_seqs * ((p.max_q_len + kBlockM - 1) / kBlockM);
+  const int sms = current_device_info().sm_count;
+  if (tiles == 0 || 2 * tiles > sms) return 1;
+  const int key_tiles = (p.max_kv_len + kBlockN - 1) / kBlockN;
+  return int(std::max<long long>(1, std::min<long long>({kMaxSplits, sms / tiles, key_tiles / 2})));
+}
+
+std::size_t prefill_hopper_workspace_bytes(const PrefillParams& p, int splits) {
+  if (splits <= 1) return 0;
+  return std::size_t(splits) * std::size_t(p.total_q) * std::size_t(p.num_q_heads) * (kD + 1) * sizeof(float);
+}
+
 void launch_prefill_hopper(const PrefillParams& p, float scale, cudaStream_t stream) {
-  with_gate<1>(p.gate, [&]<class Gate>() { launch_with<Gate>(p, scale, stream); });
+  int splits = prefill_hopper_kv_splits(p);
+  if (splits > 1 && (!p.workspace || p.workspace_bytes < prefill_hopper_workspace_bytes(p, splits))) splits = 1;
+  with_gate<1>(p.gate, [&]<class Gate>() { launch_with<Gate>(p, scale, splits, stream); });
 }
 
 }  // namespace asynct::kernels

@@ -17,4 +17,9 @@ bool prefill_hopper_applies(const PrefillParams& params);
 
 void launch_prefill_hopper(const PrefillParams& params, float scale, cudaStream_t stream);
 
+// The Hopper kernel's split of each query tile's keys over CTAs (1: none), and the workspace its
+// partial outputs take (0 for 1).
+int prefill_hopper_kv_splits(const PrefillParams& params);
+std::size_t prefill_hopper_workspace_bytes(const PrefillParams& params, int splits);
+
 }  // namespace asynct::kernels

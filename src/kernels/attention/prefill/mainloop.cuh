@@ -19,18 +19,21 @@ struct TileInfo {
   int q_begin, q_len, prefix;
   int m0;      // first query row of the tile (within the sequence)
   int kv_end;  // keys [0, kv_end) are visible to some row of the tile
+  int split;   // which of the tile's CTAs this is, when its keys are split over several (else 0)
 };
 
 
 // The CTA's tile: (query head, sequence) from blockIdx.x/y, and the query rows from blockIdx.z,
-// the heaviest (last) tiles first (z is the slowest grid dimension). False: the tile lies past
-// the sequence's new tokens, the CTA has nothing to do.
-__device__ __forceinline__ bool make_tile_info(const PrefillParams& p, int block_m, TileInfo& t) {
+// the heaviest (last) tiles first (z is the slowest grid dimension); with `splits` CTAs a tile,
+// blockIdx.z also says which split this is. False: the tile lies past the sequence's new
+// tokens, the CTA has nothing to do.
+__device__ __forceinline__ bool make_tile_info(const PrefillParams& p, int block_m, TileInfo& t, int splits = 1) {
   t.head = blockIdx.x;
   t.seq = blockIdx.y;
   t.q_begin = p.cu_seqlens_q[t.seq];
   t.q_len = p.cu_seqlens_q[t.seq + 1] - t.q_begin;
-  t.m0 = int(gridDim.z - 1 - blockIdx.z) * block_m;
+  t.m0 = int(gridDim.z / splits - 1 - blockIdx.z / splits) * block_m;
+  t.split = int(blockIdx.z % splits);
   if (t.m0 >= t.q_len) return false;
   t.prefix = p.kv_lens[t.seq] - t.q_len;
   t.kv_head = t.head / (p.num_q_heads / p.kv.num_kv_heads);

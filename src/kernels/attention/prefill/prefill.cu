@@ -16,6 +16,11 @@ bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15
 
 }  // namespace
 
+std::size_t prefill_workspace_bytes(const PrefillParams& p) {
+  if (p.total_q == 0 || p.max_q_len == 0 || !prefill_hopper_applies(p)) return 0;
+  return prefill_hopper_workspace_bytes(p, prefill_hopper_kv_splits(p));
+}
+
 void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   const char* who = "launch_prefill";
   validate_paged_kv(p.kv, who);

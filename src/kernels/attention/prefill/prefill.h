@@ -2,6 +2,7 @@
 // async and softmax gates; writes the new tokens' K/V into the paged cache in the same launch.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -30,9 +31,20 @@ struct PrefillParams {
   float scale = 0.0f;  // 0: 1/sqrt(head_dim)
   PagedKv kv;
   GateArgs gate;
+  // Room for partial outputs, device: when the query tiles alone would leave most of the GPU
+  // idle (a short prompt after a long cached prefix), the Hopper kernel spreads each tile's keys
+  // over several CTAs and combines their outputs from here. prefill_workspace_bytes(*this) says
+  // how much it needs; null (or smaller): the keys are not split.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
 };
 
 void launch_prefill(const PrefillParams& params, cudaStream_t stream);
+
+// The workspace launch_prefill would use for these parameters on this device (0: none). The
+// parameters' sizes and the tuning matter (KernelTuning::prefill, prefill_kv_splits), not their
+// pointers.
+std::size_t prefill_workspace_bytes(const PrefillParams& params);
 
 // Which kernel launch_prefill runs: on a Hopper GPU (from a build for sm_90a), head_dim 128 runs
 // the wgmma kernel, everything else the portable mma.sync one. KernelTuning::prefill

@@ -113,6 +113,47 @@ void expect_steps_match_the_cpu_runner(const ModelWeights& w) {
 
 class CudaModel : public ::testing::TestWithParam<Architecture> {};
 
+// Head dim 128 (the Hopper prefill kernel on Hopper) and a short chunk after a long cached prefix:
+// the kernel's rule splits each query tile's keys over CTAs (4 query tiles of 4 heads), its
+// workspace reserved by the runner; in the same step as decodes (the decode kernel's workspace
+// is the same buffer), and alone.
+void expect_a_chunk_after_a_long_prefix_matches(Architecture arch) {
+  ModelConfig c = tiny_config(arch);
+  c.head_dim = 128;
+  const ModelWeights w = random_weights(c, 27);
+  const int block_size = 16, num_blocks = 120;
+  CpuModelRunner cpu(w, num_blocks, block_size);
+  CudaModelRunner gpu(w, num_blocks, block_size, 2048);
+  std::vector<std::vector<std::int32_t>> seqs(2);
+  for (int s = 0; s < 2; ++s)
+    for (int t = 0; t < 900; ++t) seqs[std::size_t(s)].push_back((t * 53 + s * 7 + 3) % c.vocab_size);
+  std::vector<std::vector<int>> tables(2);
+  for (int b = 0; b < 60; ++b) tables[0].push_back(2 * b), tables[1].push_back(2 * b + 1);
+  const auto compare_step = [&](const StepBatch& b, const char* what) {
+    Tensor expected = logits_of(cpu.forward(b), c.vocab_size);
+    const StepOutput& out = gpu.forward(b);
+    auto result = close_to(logits_of(out, c.vocab_size), expected, kLogitTolerance);
+    EXPECT_TRUE(result) << what;
+    std::printf("  %s: %s\n", what, result.message());
+  };
+  StepBatch prefix;  // the long prefixes, whole
+  add_sequence(prefix, seqs[0], 0, 800, tables[0], block_size);
+  add_sequence(prefix, seqs[1], 0, 700, tables[1], block_size);
+  compare_step(prefix, "prefixes of 800 and 700");
+  StepBatch chunk;  // a short chunk after 800 cached tokens
+  add_sequence(chunk, seqs[0], 800, 840, tables[0], block_size);
+  compare_step(chunk, "40 tokens after 800");
+  StepBatch mixed;  // a decode, then a chunk after 700
+  add_sequence(mixed, seqs[0], 840, 841, tables[0], block_size);
+  add_sequence(mixed, seqs[1], 700, 733, tables[1], block_size);
+  compare_step(mixed, "a decode, then 33 tokens after 700");
+}
+
+TEST_P(CudaModel, ChunkAfterALongPrefixAtHeadDim128) {
+  testing::require_gpu();
+  expect_a_chunk_after_a_long_prefix_matches(GetParam());
+}
+
 TEST_P(CudaModel, MatchesTheCpuRunnerOnPrefillDecodeAndMixedSteps) {
   testing::require_gpu();
   expect_steps_match_the_cpu_runner(random_weights(tiny_config(GetParam()), 21));

@@ -199,10 +199,18 @@ def main():
         "shared_prefix_len": args.shared_prefix_len,
         # In submission order: with --concurrency 1 and a shared prefix, the first computes it.
         "ttft_first_ms": (ok[0]["chunks"][0] - ok[0]["start"]) * 1000 if ok else None,
+        # Requests in flight on the client's clock, on average over the run (a closed loop that
+        # refills at once holds --concurrency); each request's [sent, first text, end] in seconds
+        # from the start, and its tokens.
+        "in_flight_mean": sum(e2e) / duration if ok else None,
+        "requests": [[round(r["start"] - start, 6), round(r["chunks"][0] - start, 6), round(r["end"] - start, 6), r["tokens"]]
+                     for r in ok],
     }
     print(f"  completed {len(ok)}, failed {len(failed)} in {duration:.2f} s")
     print(f"  requests {report['request_throughput']:.2f}/s; output tokens {report['output_token_throughput']:.1f}/s; "
           f"all tokens {report['total_token_throughput']:.1f}/s")
+    if ok:
+        print(f"  requests in flight on average: {report['in_flight_mean']:.1f} (concurrency {args.concurrency})")
     print(f"  {'ms':6} {'mean':>9} {'p50':>9} {'p90':>9} {'p99':>9}")
     for name in ("ttft", "tpot", "itl", "e2e"):
         p = report[name + "_ms"]

@@ -232,6 +232,15 @@ TEST(PrefillSmall, AsyncGqaPagedHeadDim64) {
   run_and_check(c, gate, reference_output(c, gate), 16, rng);
 }
 
+// Two query heads a split CTA (every sequence's new tokens within 64), both gates.
+TEST(PrefillSmall, ShortQueriesTwoHeadsACta) {
+  testing::require_gpu();
+  Random rng(13);
+  AttentionCase c(rng, {{5, 300}, {1, 140}, {64, 400}}, 4, 2, 128, /*bf16_exact=*/true);
+  for (const Gate& gate : {random_async_gate(rng, 4, 3), Gate::make_softmax()})
+    run_and_check(c, gate, reference_output(c, gate), 16, rng);
+}
+
 TEST(PrefillSmall, SoftmaxPagedHeadDim128) {
   testing::require_gpu();
   Random rng(12);
@@ -339,6 +348,25 @@ TEST(Prefill, ShortPromptAfterALongPrefixBothGates) {
   for (const Gate& gate : {random_async_gate(rng, 16, 3), Gate::make_softmax()}) {
     SCOPED_TRACE(gate.kind == GateKind::Async ? "async" : "softmax");
     run_and_check(c, gate, reference_output(c, gate), 64, rng);
+  }
+}
+
+// Every sequence with at most 64 new tokens: a split tile takes two query heads of one KV head
+// when the groups are even (one a consumer), one head otherwise (groups of 1 and 3 here).
+TEST(Prefill, ShortQueriesOverLongKeysEveryGroupBothGates) {
+  testing::require_gpu();
+  const struct {
+    int hq, hkv;
+  } shapes[] = {{16, 8}, {16, 4}, {32, 4}, {8, 1}, {6, 6}, {12, 4}};
+  for (const auto& shape : shapes) {
+    SCOPED_TRACE(::testing::Message() << shape.hq << " query heads over " << shape.hkv << " KV heads");
+    Random rng(std::uint64_t(50 + shape.hq + shape.hkv));
+    AttentionCase c(rng, {{64, 3000}, {17, 1500}, {1, 900}, {40, 40}, {0, 200}}, shape.hq, shape.hkv, 128,
+                    /*bf16_exact=*/true);
+    for (const Gate& gate : {random_async_gate(rng, shape.hq, 3), Gate::make_softmax()}) {
+      SCOPED_TRACE(gate.kind == GateKind::Async ? "async" : "softmax");
+      run_and_check(c, gate, reference_output(c, gate), 32, rng);
+    }
   }
 }
 

@@ -3,7 +3,8 @@
 // (traits.cuh, mainloop.cuh, gates.cuh, epilogue.cuh), in the FlashAttention-3 form: a producer
 // warpgroup that copies and two consumer warpgroups that multiply.
 //
-// One CTA handles 128 query rows of one (sequence, query head). Its three warpgroups:
+// One CTA handles 128 query rows of one (sequence, query head), or, for a split tile of at most
+// 64 rows, those rows of two query heads of one KV head (below). Its three warpgroups:
 // - the producer copies Q and the K/V tiles (128 keys) into a ring of three stages with cp.async
 //   (the cache is paged, so a row's source goes through the block table; one 2-D tensor copy
 //   could not follow it), announces each stage on its "full" barrier once the stage has landed,
@@ -32,7 +33,11 @@
 // normalised by its own sum with that sum's log2 beside it; a second kernel adds the parts
 // (softmax's weighted by their sums). The async gate's P of a split's first keys needs the
 // scores of the W-1 keys before them: its CTA runs the tile before its keys through Q K^T and
-// the gate (not P V) to carry them in.
+// the gate (not P V) to carry them in. When every sequence has at most 64 new tokens and a KV
+// head serves an even number of query heads, a split CTA takes two query heads, one a consumer:
+// a tile of 64 rows would leave one consumer idle, and the pair shares each K/V tile, so the
+// GPU holds twice the splits (the 64 tokens after 4,096 cached at 1.7B: 8 pairs x 16 splits
+// instead of 16 heads x 8).
 //
 // Not done (FlashAttention-3 does it): tensor copies for pages of at least 128 tokens, and
 // softmax's rescale split from its exponentials.
@@ -65,8 +70,8 @@ using namespace prefill::hopper;  // the tile shape, RingBarriers
 struct SplitParts {
   float* out;
   float* log2_sum;
-  __device__ __forceinline__ long long row(const PrefillParams& p, const TileInfo& t, int split, int r) const {
-    return ((long long)split * p.total_q + t.q_begin + t.m0 + r) * p.num_q_heads + t.head;
+  __device__ __forceinline__ long long row(const PrefillParams& p, const TileInfo& t, int head, int split, int r) const {
+    return ((long long)split * p.total_q + t.q_begin + t.m0 + r) * p.num_q_heads + head;
   }
 };
 __host__ __device__ inline SplitParts split_parts(const PrefillParams& p, int splits) {
@@ -89,14 +94,16 @@ struct CopySlot {
 };
 static_assert(kBlockM == kBlockN && kCopyPasses * 32 == kBlockN, "the producer copies 128-row tiles");
 
-// Q rows [m0, m0 + 128) of the tile's head; rows past the sequence's new tokens zero-filled.
-__device__ __forceinline__ void load_q(bf16* sQ, const PrefillParams& p, const TileInfo& t, int rows) {
+// Q rows [m0, m0 + 128) of the tile's head, or with two heads rows [m0, m0 + 64) of each (head
+// t.head in rows 0..63, t.head + 1 in 64..127); rows past the sequence's new tokens zero-filled.
+__device__ __forceinline__ void load_q(bf16* sQ, const PrefillParams& p, const TileInfo& t, int rows, int heads) {
   const CopySlot slot;
+  const int rows_per_head = kBlockM / heads;
 #pragma unroll
   for (int pass = 0; pass < kCopyPasses; ++pass) {
-    const int row = slot.row0 + 32 * pass;
-    const bool valid = row < rows;
-    const bf16* src = p.query + (valid ? ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD : 0);
+    const int row = slot.row0 + 32 * pass, head = t.head + row / rows_per_head, q = row % rows_per_head;
+    const bool valid = q < rows;
+    const bf16* src = p.query + (valid ? ((long long)(t.q_begin + t.m0 + q) * p.num_q_heads + head) * kD : 0);
 #pragma unroll
     for (int j = 0; j < kChunks / 4; ++j) {
       const int c = 4 * j + slot.sub;
@@ -164,7 +171,8 @@ struct Cta {
   const TileInfo& t;
   bf16 *sQ, *sK, *sV;
   RingBarriers& ring;
-  int rows;
+  int rows;   // query rows of each head
+  int heads;  // query heads (1, or 2: one a consumer)
   int first, begin, end;
   __device__ int visits() const { return end - first; }
 };
@@ -184,7 +192,7 @@ __device__ __forceinline__ void produce(const Cta& cta) {
     const int tile = cta.first + local, stage = local % kStages;
     bf16 *k_stage = cta.sK + stage * kTileElems, *v_stage = cta.sV + stage * kTileElems;
     if (local >= kStages) cta.ring.empty[stage].wait((local / kStages - 1) & 1);
-    if (local == 0) load_q(cta.sQ, p, t, cta.rows);
+    if (local == 0) load_q(cta.sQ, p, t, cta.rows, cta.heads);
     load_kv(k_stage, v_stage, tile, p, t);
     cta.ring.full[stage].arrive_when_copies_land();
     if (writes_cache && tile >= cta.begin && (tile + 1) * kBlockN > t.prefix + t.m0) {  // the tile holds new rows
@@ -197,21 +205,23 @@ __device__ __forceinline__ void produce(const Cta& cta) {
   }
 }
 
-// Consumer c: rows [64 c, 64 c + 64) of the CTA's tile; with splits > 1 its part of their output
-// goes to the workspace.
+// Consumer c: rows [64 c, 64 c + 64) of the CTA's tile, or with two heads rows [0, 64) of head
+// t.head + c; with splits > 1 its part of their output goes to the workspace.
 template <class Gate, bool kSplit>
 __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int splits) {
   const PrefillParams& p = cta.p;
   const TileInfo& t = cta.t;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
-  Gate gate(p, t.head, scale);
+  const int head = t.head + (cta.heads == 2 ? c : 0);
+  const int row0 = cta.heads == 2 ? 0 : 64 * c;  // the consumer's first row among its head's
+  Gate gate(p, head, scale);
   float acc_o[16][4];
 #pragma unroll
   for (int db = 0; db < 16; ++db)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc_o[db][e] = 0.0f;
 
-  const int c_pos = t.prefix + t.m0 + 64 * c;      // position of the consumer's first row
+  const int c_pos = t.prefix + t.m0 + row0;       // position of the consumer's first row
   const int pos0 = c_pos + 16 * warp + lane / 4;  // position of the thread's row g
   // The first tile with a key past the consumer's first row needs the causal mask; a tile whose
   // first key is past its last row has nothing for it (nor has any later tile).
@@ -224,9 +234,10 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
   const int visits = cta.visits();
 
   // The consumers take turns at Q K^T, visit by visit: 0, 1, 0, 1, ... Consumer 1 never skips a
-  // tile (its rows are the later ones, and the last tile holds a key of its last row); consumer 0
-  // skips at most the last tile (its last row is at most 64 keys before the tile's end) and still
-  // takes and passes its turn there. Both directions wait, so neither runs a turn ahead: a
+  // tile (its rows are the later ones, and the last tile holds a key of its last row; with two
+  // heads both hold the same rows, at most 64, and neither skips); consumer 0 skips at most the
+  // last tile (its last row is at most 64 keys before the tile's end) and still takes and passes
+  // its turn there. Both directions wait, so neither runs a turn ahead: a
   // consumer that arrived twice at one barrier before the other waited would complete it alone.
   const auto take_turn = [&](int local) {
     if (c == 1 || local > 0) wait_for_turn(c);
@@ -328,9 +339,9 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     gate.finish(0, acc_o);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const int r = 64 * c + 16 * warp + g + 8 * hh;
+      const int r = row0 + 16 * warp + g + 8 * hh;
       if (r >= cta.rows) continue;
-      const long long row = parts.row(p, t, t.split, r);
+      const long long row = parts.row(p, t, head, t.split, r);
       float* out = parts.out + row * kD + 2 * quad;
 #pragma unroll
       for (int db = 0; db < 16; ++db) *reinterpret_cast<float2*>(out + 8 * db) = make_float2(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
@@ -365,21 +376,25 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
 
 // kSplit: the query tiles' keys are split over `splits` CTAs each (else splits is 1; the
 // unsplit form is its own instantiation, so that its consumers keep every register they had).
+// `heads` query heads a CTA (2 only when split: heads_per_cta).
 template <class Gate, bool kSplit>
-__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale, int splits) {
+__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale, int splits,
+                                                                     int heads) {
 #ifdef ASYNCT_WGMMA
-  if constexpr (!kSplit) splits = 1;
+  if constexpr (!kSplit) splits = 1, heads = 1;
   TileInfo t;
-  if (!make_tile_info(p, kBlockM, t, splits)) return;
+  if (!make_tile_info(p, kBlockM / heads, t, splits, heads)) return;
   // The CTA's key tiles: all of the query tile's, or its split's even share.
-  const int rows = min(kBlockM, t.q_len - t.m0);
+  const int rows = min(kBlockM / heads, t.q_len - t.m0);
   const int key_tiles = (t.kv_end + kBlockN - 1) / kBlockN;
   const int begin = kSplit ? t.split * key_tiles / splits : 0, end = kSplit ? (t.split + 1) * key_tiles / splits : key_tiles;
   if (kSplit && begin >= end) {  // a split with no keys (a short sequence among longer ones): an empty part
     const SplitParts parts = split_parts(p, splits);
-    for (int i = threadIdx.x; i < rows * kD; i += kThreads) parts.out[parts.row(p, t, t.split, i / kD) * kD + i % kD] = 0.0f;
-    if (Gate::kRowStatistics)
-      for (int r = threadIdx.x; r < rows; r += kThreads) parts.log2_sum[parts.row(p, t, t.split, r)] = -INFINITY;
+    for (int h = t.head; h < t.head + heads; ++h) {
+      for (int i = threadIdx.x; i < rows * kD; i += kThreads) parts.out[parts.row(p, t, h, t.split, i / kD) * kD + i % kD] = 0.0f;
+      if (Gate::kRowStatistics)
+        for (int r = threadIdx.x; r < rows; r += kThreads) parts.log2_sum[parts.row(p, t, h, t.split, r)] = -INFINITY;
+    }
     return;
   }
   const int first = kSplit && Gate::kMaxHalo > 0 && begin > 0 ? begin - 1 : begin;
@@ -398,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   }
   __syncthreads();
 
-  const Cta cta{p, t, sQ, sK, sV, ring, rows, first, begin, end};
+  const Cta cta{p, t, sQ, sK, sV, ring, rows, heads, first, begin, end};
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     release_registers<kProducerRegisters>();
@@ -439,21 +454,30 @@ __global__ void __launch_bounds__(256) combine_splits_kernel(const PrefillParams
   out[1] = __floats2bfloat162_rn(sum.z * inv, sum.w * inv);
 }
 
+// Query heads a CTA when the keys are split: two (of one KV head) when every sequence's new
+// tokens fit one consumer's 64 rows and the KV heads' groups are even, else one.
+int heads_per_cta(const PrefillParams& p) {
+  const int group = p.num_q_heads / p.kv.num_kv_heads;
+  return p.max_q_len <= kBlockM / 2 && group % 2 == 0 ? 2 : 1;
+}
+
 template <class Gate>
 void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t stream) {
   const char* who = "launch_prefill (Hopper)";
-  const int m_tiles = (p.max_q_len + kBlockM - 1) / kBlockM;
+  const int heads = splits > 1 ? heads_per_cta(p) : 1;
+  const int block_m = kBlockM / heads;
+  const int m_tiles = (p.max_q_len + block_m - 1) / block_m;
   check((long long)m_tiles * splits <= 65535, who, ": max_q_len ", p.max_q_len, " needs ", m_tiles, " query tiles of ", splits,
         " CTAs; the grid allows 65535");
-  const dim3 grid(p.num_q_heads, p.num_seqs, m_tiles * splits);
+  const dim3 grid(p.num_q_heads / heads, p.num_seqs, m_tiles * splits);
   if (splits == 1) {
     allow_dynamic_smem<prefill_hopper_kernel<Gate, false>>(kSmemBytes);
-    prefill_hopper_kernel<Gate, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1);
+    prefill_hopper_kernel<Gate, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1, 1);
     check_launch(who);
     return;
   }
   allow_dynamic_smem<prefill_hopper_kernel<Gate, true>>(kSmemBytes);
-  prefill_hopper_kernel<Gate, true><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits);
+  prefill_hopper_kernel<Gate, true><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits, heads);
   check_launch(who);
   const long long rows = (long long)p.total_q * p.num_q_heads;
   combine_splits_kernel<is_softmax_gate<Gate>><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(p, splits);
@@ -484,12 +508,13 @@ int prefill_hopper_kv_splits(const PrefillParams& p) {
   constexpr int kMaxSplits = 16;
   if (const int forced = kernel_tuning().prefill_kv_splits; forced > 0) return std::min(forced, kMaxSplits);
   // Split only when the query tiles fill less than half the GPU, into as many CTAs as fill it,
-  // each with at least two key tiles of the longest sequence.
+  // each with at least two key tiles of the longest sequence (a split tile may take two heads).
   const long long tiles = (long long)p.num_q_heads * p.num_seqs * ((p.max_q_len + kBlockM - 1) / kBlockM);
   const int sms = current_device_info().sm_count;
   if (tiles == 0 || 2 * tiles > sms) return 1;
+  const long long split_tiles = tiles / heads_per_cta(p);
   const int key_tiles = (p.max_kv_len + kBlockN - 1) / kBlockN;
-  return int(std::max<long long>(1, std::min<long long>({kMaxSplits, sms / tiles, key_tiles / 2})));
+  return int(std::max<long long>(1, std::min<long long>({kMaxSplits, sms / split_tiles, key_tiles / 2})));
 }
 
 std::size_t prefill_hopper_workspace_bytes(const PrefillParams& p, int splits) {

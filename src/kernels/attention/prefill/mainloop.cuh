@@ -25,10 +25,12 @@ struct TileInfo {
 
 // The CTA's tile: (query head, sequence) from blockIdx.x/y, and the query rows from blockIdx.z,
 // the heaviest (last) tiles first (z is the slowest grid dimension); with `splits` CTAs a tile,
-// blockIdx.z also says which split this is. False: the tile lies past the sequence's new
-// tokens, the CTA has nothing to do.
-__device__ __forceinline__ bool make_tile_info(const PrefillParams& p, int block_m, TileInfo& t, int splits = 1) {
-  t.head = blockIdx.x;
+// blockIdx.z also says which split this is; with `heads` query heads a CTA (of one KV head),
+// blockIdx.x picks the first of them and block_m is each head's rows. False: the tile lies past
+// the sequence's new tokens, the CTA has nothing to do.
+__device__ __forceinline__ bool make_tile_info(const PrefillParams& p, int block_m, TileInfo& t, int splits = 1,
+                                               int heads = 1) {
+  t.head = int(blockIdx.x) * heads;
   t.seq = blockIdx.y;
   t.q_begin = p.cu_seqlens_q[t.seq];
   t.q_len = p.cu_seqlens_q[t.seq + 1] - t.q_begin;

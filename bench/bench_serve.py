@@ -91,6 +91,21 @@ def run_share(args, share, concurrency, start):
     return results
 
 
+def run_all(args, prompts, gaps):
+    """Sends the prompts, request i at sum(gaps[:i + 1]) seconds after the start (or as soon as a
+    slot frees) by worker process i % workers: one Python process reads ~15k chunks a second at
+    most, less than a small model streams at 64 requests, so the reading is spread over
+    processes, each with its share of the concurrency. Returns the results and the start
+    (time.monotonic())."""
+    offsets = list(itertools.accumulate(gaps))
+    workers = max(1, min(args.workers, args.concurrency, len(prompts)))
+    start = time.monotonic() + 0.2 * workers  # time for the processes to start
+    jobs = [(args, [(prompts[i], offsets[i]) for i in range(w, len(prompts), workers)],
+             args.concurrency // workers + (w < args.concurrency % workers), start) for w in range(workers)]
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return [r for part in pool.starmap(run_share, jobs) for r in part], start
+
+
 def percentiles(values, scale=1000.0):
     if not values:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
@@ -142,11 +157,17 @@ def main():
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                         help="client processes the requests are spread over")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds for one request")
+    parser.add_argument("--warmup-prompts", type=int, default=0,
+                        help="first send this many requests of the same shape (their own prompts, their own "
+                             "shared prefix) at the same concurrency, unmeasured: a server's first requests "
+                             "load kernels and plan its products, which `asynct bench` does in its untimed run")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args()
     for name in ("input_len", "output_len", "num_prompts", "concurrency", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.warmup_prompts < 0:
+        parser.error("--warmup-prompts must be >= 0")
     if not args.request_rate > 0:
         parser.error("--request-rate must be > 0")
     lo, hi = (int(x) for x in args.token_range.split(","))
@@ -156,28 +177,30 @@ def main():
         connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=30)
         connection.request("GET", parts.path.rstrip("/") + "/models")
         args.model = json.loads(connection.getresponse().read())["data"][0]["id"]
-    rng = random.Random(args.seed)
     if not 0 <= args.shared_prefix_len <= args.input_len:
         parser.error("--shared-prefix-len must be in [0, --input-len]")
-    prefix = [rng.randrange(lo, hi) for _ in range(args.shared_prefix_len)]
-    prompts = [prefix + [rng.randrange(lo, hi) for _ in range(args.input_len - len(prefix))] for _ in range(args.num_prompts)]
+
+    def make_prompts(rng, count):
+        prefix = [rng.randrange(lo, hi) for _ in range(args.shared_prefix_len)]
+        return [prefix + [rng.randrange(lo, hi) for _ in range(args.input_len - len(prefix))] for _ in range(count)]
+
+    if args.warmup_prompts:
+        warmup = make_prompts(random.Random(f"warmup {args.seed}"), args.warmup_prompts)
+        print(f"bench_serve: warming up with {len(warmup)} requests", flush=True)
+        results, _ = run_all(args, warmup, [0.0] * len(warmup))
+        failed = [r for r in results if r["error"]]
+        if failed:
+            raise SystemExit(f"bench_serve: {len(failed)} warm-up requests failed: {failed[0]['error']}")
+    rng = random.Random(args.seed)
+    prompts = make_prompts(rng, args.num_prompts)
     gaps = [0.0 if args.request_rate == float("inf") else rng.expovariate(args.request_rate) for _ in prompts]
 
-    # Request i is sent at `offsets[i]` seconds after the start (or as soon as a slot frees),
-    # by worker process i % workers: one Python process reads ~15k chunks a second at most, less
-    # than a small model streams at 64 requests, so the reading is spread over processes, each
-    # with its share of the concurrency.
-    offsets = list(itertools.accumulate(gaps))
     workers = max(1, min(args.workers, args.concurrency, args.num_prompts))
     print(f"bench_serve: {args.num_prompts} requests of {args.input_len} prompt / {args.output_len} output tokens to "
           f"{args.url} ({args.model}), concurrency {args.concurrency}, rate {args.request_rate} req/s, "
           f"{workers} client processes", flush=True)
     before = server_sums(args.url)
-    start = time.monotonic() + 0.2 * workers  # time for the processes to start
-    jobs = [(args, [(prompts[i], offsets[i]) for i in range(w, args.num_prompts, workers)],
-             args.concurrency // workers + (w < args.concurrency % workers), start) for w in range(workers)]
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        results = [r for part in pool.starmap(run_share, jobs) for r in part]
+    results, start = run_all(args, prompts, gaps)
     duration = max(r["end"] for r in results) - start
     after = server_sums(args.url) if before else None
 

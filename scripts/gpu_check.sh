@@ -185,7 +185,8 @@ if want serve; then
       rm -f "$out/timeline_$model.csv"
     fi
   done
-  (cd "$out" && tar czf serve_results.tgz serve_* && rm -f serve_*.json serve_*.txt serve_*.log)
+  # (named apart from serve_*: a second serve run in the same $OUT must not pack this archive into its own)
+  (cd "$out" && tar czf "results-serve-$(date +%H%M%S).tgz" serve_* && rm -f serve_*.json serve_*.txt serve_*.log)
 fi
 if want timeline; then
   echo "== the decode step's kernel timeline (CUPTI) =="

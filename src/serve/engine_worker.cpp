@@ -169,7 +169,12 @@ void EngineWorker::run() {
       fail_all(e.what());
       return;
     }
-    last_step_end = Clock::now();
+    // A gap is the engine thread's time between steps with work waiting; after a step that ends
+    // the last request the thread sleeps until the next one comes, and that is no gap.
+    if (engine_->has_unfinished())
+      last_step_end = Clock::now();
+    else
+      last_step_end.reset();
     waker_.wake(to_wake_);
     const EngineStats& stats = engine_->stats();
     metrics_.engine_step(stats.last_step_ms / 1e3, stats.steps, stats.pipelined_steps);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <new>
 #include <cstring>
 #include <sstream>
 
@@ -35,7 +37,16 @@ Tensor Tensor::allocate(DType dtype, Shape shape, bool zeroed) {
   t.shape_ = std::move(shape);
   std::size_t bytes = std::size_t(shape_numel(t.shape_)) * dtype_size(dtype);
   if (bytes > 0) {
-    std::shared_ptr<std::byte[]> storage(zeroed ? new std::byte[bytes]() : new std::byte[bytes]);
+    std::shared_ptr<std::byte[]> storage;
+    if (zeroed) {
+      // calloc: a large block comes from the OS already zero and its pages become resident only
+      // when written, so a KV cache sized for many sequences costs memory as they fill it.
+      void* p = std::calloc(bytes, 1);
+      if (p == nullptr) throw std::bad_alloc();
+      storage = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
+    } else {
+      storage = std::shared_ptr<std::byte[]>(new std::byte[bytes]);
+    }
     t.data_ = storage.get();
     t.owner_ = std::move(storage);
   }

@@ -133,6 +133,13 @@ void Engine::schedule(StepState& s) {
   std::stable_partition(out.begin(), out.end(), [](const Scheduled& s) { return s.num_tokens == 1; });
 }
 
+int Engine::num_waiting() const {
+  std::size_t n = waiting_.size();
+  for (const auto& seq : waiting_) n += seq->forks.size();
+  for (const auto& seq : running_) n += seq->forks.size();
+  return int(n);
+}
+
 void Engine::append_token(Sequence& seq, std::int32_t token) {
   if (seq.penalties) seq.penalties->add(seq.tokens.back(), seq.num_generated > 0);
   seq.tokens.push_back(token);

@@ -132,10 +132,11 @@ class Engine {
   // Runs until every queued request finishes; outputs in the order the requests were added.
   std::vector<RequestOutput> run_to_completion(const std::function<void(const EngineStats&)>& progress = {});
   const EngineStats& stats() const { return stats_; }
-  // What a server's metrics show, read between steps: sequences running and waiting, KV
-  // blocks in use and in all.
+  // What a server's metrics show, read between steps: sequences running and waiting (new,
+  // preempted, and a group's choices not yet forked from the one that leads), KV blocks in use
+  // and in all.
   int num_running() const { return int(running_.size()); }
-  int num_waiting() const { return int(waiting_.size()); }
+  int num_waiting() const;
   int kv_blocks_used() const { return blocks_.num_blocks() - blocks_.num_free_blocks(); }
   int kv_blocks() const { return blocks_.num_blocks(); }
   // Zeroes the statistics and the runner's phase times (e.g. after a warm-up).

@@ -789,8 +789,10 @@ TEST(Engine, AbortingAChoiceOfAGroupLeavesTheOthers) {
   for (int aborted : {0, 2}) {  // the choice that leads, one that waits to fork
     Engine e = make_engine({Architecture::AsyncT});
     const std::vector<std::int64_t> ids = e.add_request_group(choices);
+    EXPECT_EQ(e.num_waiting(), 4) << "the choice that leads and the three waiting to fork";
     EXPECT_TRUE(e.abort_waiting(ids[std::size_t(aborted)]));
     EXPECT_FALSE(e.abort_waiting(ids[std::size_t(aborted)])) << "already ended";
+    EXPECT_EQ(e.num_waiting(), 3);
     std::map<std::int64_t, RequestOutput> out;
     while (e.has_unfinished())
       for (RequestOutput& o : e.step()) out[o.id] = std::move(o);

@@ -4,12 +4,21 @@ bf16, standard-normal Q/K/V, alpha=sigma=gamma=1, W=3. The kernel is the one lau
 picks (on Hopper the wgmma kernel); --kernel portable measures the portable one
 (asynct.set_tuning(prefill=...)).
 
+Beside the equal-length batches, two cases the engine meets: a varlen batch (16 prompts of
+100..4096 tokens, seeded), against FlashAttention-2 through SDPA on a jagged nested tensor and
+cuDNN SDPA per sequence; and a prefix case (4 sequences of 1024 new tokens after 4096 cached in
+the paged cache), against SDPA with the causal mask aligned to the last key (causal_lower_right).
+An anchor that PyTorch cannot run here is reported as missing.
+
 Usage: python3 bench/bench_prefill.py --lib BUILD_DIR --out OUT_DIR [--block-size 16]
        [--kernel auto|portable|hopper]
 """
+import itertools
+
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from common import ceilings, median_ms, parse_args, rel_err, write_json
 
@@ -36,6 +45,118 @@ def prefill_inputs(batch, length, block_size):
     cu = torch.arange(0, total + 1, length, device="cuda", dtype=torch.int32)
     kv_lens = torch.full((batch,), length, device="cuda", dtype=torch.int32)
     return q, k, v, key_cache, value_cache, table, cu, kv_lens
+
+
+def time_ours(asynct, q, k, v, key_cache, value_cache, table, cu, kv_lens, max_q_len, max_kv_len):
+    """{gate: (ms, output)} for both gates (the batch checked once; the timed calls skip it)."""
+    result = {}
+    for name, gate in {"async": asynct.Gate.async_(HQ), "softmax": asynct.Gate.softmax()}.items():
+        fn = lambda check=False: asynct.prefill(q, k, v, key_cache, value_cache, table, cu, kv_lens, gate,
+                                                max_q_len=max_q_len, max_kv_len=max_kv_len, check=check)
+        out = fn(check=True)
+        result[name] = (median_ms(fn, warmup=3, reps=10), out)
+    return result
+
+
+def try_anchor(row, key, flops, fn):
+    """Times an anchor into row[key + "_tflops"] (None where PyTorch cannot run it); its output."""
+    try:
+        out = fn()
+        ms = median_ms(fn, warmup=3, reps=10)
+    except Exception as e:  # noqa: BLE001 (an unsupported backend, shape or layout)
+        row[key + "_tflops"] = None
+        row[key + "_missing"] = f"{type(e).__name__}: {str(e)[:120]}"
+        return None
+    row[key + "_tflops"] = flops / (ms * 1e-3) / 1e12
+    return out
+
+
+def varlen_case(asynct, block_size, seed=1):
+    """16 prompts of 100..4096 new tokens in one batch, no prefix."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(100, 4097, (16,), generator=gen).tolist()
+    total = sum(lengths)
+    q = torch.randn(total, HQ, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
+    blocks = [(n + block_size - 1) // block_size for n in lengths]
+    key_cache = torch.empty(sum(blocks), block_size, HKV, D, device="cuda", dtype=torch.bfloat16)
+    value_cache = torch.empty_like(key_cache)
+    order = torch.randperm(sum(blocks), device="cuda", dtype=torch.int32)
+    table = torch.zeros(len(lengths), max(blocks), device="cuda", dtype=torch.int32)
+    at = 0
+    for i, b in enumerate(blocks):
+        table[i, :b] = order[at:at + b]
+        at += b
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), device="cuda", dtype=torch.int32)
+    kv_lens = torch.tensor(lengths, device="cuda", dtype=torch.int32)
+    flops = sum(4 * HQ * n * n * D / 2 for n in lengths)
+    row = {"case": "varlen", "lengths": lengths, "tokens": total}
+    ours = time_ours(asynct, q, k, v, key_cache, value_cache, table, cu, kv_lens, max(lengths), max(lengths))
+    for name, (ms, _) in ours.items():
+        row[name + "_tflops"] = flops / (ms * 1e-3) / 1e12
+    starts = [int(x) for x in cu.tolist()[:-1]]
+    pieces = [(q[a:a + n].transpose(0, 1), k[a:a + n].transpose(0, 1), v[a:a + n].transpose(0, 1))
+              for a, n in zip(starts, lengths)]
+
+    def jagged(index, repeat=1):  # (B, H, j, D); K and V repeated per query head: the jagged path takes no GQA
+        return torch.nested.nested_tensor([x[index].repeat_interleave(repeat, 0).transpose(0, 1) for x in pieces],
+                                          layout=torch.jagged).transpose(1, 2)
+
+    built = {}  # the nested tensors, made by the first (untimed) call
+
+    def flash_jagged():
+        if not built:
+            built.update(q=jagged(0), k=jagged(1, HQ // HKV), v=jagged(2, HQ // HKV))
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return F.scaled_dot_product_attention(built["q"], built["k"], built["v"], is_causal=True)
+
+    def cudnn_each():
+        return [sdpa(x[0][None], x[1][None], x[2][None], SDPBackend.CUDNN_ATTENTION, True) for x in pieces]
+
+    try_anchor(row, "flash_jagged", flops, flash_jagged)
+    outs = try_anchor(row, "cudnn_each", flops, cudnn_each)
+    if outs is not None:
+        reference = torch.cat([o[0].transpose(0, 1) for o in outs])
+        row["softmax_rel_err_vs_cudnn"] = rel_err(ours["softmax"][1], reference)
+    return row
+
+
+def prefix_case(asynct, block_size, batch=4, cached=4096, new=1024):
+    """`batch` sequences of `new` tokens after `cached` tokens already in the paged cache."""
+    context = cached + new
+    q = torch.randn(batch * new, HQ, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch * new, HKV, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch * new, HKV, D, device="cuda", dtype=torch.bfloat16)
+    blocks_per_seq = (context + block_size - 1) // block_size
+    key_cache = torch.randn(batch * blocks_per_seq, block_size, HKV, D, device="cuda", dtype=torch.bfloat16)
+    value_cache = torch.randn_like(key_cache)
+    table = torch.randperm(batch * blocks_per_seq, device="cuda", dtype=torch.int32).view(batch, -1)
+    cu = torch.arange(0, batch * new + 1, new, device="cuda", dtype=torch.int32)
+    kv_lens = torch.full((batch,), context, device="cuda", dtype=torch.int32)
+    flops = batch * 4 * HQ * D * (new * cached + new * new / 2)
+    row = {"case": "prefix", "batch": batch, "cached": cached, "new": new}
+    ours = time_ours(asynct, q, k, v, key_cache, value_cache, table, cu, kv_lens, new, context)
+    for name, (ms, _) in ours.items():
+        row[name + "_tflops"] = flops / (ms * 1e-3) / 1e12
+    # The same keys contiguous for SDPA: the cached ones gathered through the block table, then the new ones.
+    def contiguous(cache, fresh):
+        rows = cache[table.long()].reshape(batch, blocks_per_seq * block_size, HKV, D)[:, :cached]
+        return torch.cat([rows, fresh.view(batch, new, HKV, D)], 1).transpose(1, 2)
+    # K and V repeated per query head: the lower-right causal mask's path may not take GQA.
+    q4 = q.view(batch, new, HQ, D).transpose(1, 2)
+    k4 = contiguous(key_cache, k).repeat_interleave(HQ // HKV, 1)
+    v4 = contiguous(value_cache, v).repeat_interleave(HQ // HKV, 1)
+    mask = causal_lower_right(new, context)
+    for backend, label in [(SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash"),
+                           (SDPBackend.EFFICIENT_ATTENTION, "efficient")]:
+        def run(backend=backend):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask)
+        out = try_anchor(row, label, flops, run)
+        if out is not None and "softmax_rel_err_vs_anchor" not in row:
+            row["softmax_rel_err_vs_anchor"] = rel_err(ours["softmax"][1], out.transpose(1, 2).reshape(batch * new, HQ, D))
+    return row
 
 
 def main():
@@ -85,7 +206,15 @@ def main():
         rows.append(row)
         del q, k, v, key_cache, value_cache
         torch.cuda.empty_cache()
-    write_json(args.out, f"prefill_bs{args.block_size}.json", {"matmul_tflops": matmul_tflops, "rows": rows})
+    cases = []
+    for case in (varlen_case, prefix_case):
+        try:
+            cases.append(case(asynct, args.block_size))
+        except Exception as e:  # noqa: BLE001 (the equal-length rows are still written)
+            print(f"bench_prefill: the {case.__name__} failed: {type(e).__name__}: {e}")
+        torch.cuda.empty_cache()
+    write_json(args.out, f"prefill_bs{args.block_size}.json", {"matmul_tflops": matmul_tflops, "rows": rows,
+                                                               "cases": cases})
 
     print(f"\nprefill, Hq={HQ} Hkv={HKV} D={D} bf16, block_size {args.block_size}; TFLOP/s "
           f"(matmul ceiling {matmul_tflops:.0f})")
@@ -97,6 +226,22 @@ def main():
               f"{f(r.get('cudnn_causal_tflops'))} {f(r.get('cudnn_full_tflops'))} {f(r.get('flash_causal_tflops'))} "
               f"{(r['async_vs_cudnn_causal'] or 0):11.2f} {(r['softmax_vs_cudnn_causal'] or 0):10.2f} "
               f"{r.get('softmax_rel_err_vs_cudnn', float('nan')):8.1e}")
+
+    print("\nvarlen and prefix cases, TFLOP/s (a missing anchor: PyTorch could not run it here)")
+    for c in cases:
+        label = (f"varlen, 16 prompts of 100..4096 ({c['tokens']} tokens)" if c["case"] == "varlen"
+                 else f"prefix, {c['batch']} x ({c['cached']} cached + {c['new']} new)")
+        anchors = {k[:-7]: v for k, v in c.items() if k.endswith("_tflops") and k not in ("async_tflops", "softmax_tflops")}
+        best = max((v for v in anchors.values() if v), default=None)
+        print(f"  {label}: async {c['async_tflops']:.1f}, softmax {c['softmax_tflops']:.1f}; "
+              + ", ".join(f"{k} {v:.1f}" if v else f"{k} -" for k, v in anchors.items())
+              + (f"; async / best {c['async_tflops'] / best:.2f}, softmax / best {c['softmax_tflops'] / best:.2f}" if best else ""))
+        for k, v in c.items():
+            if k.endswith("_missing"):
+                print(f"    {k[:-8]} missing: {v}")
+        err = c.get("softmax_rel_err_vs_cudnn", c.get("softmax_rel_err_vs_anchor"))
+        if err is not None:
+            print(f"    softmax against the anchor: relative error {err:.1e}")
 
 
 if __name__ == "__main__":

@@ -91,6 +91,12 @@ def run_share(args, share, concurrency, start):
     return results
 
 
+def client_processes(args, requests):
+    """How many worker processes send `requests` requests: --workers, at most one a request and
+    one a slot of the concurrency."""
+    return max(1, min(args.workers, args.concurrency, requests))
+
+
 def run_all(args, prompts, gaps):
     """Sends the prompts, request i at sum(gaps[:i + 1]) seconds after the start (or as soon as a
     slot frees) by worker process i % workers: one Python process reads ~15k chunks a second at
@@ -98,7 +104,7 @@ def run_all(args, prompts, gaps):
     processes, each with its share of the concurrency. Returns the results and the start
     (time.monotonic())."""
     offsets = list(itertools.accumulate(gaps))
-    workers = max(1, min(args.workers, args.concurrency, len(prompts)))
+    workers = client_processes(args, len(prompts))
     start = time.monotonic() + 0.2 * workers  # time for the processes to start
     jobs = [(args, [(prompts[i], offsets[i]) for i in range(w, len(prompts), workers)],
              args.concurrency // workers + (w < args.concurrency % workers), start) for w in range(workers)]
@@ -195,7 +201,7 @@ def main():
     prompts = make_prompts(rng, args.num_prompts)
     gaps = [0.0 if args.request_rate == float("inf") else rng.expovariate(args.request_rate) for _ in prompts]
 
-    workers = max(1, min(args.workers, args.concurrency, args.num_prompts))
+    workers = client_processes(args, args.num_prompts)
     print(f"bench_serve: {args.num_prompts} requests of {args.input_len} prompt / {args.output_len} output tokens to "
           f"{args.url} ({args.model}), concurrency {args.concurrency}, rate {args.request_rate} req/s, "
           f"{workers} client processes", flush=True)

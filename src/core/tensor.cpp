@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <new>
 #include <cstring>
+#include <new>
 #include <sstream>
 
 #include "core/parallel.h"

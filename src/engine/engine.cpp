@@ -1,3 +1,6 @@
+// Over 500 lines: the engine's one class, whose parts (scheduling, building a step's batch,
+// forking a group's choices, chaining pipelined steps, taking the tokens back, the prefix cache's
+// filing) all read and write the same sequences and blocks.
 #include "engine/engine.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// Over 500 lines: one kernel (its producer, its consumers, the split path's parts and their
+// combine), whose pieces share the tile shape, the ring and the turn barriers.
 // Hopper prefill attention (sm_90a) for head_dim 128: the portable kernel's algorithm (portable.cu)
 // on warpgroup MMA (wgmma.cuh), with the same gates, tile order, K/V sources and cache write
 // (traits.cuh, mainloop.cuh, gates.cuh, epilogue.cuh), in the FlashAttention-3 form: a producer
@@ -177,7 +179,6 @@ struct Cta {
   __device__ int visits() const { return end - first; }
 };
 
-
 // The producer: tile t into stage t % kStages once both consumers released tile t - kStages.
 // Tile t is announced by the copies themselves: each thread's arrival on full[t % kStages] is
 // made when its copies have landed, so the producer never waits for a copy, except to write the
@@ -237,8 +238,8 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
   // tile (its rows are the later ones, and the last tile holds a key of its last row; with two
   // heads both hold the same rows, at most 64, and neither skips); consumer 0 skips at most the
   // last tile (its last row is at most 64 keys before the tile's end) and still takes and passes
-  // its turn there. Both directions wait, so neither runs a turn ahead: a
-  // consumer that arrived twice at one barrier before the other waited would complete it alone.
+  // its turn there. Both directions wait, so neither runs a turn ahead: a consumer that arrived
+  // twice at one barrier before the other waited would complete it alone.
   const auto take_turn = [&](int local) {
     if (c == 1 || local > 0) wait_for_turn(c);
   };

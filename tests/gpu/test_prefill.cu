@@ -6,9 +6,9 @@
 // NaN, and after the launch the cache must hold exactly the new K/V (bf16). The output is
 // poisoned (NaN) before the launch and compared with asynct::attention (float64 accumulate) by
 // relative Frobenius error, tolerance kTolerance = 2e-2 (bf16 inputs, P rounded to bf16 and a
-// bf16 output land near 1e-3..1e-2); a NaN never passes. The Hopper kernel runs whole, as its
-// rule splits the keys, and with each query tile's keys split over 2 and 5 CTAs
-// (KernelTuning::prefill_kv_splits), its workspace poisoned too: a part never written makes the
+// bf16 output land near 1e-3..1e-2); a NaN never passes. Each kernel runs whole, as its rule
+// splits the keys, and with each query tile's keys split over 2 and 5 CTAs
+// (KernelTuning::prefill_kv_splits), the workspace poisoned too: a part never written makes the
 // output NaN.
 #include <cmath>
 #include <cstdint>
@@ -194,7 +194,7 @@ void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& 
 }
 
 // ... with each kernel that can run the case: the portable one, and on Hopper for head_dim 128
-// the wgmma one, whole and with its keys split.
+// the wgmma one, each whole and with its keys split.
 void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& reference,
                    int block_size, Random& rng, float scale = 0.0f) {
   SCOPED_TRACE("block_size " + std::to_string(block_size));
@@ -203,9 +203,8 @@ void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& refer
     if (form == kernels::PrefillKernel::kHopper && (c.head_dim != 128 || !kernels::prefill_hopper_available()))
       continue;
     for (int splits : {1, 0, 2, 5}) {  // 0: the kernel's own rule
-      if (splits != 1 && form != kernels::PrefillKernel::kHopper) continue;
-      SCOPED_TRACE(form == kernels::PrefillKernel::kHopper ? "Hopper kernel, keys split " + std::to_string(splits) + " ways (0: its rule)"
-                                                           : std::string("portable kernel"));
+      SCOPED_TRACE(std::string(form == kernels::PrefillKernel::kHopper ? "Hopper" : "portable") + " kernel, keys split " +
+                   std::to_string(splits) + " ways (0: its rule)");
       kernels::KernelTuning forced = saved;
       forced.prefill = form;
       forced.prefill_kv_splits = splits;
@@ -366,6 +365,25 @@ TEST(Prefill, ShortQueriesOverLongKeysEveryGroupBothGates) {
     for (const Gate& gate : {random_async_gate(rng, shape.hq, 3), Gate::make_softmax()}) {
       SCOPED_TRACE(gate.kind == GateKind::Async ? "async" : "softmax");
       run_and_check(c, gate, reference_output(c, gate), 32, rng);
+    }
+  }
+}
+
+// The portable kernel's head sizes with their keys split: a short prompt after a long prefix at
+// SmolLM2's 9 query heads over 3 KV heads of 64 (9 query tiles for the GPU's places), and at
+// head_dim 256.
+TEST(Prefill, ShortPromptAfterALongPrefixHeadDims64And256) {
+  testing::require_gpu();
+  const struct {
+    int hq, hkv, dim;
+  } shapes[] = {{9, 3, 64}, {4, 2, 256}};
+  for (const auto& shape : shapes) {
+    SCOPED_TRACE(::testing::Message() << shape.hq << " query heads, " << shape.hkv << " KV heads of " << shape.dim);
+    Random rng(std::uint64_t(60 + shape.dim));
+    AttentionCase c(rng, {{64, 2600}, {5, 900}, {1, 1}}, shape.hq, shape.hkv, shape.dim, /*bf16_exact=*/true);
+    for (const Gate& gate : {random_async_gate(rng, shape.hq, 3), Gate::make_softmax()}) {
+      SCOPED_TRACE(gate.kind == GateKind::Async ? "async" : "softmax");
+      run_and_check(c, gate, reference_output(c, gate), 16, rng);
     }
   }
 }

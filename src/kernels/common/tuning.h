@@ -39,9 +39,9 @@ struct KernelTuning {
   // long_prefill_b4 0.963x against 0.984x the baseline). kHopper only where it applies.
   PrefillKernel prefill = PrefillKernel::kAuto;
 
-  // ASYNCT_PREFILL_SPLITS: how many CTAs share each query tile's keys in the Hopper prefill
-  // kernel (1..16; 0 leaves it to its rule: split only when the query tiles fill less than half
-  // the GPU, as a short prompt after a long cached prefix does). Tests force it.
+  // ASYNCT_PREFILL_SPLITS: how many CTAs share each query tile's keys in either prefill kernel
+  // (1..16; 0 leaves it to their rule: split only when the query tiles fill less than half of
+  // the GPU's places for them, as a short prompt after a long cached prefix does). Tests force it.
   int prefill_kv_splits = 0;
 
   // The skinny kernel's plan (skinny_gemm.h), for measuring and tests.

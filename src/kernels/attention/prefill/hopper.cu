@@ -52,6 +52,7 @@
 #include "kernels/attention/prefill/gates.cuh"
 #include "kernels/attention/prefill/kernels.h"
 #include "kernels/attention/prefill/mainloop.cuh"
+#include "kernels/attention/prefill/split_keys.cuh"
 #include "kernels/attention/prefill/traits.cuh"
 #include "kernels/common/bf16.cuh"
 #include "kernels/common/bulk_copy.cuh"
@@ -64,22 +65,8 @@
 namespace asynct::kernels {
 namespace {
 
-using namespace prefill;          // TileInfo, the gates, kv_row, store_new_rows
+using namespace prefill;          // TileInfo, the gates, kv_row, store_new_rows, the split parts
 using namespace prefill::hopper;  // the tile shape, RingBarriers
-
-// Where a split's parts go in the workspace: [splits][total_q][num_q_heads] rows of kD floats,
-// then [splits][total_q][num_q_heads] floats of log2 sums (softmax).
-struct SplitParts {
-  float* out;
-  float* log2_sum;
-  __device__ __forceinline__ long long row(const PrefillParams& p, const TileInfo& t, int head, int split, int r) const {
-    return ((long long)split * p.total_q + t.q_begin + t.m0 + r) * p.num_q_heads + head;
-  }
-};
-__host__ __device__ inline SplitParts split_parts(const PrefillParams& p, int splits) {
-  float* out = static_cast<float*>(p.workspace);
-  return {out, out + (long long)splits * p.total_q * p.num_q_heads * kD};
-}
 
 // The device code exists only where wgmma does (sm_90a); elsewhere the kernel is a trapping stub.
 #ifdef ASYNCT_WGMMA
@@ -388,17 +375,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   // The CTA's key tiles: all of the query tile's, or its split's even share.
   const int rows = min(kBlockM / heads, t.q_len - t.m0);
   const int key_tiles = (t.kv_end + kBlockN - 1) / kBlockN;
-  const int begin = kSplit ? t.split * key_tiles / splits : 0, end = kSplit ? (t.split + 1) * key_tiles / splits : key_tiles;
-  if (kSplit && begin >= end) {  // a split with no keys (a short sequence among longer ones): an empty part
-    const SplitParts parts = split_parts(p, splits);
-    for (int h = t.head; h < t.head + heads; ++h) {
-      for (int i = threadIdx.x; i < rows * kD; i += kThreads) parts.out[parts.row(p, t, h, t.split, i / kD) * kD + i % kD] = 0.0f;
-      if (Gate::kRowStatistics)
-        for (int r = threadIdx.x; r < rows; r += kThreads) parts.log2_sum[parts.row(p, t, h, t.split, r)] = -INFINITY;
-    }
+  const SplitRange range = split_range<Gate>(key_tiles, t.split, splits);
+  if (kSplit && range.begin >= range.end) {  // a split with no keys (a short sequence among longer ones)
+    write_empty_part<Gate>(p, t, t.head, heads, rows, t.split, splits);
     return;
   }
-  const int first = kSplit && Gate::kMaxHalo > 0 && begin > 0 ? begin - 1 : begin;
+  const int first = range.first, begin = range.begin, end = range.end;
 
   extern __shared__ unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
@@ -428,33 +410,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 #endif
 }
 
-// The splits' parts of each (token, query head) row added into the bf16 output: one warp a row,
-// four columns a lane; softmax's parts weighted by their sums (a part with none weighs 0).
-template <bool kSoftmax>
-__global__ void __launch_bounds__(256) combine_splits_kernel(const PrefillParams p, int splits) {
-  const long long rows = (long long)p.total_q * p.num_q_heads;
-  const long long row = (long long)blockIdx.x * 8 + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int lane = threadIdx.x % 32;
-  const SplitParts parts = split_parts(p, splits);
-  float top = -INFINITY;
-  if constexpr (kSoftmax)
-    for (int s = 0; s < splits; ++s) top = fmaxf(top, __ldcg(parts.log2_sum + s * rows + row));
-  float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float weights = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    float w = 1.0f;
-    if constexpr (kSoftmax) w = top == -INFINITY ? 0.0f : exp2f(__ldcg(parts.log2_sum + s * rows + row) - top);
-    const float4 v = __ldcg(reinterpret_cast<const float4*>(parts.out + (s * rows + row) * kD) + lane);
-    sum.x = fmaf(w, v.x, sum.x), sum.y = fmaf(w, v.y, sum.y), sum.z = fmaf(w, v.z, sum.z), sum.w = fmaf(w, v.w, sum.w);
-    weights += w;
-  }
-  const float inv = !kSoftmax ? 1.0f : weights > 0.0f ? 1.0f / weights : 0.0f;
-  __nv_bfloat162* out = reinterpret_cast<__nv_bfloat162*>(p.out + row * kD) + 2 * lane;
-  out[0] = __floats2bfloat162_rn(sum.x * inv, sum.y * inv);
-  out[1] = __floats2bfloat162_rn(sum.z * inv, sum.w * inv);
-}
-
 // Query heads a CTA when the keys are split: two (of one KV head) when every sequence's new
 // tokens fit one consumer's 64 rows and the KV heads' groups are even, else one.
 int heads_per_cta(const PrefillParams& p) {
@@ -480,9 +435,7 @@ void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t s
   allow_dynamic_smem<prefill_hopper_kernel<Gate, true>>(kSmemBytes);
   prefill_hopper_kernel<Gate, true><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits, heads);
   check_launch(who);
-  const long long rows = (long long)p.total_q * p.num_q_heads;
-  combine_splits_kernel<is_softmax_gate<Gate>><<<unsigned((rows + 7) / 8), 256, 0, stream>>>(p, splits);
-  check_launch("launch_prefill (Hopper, the splits' combine)");
+  launch_combine_splits<kD, Gate>(p, splits, stream);
 }
 
 // Whether this build holds the kernel's sm_90a code for the current device: the binary the
@@ -506,26 +459,13 @@ bool prefill_hopper_applies(const PrefillParams& p) {
 }
 
 int prefill_hopper_kv_splits(const PrefillParams& p) {
-  constexpr int kMaxSplits = 16;
-  if (const int forced = kernel_tuning().prefill_kv_splits; forced > 0) return std::min(forced, kMaxSplits);
-  // Split only when the query tiles fill less than half the GPU, into as many CTAs as fill it,
-  // each with at least two key tiles of the longest sequence (a split tile may take two heads).
   const long long tiles = (long long)p.num_q_heads * p.num_seqs * ((p.max_q_len + kBlockM - 1) / kBlockM);
-  const int sms = current_device_info().sm_count;
-  if (tiles == 0 || 2 * tiles > sms) return 1;
-  const long long split_tiles = tiles / heads_per_cta(p);
-  const int key_tiles = (p.max_kv_len + kBlockN - 1) / kBlockN;
-  return int(std::max<long long>(1, std::min<long long>({kMaxSplits, sms / split_tiles, key_tiles / 2})));
-}
-
-std::size_t prefill_hopper_workspace_bytes(const PrefillParams& p, int splits) {
-  if (splits <= 1) return 0;
-  return std::size_t(splits) * std::size_t(p.total_q) * std::size_t(p.num_q_heads) * (kD + 1) * sizeof(float);
+  return kv_splits_to_fill(p, tiles, tiles / heads_per_cta(p), 1, kBlockN);
 }
 
 void launch_prefill_hopper(const PrefillParams& p, float scale, cudaStream_t stream) {
   int splits = prefill_hopper_kv_splits(p);
-  if (splits > 1 && (!p.workspace || p.workspace_bytes < prefill_hopper_workspace_bytes(p, splits))) splits = 1;
+  if (splits > 1 && (!p.workspace || p.workspace_bytes < split_workspace_bytes(p, splits))) splits = 1;
   with_gate<1>(p.gate, [&]<class Gate>() { launch_with<Gate>(p, scale, splits, stream); });
 }
 

@@ -17,9 +17,9 @@ bool prefill_hopper_applies(const PrefillParams& params);
 
 void launch_prefill_hopper(const PrefillParams& params, float scale, cudaStream_t stream);
 
-// The Hopper kernel's split of each query tile's keys over CTAs (1: none), and the workspace its
-// partial outputs take (0 for 1).
+// How many CTAs each kernel splits a query tile's keys over (1: none; split_keys.cuh): the
+// workspace their parts take is prefill::split_workspace_bytes.
 int prefill_hopper_kv_splits(const PrefillParams& params);
-std::size_t prefill_hopper_workspace_bytes(const PrefillParams& params, int splits);
+int prefill_portable_kv_splits(const PrefillParams& params);
 
 }  // namespace asynct::kernels

@@ -1,13 +1,12 @@
 // What the two prefill kernels' main loops share: the CTA's tile of (sequence, query head,
-// query rows), where a key/value row comes from (the paged cache for the cached prefix, the
-// new-token arrays after it), and the grid both launch.
+// query rows) and where a key/value row comes from (the paged cache for the cached prefix, the
+// new-token arrays after it).
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/attention/prefill/prefill.h"
 #include "kernels/common/bf16.cuh"
-#include "kernels/common/cuda_check.h"
 
 namespace asynct::kernels::prefill {
 
@@ -65,16 +64,4 @@ __device__ __forceinline__ KvRow kv_row(const PrefillParams& p, const TileInfo& 
   return {p.key + offset, p.value + offset};
 }
 
-// ---- The launch ----------------------------------------------------------------------------
-
-// Either kernel's grid: one CTA per (query head, sequence, block_m query rows).
-template <auto kKernel>
-void launch_tiles(const PrefillParams& p, int block_m, int threads, int smem_bytes, float scale, cudaStream_t stream,
-                  const char* who) {
-  allow_dynamic_smem<kKernel>(smem_bytes);
-  const int m_tiles = (p.max_q_len + block_m - 1) / block_m;
-  check(m_tiles <= 65535, who, ": max_q_len ", p.max_q_len, " needs ", m_tiles, " query tiles; the grid allows 65535");
-  kKernel<<<dim3(p.num_q_heads, p.num_seqs, m_tiles), threads, smem_bytes, stream>>>(p, scale);
-  check_launch(who);
-}
 }  // namespace asynct::kernels::prefill

@@ -19,6 +19,12 @@
 // runs once before the output is written (softmax: the 1/l normalisation; async: gamma).
 // Everything else is shared.
 //
+// When the query tiles fill less than half of the GPU's CTA places (a short prompt after a long
+// cached prefix: SmolLM2's 9 heads make 9 CTAs), each tile's keys are split over several CTAs
+// (split_keys.cuh): a split visits its share of the key tiles (the async gate's splits run the
+// tile before theirs through Q K^T and the gate, not P V, for the halo), writes its part of the
+// output in fp32 to the workspace, and a second kernel adds the parts.
+//
 // Keys at positions < prefix come from the paged cache through the block table; keys at
 // positions >= prefix come from the `key`/`value` inputs. The CTAs of the first query head of
 // each KV-head group also copy their tile's new K/V rows from shared memory into the paged cache
@@ -30,6 +36,7 @@
 #include "kernels/attention/prefill/gates.cuh"
 #include "kernels/attention/prefill/kernels.h"
 #include "kernels/attention/prefill/mainloop.cuh"
+#include "kernels/attention/prefill/split_keys.cuh"
 #include "kernels/attention/prefill/traits.cuh"
 #include "kernels/common/bf16.cuh"
 #include "kernels/common/cuda_check.h"
@@ -38,7 +45,7 @@
 namespace asynct::kernels {
 namespace {
 
-using namespace prefill;            // TileInfo, the gates, kv_row, store_new_rows
+using namespace prefill;            // TileInfo, the gates, kv_row, store_new_rows, the split parts
 using namespace prefill::portable;  // Config
 
 // ---- Tile loads ----------------------------------------------------------------------------
@@ -105,9 +112,11 @@ struct KvTileLoader {
 
 // ---- The kernel ----------------------------------------------------------------------------
 
-template <int D, class Gate>
+// kSplit: the query tiles' keys are split over `splits` CTAs each (else splits is 1; the unsplit
+// form is its own instantiation and keeps its registers).
+template <int D, class Gate, bool kSplit>
 __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
-    prefill_kernel(const PrefillParams p, float scale) {
+    prefill_kernel(const PrefillParams p, float scale, int splits) {
   using C = Config<D>;
   constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN;
   constexpr int MB = C::kRowBlocks;  // 16-row blocks per warp
@@ -117,9 +126,16 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
   constexpr int kChunks = D / 8;
   constexpr int kTileElems = kBlockN * D;
 
+  if constexpr (!kSplit) splits = 1;
   TileInfo t;
-  if (!make_tile_info(p, kBlockM, t)) return;
+  if (!make_tile_info(p, kBlockM, t, splits)) return;
   const int rows = min(kBlockM, t.q_len - t.m0);  // valid query rows of this tile
+  // The key tiles it visits: all of the query tile's, or its split's share (and the one before).
+  const SplitRange range = split_range<Gate>((t.kv_end + kBlockN - 1) / kBlockN, t.split, splits);
+  if (kSplit && range.begin >= range.end) {  // a split with no keys (a short sequence among longer ones)
+    write_empty_part<Gate>(p, t, t.head, 1, rows, t.split, splits);
+    return;
+  }
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
@@ -144,7 +160,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
       cp_async16(sQ + swizzle<D>(row, chunk), src, valid);
     }
   }
-  KvTileLoader<D>(sK, 0, p, t).issue_all();
+  KvTileLoader<D>(sK, range.first, p, t).issue_all();
   cp_async_commit();
 
   Gate gate(p, t.head, scale);
@@ -161,22 +177,23 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
   const int warp_last_pos = t.prefix + t.m0 + warp_row0 + 16 * MB - 1;
   // The first query head of each KV-head group writes the new tokens' K/V into the cache.
   const bool writes_cache = t.head % (hq / p.kv.num_kv_heads) == 0;
-  const int n_tiles = (t.kv_end + kBlockN - 1) / kBlockN;
   // The first tile with a key past the tile's first row needs the causal mask.
   const int first_masked = (t.prefix + t.m0 + 1) / kBlockN;
   // ldmatrix lane offsets: K (B operand, not transposed) and V (B operand, transposed).
   const int k_row = (lane & 7) + ((lane >> 4) << 3), k_chunk = (lane >> 3) & 1;
   const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_chunk = lane >> 4;
 
-  for (int tile = 0; tile < n_tiles; ++tile) {
+  // Stages count visits (tile - range.first), not tiles.
+  for (int tile = range.first; tile < range.end; ++tile) {
+    const int visit = tile - range.first;
     cp_async_wait_all();
-    __syncthreads();  // K/V(tile) (and Q) landed; every warp is done with tile-1's stage
-    // Tile+1 goes into the stage that tile-1 used.
-    const bool has_next = tile + 1 < n_tiles;
-    const int next = (tile + 1) % C::kStages;
+    __syncthreads();  // K/V(tile) (and Q) landed; every warp is done with the previous tile's stage
+    // The next tile goes into the stage that the previous one used.
+    const bool has_next = tile + 1 < range.end;
+    const int next = (visit + 1) % C::kStages;
     const KvTileLoader<D> next_tile(sK + next * kTileElems, has_next ? tile + 1 : tile, p, t);
-    const bf16* k_tile = sK + (tile % C::kStages) * kTileElems;
-    const bf16* v_tile = sV + (tile % C::kStages) * kTileElems;
+    const bf16* k_tile = sK + (visit % C::kStages) * kTileElems;
+    const bf16* v_tile = sV + (visit % C::kStages) * kTileElems;
     // On the diagonal, a warp whose rows all precede the tile's first key has nothing to do
     // (nor on any later tile): its P would be all zero.
     if (tile * kBlockN > warp_last_pos) {
@@ -216,34 +233,58 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
           gate.template apply<false>(mb, acc_s[mb], acc_o[mb], tile * kBlockN, pos0 + 16 * mb);
       }
 
-      // O += P V; each V fragment feeds all row blocks.
+      // O += P V; each V fragment feeds all row blocks (not for a split's warm-up tile, whose
+      // gate only carried the halo in).
+      if (tile >= range.begin) {
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        unsigned a[MB][4];
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          unsigned a[MB][4];
 #pragma unroll
-        for (int mb = 0; mb < MB; ++mb) {
-          a[mb][0] = pack_bf16(acc_s[mb][2 * kk][0], acc_s[mb][2 * kk][1]);
-          a[mb][1] = pack_bf16(acc_s[mb][2 * kk][2], acc_s[mb][2 * kk][3]);
-          a[mb][2] = pack_bf16(acc_s[mb][2 * kk + 1][0], acc_s[mb][2 * kk + 1][1]);
-          a[mb][3] = pack_bf16(acc_s[mb][2 * kk + 1][2], acc_s[mb][2 * kk + 1][3]);
-        }
+          for (int mb = 0; mb < MB; ++mb) {
+            a[mb][0] = pack_bf16(acc_s[mb][2 * kk][0], acc_s[mb][2 * kk][1]);
+            a[mb][1] = pack_bf16(acc_s[mb][2 * kk][2], acc_s[mb][2 * kk][3]);
+            a[mb][2] = pack_bf16(acc_s[mb][2 * kk + 1][0], acc_s[mb][2 * kk + 1][1]);
+            a[mb][3] = pack_bf16(acc_s[mb][2 * kk + 1][2], acc_s[mb][2 * kk + 1][3]);
+          }
 #pragma unroll
-        for (int db2 = 0; db2 < DB / 2; ++db2) {
-          unsigned b[4];
-          ldmatrix_x4_trans(b, v_tile + swizzle<D>(kk * 16 + v_row, 2 * db2 + v_chunk));
-          mma_row_blocks(acc_o, a, b, 2 * db2);
+          for (int db2 = 0; db2 < DB / 2; ++db2) {
+            unsigned b[4];
+            ldmatrix_x4_trans(b, v_tile + swizzle<D>(kk * 16 + v_row, 2 * db2 + v_chunk));
+            mma_row_blocks(acc_o, a, b, 2 * db2);
+          }
         }
       }
     }
     // After the math, where S's registers are free: the tile's new rows into the cache.
-    if (writes_cache && (tile + 1) * kBlockN > t.prefix + t.m0)
+    if (writes_cache && tile >= range.begin && (tile + 1) * kBlockN > t.prefix + t.m0)
       store_new_rows<D, kBlockN, C::kThreads>(k_tile, v_tile, tile, p, t,
                                               [](int row, int chunk) { return swizzle<D>(row, chunk); });
   }
 
+  const int g = lane / 4, quad = lane & 3;
+  if constexpr (kSplit) {  // this split's part, in fp32, to the workspace
+    const SplitParts parts = split_parts(p, splits);
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+      float log2_sum[2] = {0.0f, 0.0f};
+      if constexpr (Gate::kRowStatistics)
+        for (int hh = 0; hh < 2; ++hh) log2_sum[hh] = gate.log2_sum(mb, hh);
+      gate.finish(mb, acc_o[mb]);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = warp_row0 + 16 * mb + g + 8 * hh;
+        if (r >= rows) continue;
+        const long long row = parts.row(p, t, t.head, t.split, r);
+        float* out = parts.out + row * D + 2 * quad;
+#pragma unroll
+        for (int db = 0; db < DB; ++db) *reinterpret_cast<float2*>(out + 8 * db) = make_float2(acc_o[mb][db][2 * hh], acc_o[mb][db][2 * hh + 1]);
+        if (Gate::kRowStatistics && quad == 0) parts.log2_sum[row] = log2_sum[hh];
+      }
+    }
+    return;
+  }
   // Stage O (bf16) through this warp's own rows of sQ, then 16-byte coalesced stores.
   {
-    const int g = lane / 4, quad = lane & 3;
     __syncwarp();  // the warp's ldmatrix reads of sQ are done
 #pragma unroll
     for (int mb = 0; mb < MB; ++mb) {
@@ -274,18 +315,49 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
 
 // ---- Host side -----------------------------------------------------------------------------
 
-template <int D, class Gate>
-void launch_with(const PrefillParams& p, float scale, cudaStream_t stream) {
+template <int D>
+int kv_splits(const PrefillParams& p) {
   using C = Config<D>;
-  launch_tiles<prefill_kernel<D, Gate>>(p, C::kBlockM, C::kThreads, C::kSmemBytes, scale, stream, "launch_prefill");
+  const long long tiles = (long long)p.num_q_heads * p.num_seqs * ((p.max_q_len + C::kBlockM - 1) / C::kBlockM);
+  return kv_splits_to_fill(p, tiles, tiles, C::kCtasPerSm, C::kBlockN);
+}
+
+template <int D, class Gate>
+void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t stream) {
+  using C = Config<D>;
+  const char* who = "launch_prefill";
+  const int m_tiles = (p.max_q_len + C::kBlockM - 1) / C::kBlockM;
+  check((long long)m_tiles * splits <= 65535, who, ": max_q_len ", p.max_q_len, " needs ", m_tiles, " query tiles of ",
+        splits, " CTAs; the grid allows 65535");
+  const dim3 grid(p.num_q_heads, p.num_seqs, m_tiles * splits);
+  if (splits == 1) {
+    allow_dynamic_smem<prefill_kernel<D, Gate, false>>(C::kSmemBytes);
+    prefill_kernel<D, Gate, false><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale, 1);
+    check_launch(who);
+    return;
+  }
+  allow_dynamic_smem<prefill_kernel<D, Gate, true>>(C::kSmemBytes);
+  prefill_kernel<D, Gate, true><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale, splits);
+  check_launch(who);
+  launch_combine_splits<D, Gate>(p, splits, stream);
 }
 
 template <int D>
 void dispatch_gate(const PrefillParams& p, float scale, cudaStream_t stream) {
-  with_gate<Config<D>::kRowBlocks>(p.gate, [&]<class Gate>() { launch_with<D, Gate>(p, scale, stream); });
+  int splits = kv_splits<D>(p);
+  if (splits > 1 && (!p.workspace || p.workspace_bytes < split_workspace_bytes(p, splits))) splits = 1;
+  with_gate<Config<D>::kRowBlocks>(p.gate, [&]<class Gate>() { launch_with<D, Gate>(p, scale, splits, stream); });
 }
 
 }  // namespace
+
+int prefill_portable_kv_splits(const PrefillParams& p) {
+  switch (p.kv.head_dim) {
+    case 64: return kv_splits<64>(p);
+    case 128: return kv_splits<128>(p);
+    default: return kv_splits<256>(p);
+  }
+}
 
 void launch_prefill_portable(const PrefillParams& p, float scale, cudaStream_t stream) {
   switch (p.kv.head_dim) {

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "kernels/attention/prefill/kernels.h"
+#include "kernels/attention/prefill/split_keys.cuh"
 
 namespace asynct::kernels {
 namespace {
@@ -17,8 +18,9 @@ bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15
 }  // namespace
 
 std::size_t prefill_workspace_bytes(const PrefillParams& p) {
-  if (p.total_q == 0 || p.max_q_len == 0 || !prefill_hopper_applies(p)) return 0;
-  return prefill_hopper_workspace_bytes(p, prefill_hopper_kv_splits(p));
+  if (p.total_q == 0 || p.max_q_len == 0) return 0;
+  return prefill::split_workspace_bytes(p, prefill_hopper_applies(p) ? prefill_hopper_kv_splits(p)
+                                                                     : prefill_portable_kv_splits(p));
 }
 
 void launch_prefill(const PrefillParams& p, cudaStream_t stream) {

@@ -32,7 +32,7 @@ struct PrefillParams {
   PagedKv kv;
   GateArgs gate;
   // Room for partial outputs, device: when the query tiles alone would leave most of the GPU
-  // idle (a short prompt after a long cached prefix), the Hopper kernel spreads each tile's keys
+  // idle (a short prompt after a long cached prefix), either kernel spreads each tile's keys
   // over several CTAs and combines their outputs from here. prefill_workspace_bytes(*this) says
   // how much it needs; null (or smaller): the keys are not split.
   void* workspace = nullptr;

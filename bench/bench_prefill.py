@@ -11,7 +11,10 @@ the paged cache), against SDPA with the causal mask aligned to the last key (cau
 An anchor that PyTorch cannot run here is reported as missing.
 
 Usage: python3 bench/bench_prefill.py --lib BUILD_DIR --out OUT_DIR [--block-size 16]
-       [--kernel auto|portable|hopper]
+       [--kernel auto|portable|hopper] [--shapes 16x1024,1x16384] [--profile]
+--profile runs each shape's two gates twice and nothing else (no timing, no anchors, no
+varlen or prefix case): the launches to give a profiler, e.g.
+  ncu --clock-control none -k regex:prefill_hopper --launch-skip 1 python3 bench/bench_prefill.py ... --profile
 """
 import itertools
 
@@ -159,17 +162,47 @@ def prefix_case(asynct, block_size, batch=4, cached=4096, new=1024):
     return row
 
 
+def shape_list(text):
+    """"16x1024,1x16384" -> [(16, 1024), (1, 16384)]."""
+    try:
+        shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+        raise SystemExit(f"bench_prefill: --shapes {text!r}: expected BATCHxLENGTH[,BATCHxLENGTH...], e.g. 16x1024")
+    return shapes
+
+
+def add_options(parser):
+    parser.add_argument("--kernel", choices=["auto", "portable", "hopper"], default="auto", help="which prefill kernel runs")
+    parser.add_argument("--shapes", type=shape_list, default=SHAPES, help="equal-length batches, e.g. 16x1024,1x16384")
+    parser.add_argument("--profile", action="store_true", help="only the launches, for a profiler (see above)")
+
+
+def profile(asynct, shapes, block_size):
+    """Each shape's gates launched twice (the first warms up), synchronised, nothing timed."""
+    for batch, length in shapes:
+        q, k, v, key_cache, value_cache, table, cu, kv_lens = prefill_inputs(batch, length, block_size)
+        for gate in (asynct.Gate.async_(HQ), asynct.Gate.softmax()):
+            for _ in range(2):
+                asynct.prefill(q, k, v, key_cache, value_cache, table, cu, kv_lens, gate, max_q_len=length,
+                               max_kv_len=length, check=False)
+        torch.cuda.synchronize()
+        print(f"bench_prefill --profile: {batch} x {length}, both gates, two launches each")
+
+
 def main():
-    args = parse_args(__doc__, block_size=True, extra=lambda p: p.add_argument(
-        "--kernel", choices=["auto", "portable", "hopper"], default="auto", help="which prefill kernel runs"))
+    args = parse_args(__doc__, block_size=True, extra=add_options)
     import asynct
     if args.kernel != "auto":
         asynct.set_tuning(prefill=args.kernel)
+    if args.profile:
+        return profile(asynct, args.shapes, args.block_size)
 
     matmul_tflops = ceilings(args.out)["bf16_matmul_tflops"]
     torch.manual_seed(0)
     rows = []
-    for batch, length in SHAPES:
+    for batch, length in args.shapes:
         q, k, v, key_cache, value_cache, table, cu, kv_lens = prefill_inputs(batch, length, args.block_size)
         total = batch * length
         flops_causal = 4 * batch * HQ * length * length * D / 2

@@ -388,10 +388,20 @@ TEST(Prefill, ShortPromptAfterALongPrefixHeadDims64And256) {
   }
 }
 
-// ---- Bad arguments -------------------------------------------------------------------------
+// A varlen batch of many query tiles, many of them past their sequence's end (lengths 1..1100
+// with and without prefixes, 16 query heads), both gates, pages of 16 and 128 tokens.
+TEST(Prefill, ManyTilesVarlenWithPrefixesBothGates) {
+  testing::require_gpu();
+  Random rng(71);
+  AttentionCase c(rng, {{1100, 1100}, {500, 1600}, {1, 1}, {129, 129}, {0, 7}, {300, 300}, {64, 1000}}, 16, 4, 128,
+                  /*bf16_exact=*/true);
+  for (const Gate& gate : {random_async_gate(rng, 16, 3), Gate::make_softmax()}) {
+    SCOPED_TRACE(gate.kind == GateKind::Async ? "async" : "softmax");
+    const Tensor reference = reference_output(c, gate);
+    for (int block_size : {16, 128}) run_and_check(c, gate, reference, block_size, rng);
+  }
+}
 
-// On a Hopper GPU the wgmma kernel must be there (a build without sm_90a code would quietly test
-// the portable kernel twice).
 // ---- Query heads per KV head that are not a power of two -----------------------------------
 
 // SmolLM2-135M's 9 query heads over 3 KV heads of 64, and groups of 3 and 5 at head_dim 128
@@ -410,6 +420,8 @@ TEST(Prefill, GroupsOfThreeAndFiveBothGates) {
   }
 }
 
+// On a Hopper GPU the wgmma kernel must be there (a build without sm_90a code would quietly test
+// the portable kernel twice).
 TEST(Prefill, HopperKernelRunsOnHopper) {
   testing::require_gpu();
   int device = 0, major = 0;
@@ -418,6 +430,8 @@ TEST(Prefill, HopperKernelRunsOnHopper) {
   if (major != 9) GTEST_SKIP() << "not a Hopper GPU";
   EXPECT_TRUE(kernels::prefill_hopper_available());
 }
+
+// ---- Bad arguments -------------------------------------------------------------------------
 
 TEST(Prefill, RejectsBadArguments) {
   testing::require_gpu();

@@ -101,6 +101,17 @@ __device__ __forceinline__ void wgmma_wait() {
 #endif
 }
 
+// Pins the accumulators at this point of the program: the compiler may not move reads or writes
+// of them across it. After wgmma_wait, before the thread touches accumulators that an async
+// wgmma wrote (the wait itself names no registers).
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operand(float (&d)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
 // d += A B^T for one k16 step, bf16 in, fp32 accumulators (N / 2 per thread), N = 16, 32, 48 or
 // 64: one specialisation per N, as the instruction names its accumulator registers one by one.
 #ifdef ASYNCT_WGMMA

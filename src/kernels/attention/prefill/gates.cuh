@@ -17,9 +17,11 @@
 
 namespace asynct::kernels::prefill {
 
-// Both gates keep per-row state for each of the warp's MB 16-row blocks; apply() and finish()
-// take the block index mb (a compile-time constant after unrolling).
-// (kRowStatistics: apply() may scale O, so no product may be writing it meanwhile.)
+// Both gates keep per-row state for each of the warp's MB 16-row blocks; apply(), rescale() and
+// finish() take the block index mb (a compile-time constant after unrolling). apply() turns a
+// tile's scores into P and leaves O alone, so it may run while a product still adds into O;
+// rescale() then brings O to the base of that P (softmax, when the row max moved; async: nothing)
+// and must wait for the product.
 template <int MB>
 struct SoftmaxGate : SoftmaxGatePolicy {
   static constexpr float kRescaleLog2 = 8.0f;  // see apply()
@@ -28,6 +30,8 @@ struct SoftmaxGate : SoftmaxGatePolicy {
   float softcap;          // 0: none
   float row_max[MB][2];   // running max of the (log2-scaled) scores, rows g and g+8
   float row_sum[MB][2];   // running sum of this thread's P (reduced over the quad in finish())
+  float correction[MB][2];  // what O's rows g and g+8 are to be multiplied by (rescale())
+  bool rescale_due[MB];     // some row of the warp's block has a correction other than 1
 
   __device__ SoftmaxGate(const PrefillParams& p, int /*head*/, float s) {
     scale_log2 = s * 1.4426950408889634f;
@@ -37,12 +41,13 @@ struct SoftmaxGate : SoftmaxGatePolicy {
     for (int mb = 0; mb < MB; ++mb) {
       row_max[mb][0] = row_max[mb][1] = -INFINITY;
       row_sum[mb][0] = row_sum[mb][1] = 0.0f;
+      correction[mb][0] = correction[mb][1] = 1.0f;
+      rescale_due[mb] = false;
     }
   }
 
-  template <bool kMask, int NB, int DB>
-  __device__ __forceinline__ void apply(int mb, float (&s)[NB][4], float (&o)[DB][4], int key0,
-                                        int pos0) {
+  template <bool kMask, int NB>
+  __device__ __forceinline__ void apply(int mb, float (&s)[NB][4], int key0, int pos0) {
     const int quad = threadIdx.x & 3;
     // The scores stay unscaled where possible: exp2(s * to_log2 - max) is one FFMA per score,
     // and the max of the unscaled scores times to_log2 (> 0) is the max of the scaled ones.
@@ -76,7 +81,7 @@ struct SoftmaxGate : SoftmaxGatePolicy {
       // rarely jumps that far, so the warp usually skips the rescale of O; rescaling on every
       // rise of the max measured slower behind the same vote (it was nearly always taken).
       const bool rescale = mx > row_max[mb][hh] + kRescaleLog2;  // also: first keys of the row
-      const float correction = rescale ? fast_exp2(row_max[mb][hh] - mx) : 1.0f;
+      correction[mb][hh] = rescale ? fast_exp2(row_max[mb][hh] - mx) : 1.0f;
       if (rescale) row_max[mb][hh] = mx;
       const float base = row_max[mb][hh] == -INFINITY ? 0.0f : row_max[mb][hh];
       float sum = 0.0f;
@@ -86,15 +91,21 @@ struct SoftmaxGate : SoftmaxGatePolicy {
         s[nb][2 * hh + 1] = fast_exp2(fmaf(s[nb][2 * hh + 1], to_log2, -base));
         sum += s[nb][2 * hh] + s[nb][2 * hh + 1];
       }
-      row_sum[mb][hh] = row_sum[mb][hh] * correction + sum;
-      if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-        for (int db = 0; db < DB; ++db) {
-          o[db][2 * hh] *= correction;
-          o[db][2 * hh + 1] *= correction;
-        }
-      }
+      row_sum[mb][hh] = row_sum[mb][hh] * correction[mb][hh] + sum;
     }
+    rescale_due[mb] = __any_sync(0xffffffffu, correction[mb][0] != 1.0f || correction[mb][1] != 1.0f);
+  }
+
+  // O's rows to the base of the last apply()'s P: skipped by the whole warp when no row of its
+  // block moved its max (after the first tiles, nearly always).
+  template <int DB>
+  __device__ __forceinline__ void rescale(int mb, float (&o)[DB][4]) {
+    if (!rescale_due[mb]) return;
+#pragma unroll
+    for (int db = 0; db < DB; ++db)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[db][e] *= correction[mb][e / 2];
+    rescale_due[mb] = false;
   }
 
   // Row g (hh 0) or g+8's log2 of the sum of exp2 of its scaled scores: the weight of this
@@ -125,7 +136,7 @@ struct SoftmaxGate : SoftmaxGatePolicy {
 };
 
 // The async gate for pool windows W <= kMaxW; kExact: W == kMaxW (the window is compile-time).
-// (kRowStatistics is false: apply() leaves O alone.)
+// (kRowStatistics is false: O never needs a rescale.)
 template <int MB, int kMaxW, bool kExact>
 struct AsyncGate : AsyncGatePolicy<kMaxW> {
   static_assert(kMaxW >= 1 && kMaxW <= 8, "pool window 1..8");
@@ -152,9 +163,8 @@ struct AsyncGate : AsyncGatePolicy<kMaxW> {
         for (int k = 0; k < kHalo; ++k) carry[mb][hh][k] = 0.0f;  // R = 0 left of key 0
   }
 
-  template <bool kMask, int NB, int DB>
-  __device__ __forceinline__ void apply(int mb, float (&s)[NB][4], float (&)[DB][4], int key0,
-                                        int pos0) {
+  template <bool kMask, int NB>
+  __device__ __forceinline__ void apply(int mb, float (&s)[NB][4], int key0, int pos0) {
     constexpr int kRun = 2 * NB;  // this thread's consecutive keys (see key_of_column)
     const int lane = threadIdx.x & 31, quad = lane & 3;
     const int from = (lane & ~3) | ((quad - 1) & 3);  // the lane holding the run to the left
@@ -211,6 +221,9 @@ struct AsyncGate : AsyncGatePolicy<kMaxW> {
       }
     }
   }
+
+  template <int DB>
+  __device__ __forceinline__ void rescale(int, float (&)[DB][4]) {}  // P is final: O stays
 
   template <int DB>
   __device__ __forceinline__ void finish(int, float (&o)[DB][4]) {  // no normalisation

@@ -23,8 +23,8 @@
 //
 // What overlaps what (the tensor cores should never wait for a gate, nor the consumers for a copy):
 // - within a consumer, tile t's Q K^T is issued first and tile t-1's P V right behind it, so the
-//   P V runs while the gate of tile t works (the async gate leaves O alone, so the overlap is
-//   full; softmax's gate may rescale O and waits for the P V first);
+//   P V runs while the gate of tile t works (the gates' apply() leaves O alone; softmax's rescale
+//   of O, when a row's max moved, waits for the P V);
 // - the two consumers take turns at Q K^T (0, 1, 0, 1, ...), so that they do not reach their gates
 //   at the same moment;
 // - the producer runs up to three tiles ahead.
@@ -41,8 +41,8 @@
 // GPU holds twice the splits (the 64 tokens after 4,096 cached at 1.7B: 8 pairs x 16 splits
 // instead of 16 heads x 8).
 //
-// Not done (FlashAttention-3 does it): tensor copies for pages of at least 128 tokens, and
-// softmax's rescale split from its exponentials.
+// Not done (FlashAttention-3 does it): tensor copies for pages of at least 128 tokens, a
+// persistent tile scheduler (measured slower so far: bench/history/2026-12-02-persistent.md).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -249,7 +249,8 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
 
   // Visit `local`'s S = Q K^T (k16 step ks is 32 bytes into the rows of panel ks / 4), then its
   // gate, into p_frag. With kPendingPv the previous visit's P V is issued right behind the Q K^T,
-  // so the tensor cores run it while the gate works, and its stage is released once it is done.
+  // so the tensor cores run it while the gate works (apply() leaves O alone; softmax's rescale of
+  // O waits for the product), and its stage is released once it is done.
   const auto scores_to_p = [&]<bool kPendingPv>(int local) {
     const int tile = cta.first + local;
     float acc_s[16][4];
@@ -271,18 +272,20 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     if constexpr (kPendingPv) {
       issue_pv(local - 1);
       wgmma_wait<1>();  // Q K^T done; the P V may still run
-      if constexpr (Gate::kRowStatistics) wgmma_wait<0>();  // it may rescale O
     } else {
       wgmma_wait<0>();
     }
+    wgmma_fence_operand(acc_s);
     if (tile >= first_masked)
-      gate.template apply<true>(0, acc_s, acc_o, tile * kBlockN, pos0);
+      gate.template apply<true>(0, acc_s, tile * kBlockN, pos0);
     else
-      gate.template apply<false>(0, acc_s, acc_o, tile * kBlockN, pos0);
+      gate.template apply<false>(0, acc_s, tile * kBlockN, pos0);
     if constexpr (kPendingPv) {
-      wgmma_wait<0>();  // the P V is done with p_frag and with its stage
+      wgmma_wait<0>();  // the P V is done with p_frag, with O and with its stage
+      wgmma_fence_operand(acc_o);
       release(local - 1);
     }
+    gate.rescale(0, acc_o);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       p_frag[kk][0] = pack_bf16(acc_s[2 * kk][0], acc_s[2 * kk][1]);
@@ -317,6 +320,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     wgmma_wait<0>();
     release(visits - 1);
   }
+  wgmma_fence_operand(acc_o);
 
   const int g = lane / 4, quad = lane % 4;
   if constexpr (kSplit) {  // this split's part, in fp32, to the workspace

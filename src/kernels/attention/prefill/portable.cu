@@ -14,8 +14,9 @@
 // (sequence, head) first, so that the short causal tiles fill the tail.
 //
 // The gate is a policy (SoftmaxGate<MB>, AsyncGate<MB, kMaxW, kExact>; MB row blocks per warp)
-// with two hooks: apply() turns one tile of a row block's raw scores into P in place (softmax:
-// online max/sum with lazy rescaling of O; async: the pooled-ReLU gate, no rescale), finish()
+// with three hooks: apply() turns one tile of a row block's raw scores into P in place (softmax:
+// online max/sum with lazy rescaling; async: the pooled-ReLU gate), rescale() brings O to P's
+// base (softmax, when a row's max moved; async: nothing), finish()
 // runs once before the output is written (softmax: the 1/l normalisation; async: gamma).
 // Everything else is shared.
 //
@@ -228,9 +229,10 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
 #pragma unroll
       for (int mb = 0; mb < MB; ++mb) {
         if (tile >= first_masked)
-          gate.template apply<true>(mb, acc_s[mb], acc_o[mb], tile * kBlockN, pos0 + 16 * mb);
+          gate.template apply<true>(mb, acc_s[mb], tile * kBlockN, pos0 + 16 * mb);
         else
-          gate.template apply<false>(mb, acc_s[mb], acc_o[mb], tile * kBlockN, pos0 + 16 * mb);
+          gate.template apply<false>(mb, acc_s[mb], tile * kBlockN, pos0 + 16 * mb);
+        gate.rescale(mb, acc_o[mb]);
       }
 
       // O += P V; each V fragment feeds all row blocks (not for a split's warm-up tile, whose

@@ -42,7 +42,8 @@
 // instead of 16 heads x 8).
 //
 // Not done (FlashAttention-3 does it): tensor copies for pages of at least 128 tokens, a
-// persistent tile scheduler (measured slower so far: bench/history/2026-12-02-persistent.md).
+// persistent tile scheduler (one CTA a multiprocessor taking tiles from a counter measured
+// 0.85-0.87x of this kernel's async rate: bench/RESULTS.md, the prefill bounds).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

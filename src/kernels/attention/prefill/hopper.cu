@@ -325,21 +325,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
 
   const int g = lane / 4, quad = lane % 4;
   if constexpr (kSplit) {  // this split's part, in fp32, to the workspace
-    const SplitParts parts = split_parts(p, splits);
-    float log2_sum[2] = {0.0f, 0.0f};
-    if constexpr (Gate::kRowStatistics)
-      for (int hh = 0; hh < 2; ++hh) log2_sum[hh] = gate.log2_sum(0, hh);
-    gate.finish(0, acc_o);
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = row0 + 16 * warp + g + 8 * hh;
-      if (r >= cta.rows) continue;
-      const long long row = parts.row(p, t, head, t.split, r);
-      float* out = parts.out + row * kD + 2 * quad;
-#pragma unroll
-      for (int db = 0; db < 16; ++db) *reinterpret_cast<float2*>(out + 8 * db) = make_float2(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
-      if (Gate::kRowStatistics && quad == 0) parts.log2_sum[row] = log2_sum[hh];
-    }
+    write_part_block(p, t, head, splits, gate, 0, acc_o, row0 + 16 * warp, cta.rows);
     return;
   }
   // O (bf16) through the consumer's own rows of sQ (its wgmma reads of them are complete), then
@@ -469,8 +455,7 @@ int prefill_hopper_kv_splits(const PrefillParams& p) {
 }
 
 void launch_prefill_hopper(const PrefillParams& p, float scale, cudaStream_t stream) {
-  int splits = prefill_hopper_kv_splits(p);
-  if (splits > 1 && (!p.workspace || p.workspace_bytes < split_workspace_bytes(p, splits))) splits = 1;
+  const int splits = splits_the_workspace_holds(p, prefill_hopper_kv_splits(p));
   with_gate<1>(p.gate, [&]<class Gate>() { launch_with<Gate>(p, scale, splits, stream); });
 }
 

@@ -265,24 +265,8 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
 
   const int g = lane / 4, quad = lane & 3;
   if constexpr (kSplit) {  // this split's part, in fp32, to the workspace
-    const SplitParts parts = split_parts(p, splits);
 #pragma unroll
-    for (int mb = 0; mb < MB; ++mb) {
-      float log2_sum[2] = {0.0f, 0.0f};
-      if constexpr (Gate::kRowStatistics)
-        for (int hh = 0; hh < 2; ++hh) log2_sum[hh] = gate.log2_sum(mb, hh);
-      gate.finish(mb, acc_o[mb]);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = warp_row0 + 16 * mb + g + 8 * hh;
-        if (r >= rows) continue;
-        const long long row = parts.row(p, t, t.head, t.split, r);
-        float* out = parts.out + row * D + 2 * quad;
-#pragma unroll
-        for (int db = 0; db < DB; ++db) *reinterpret_cast<float2*>(out + 8 * db) = make_float2(acc_o[mb][db][2 * hh], acc_o[mb][db][2 * hh + 1]);
-        if (Gate::kRowStatistics && quad == 0) parts.log2_sum[row] = log2_sum[hh];
-      }
-    }
+    for (int mb = 0; mb < MB; ++mb) write_part_block(p, t, t.head, splits, gate, mb, acc_o[mb], warp_row0 + 16 * mb, rows);
     return;
   }
   // Stage O (bf16) through this warp's own rows of sQ, then 16-byte coalesced stores.
@@ -346,8 +330,7 @@ void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t s
 
 template <int D>
 void dispatch_gate(const PrefillParams& p, float scale, cudaStream_t stream) {
-  int splits = kv_splits<D>(p);
-  if (splits > 1 && (!p.workspace || p.workspace_bytes < split_workspace_bytes(p, splits))) splits = 1;
+  const int splits = splits_the_workspace_holds(p, kv_splits<D>(p));
   with_gate<Config<D>::kRowBlocks>(p.gate, [&]<class Gate>() { launch_with<D, Gate>(p, scale, splits, stream); });
 }
 

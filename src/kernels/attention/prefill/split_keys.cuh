@@ -40,6 +40,11 @@ inline std::size_t split_workspace_bytes(const PrefillParams& p, int splits) {
          sizeof(float);
 }
 
+// `splits`, or 1 when the caller's workspace cannot hold their parts (the keys are then not split).
+inline int splits_the_workspace_holds(const PrefillParams& p, int splits) {
+  return splits > 1 && (!p.workspace || p.workspace_bytes < split_workspace_bytes(p, splits)) ? 1 : splits;
+}
+
 // How many CTAs share each query tile's keys. `tiles`: the kernel's CTAs unsplit; `split_tiles`:
 // its CTAs a split (fewer when a split CTA takes several heads); `ctas_per_sm`: how many of its
 // CTAs an SM holds. Split only when the tiles fill less than half of those places, into as many
@@ -80,6 +85,31 @@ __device__ void write_empty_part(const PrefillParams& p, const TileInfo& t, int 
     for (int i = threadIdx.x; i < rows * d; i += blockDim.x) parts.out[parts.row(p, t, h, split, i / d) * d + i % d] = 0.0f;
     if (Gate::kRowStatistics)
       for (int r = threadIdx.x; r < rows; r += blockDim.x) parts.log2_sum[parts.row(p, t, h, split, r)] = -INFINITY;
+  }
+}
+
+// A warp's 16-row block of this split's part, from the m16n8 accumulator fragment `o` (traits.cuh)
+// of row block mb: rows r0 + g and r0 + g + 8 of head `head` (those below `rows`), finished by the
+// gate, softmax's with their log2 sums beside them. Every lane of the warp calls it.
+template <class Gate, int DB>
+__device__ __forceinline__ void write_part_block(const PrefillParams& p, const TileInfo& t, int head, int splits,
+                                                 Gate& gate, int mb, float (&o)[DB][4], int r0, int rows) {
+  constexpr int D = 8 * DB;
+  const int g = (threadIdx.x & 31) / 4, quad = threadIdx.x & 3;
+  const SplitParts parts = split_parts(p, splits);
+  float log2_sum[2] = {0.0f, 0.0f};
+  if constexpr (Gate::kRowStatistics)
+    for (int hh = 0; hh < 2; ++hh) log2_sum[hh] = gate.log2_sum(mb, hh);
+  gate.finish(mb, o);
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = r0 + g + 8 * hh;
+    if (r >= rows) continue;
+    const long long row = parts.row(p, t, head, t.split, r);
+    float* out = parts.out + row * D + 2 * quad;
+#pragma unroll
+    for (int db = 0; db < DB; ++db) *reinterpret_cast<float2*>(out + 8 * db) = make_float2(o[db][2 * hh], o[db][2 * hh + 1]);
+    if (Gate::kRowStatistics && quad == 0) parts.log2_sum[row] = log2_sum[hh];
   }
 }
 

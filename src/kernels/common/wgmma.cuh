@@ -65,6 +65,15 @@ __device__ __forceinline__ std::uint64_t wgmma_descriptor_mn(unsigned shared_add
   return d;
 }
 
+// A descriptor moved `bytes` (a multiple of 16) along the shared memory it reads: one add to its
+// start-address field (address / 16 in the low 14 bits) instead of building it anew. Exact: a
+// CTA's shared addresses lie below 228 KB, so the field (< 14592) cannot carry into the next.
+// (On the low word alone: a 64-bit add would spend a carry that never comes.)
+__device__ __forceinline__ std::uint64_t wgmma_descriptor_plus(std::uint64_t descriptor, unsigned bytes) {
+  const unsigned low = unsigned(descriptor) + (bytes >> 4);
+  return (descriptor & 0xffffffff00000000ull) | low;
+}
+
 // Makes this thread's earlier generic-proxy writes to shared memory (plain stores, cp.async)
 // visible to the async proxy the tensor cores read through; a barrier must follow.
 __device__ __forceinline__ void fence_proxy_async_shared() {

@@ -216,9 +216,14 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
   // first key is past its last row has nothing for it (nor has any later tile).
   const int first_masked = (c_pos + 1) / kBlockN;
   const int last_pos = c_pos + 63;
-  // Shared addresses in bytes: the consumer's 64 rows of each Q panel; the panels' sizes.
-  const unsigned q_base = smem_addr(cta.sQ) + 64 * c * kRowBytes;
+  // The operands' descriptors, built once: the consumer's 64 rows of Q's first panel, stage 0's
+  // K and V tiles; each product moves them along with wgmma_descriptor_plus (one add each, where
+  // building one costs five instructions and two moves to uniform registers).
   constexpr unsigned kQPanelBytes = kBlockM * kRowBytes, kKvPanelBytes = kBlockN * kRowBytes;
+  constexpr unsigned kStageBytes = kTileElems * 2;
+  const std::uint64_t q_desc = wgmma_descriptor(smem_addr(cta.sQ) + 64 * c * kRowBytes);
+  const std::uint64_t k_desc = wgmma_descriptor(smem_addr(cta.sK));
+  const std::uint64_t v_desc = wgmma_descriptor_mn(smem_addr(cta.sV), kKvPanelBytes);
   const auto release = [&](int local) { cta.ring.empty[local % kStages].arrive(); };
   const int visits = cta.visits();
 
@@ -240,11 +245,11 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
   unsigned p_frag[kBlockN / 16][4];
   // O += P V for visit `of_local`: V's k16 step kk starts 16 rows (2048 bytes) into its panels.
   const auto issue_pv = [&](int of_local) {
-    const unsigned v_base = smem_addr(cta.sV + (of_local % kStages) * kTileElems);
+    const std::uint64_t v_stage = wgmma_descriptor_plus(v_desc, (of_local % kStages) * kStageBytes);
     wgmma_fence();  // p_frag (and O, after a softmax rescale) written before the wgmma read them
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-      WgmmaBf16x128::run_rs(acc_o, p_frag[kk], wgmma_descriptor_mn(v_base + kk * 16 * kRowBytes, kKvPanelBytes));
+      WgmmaBf16x128::run_rs(acc_o, p_frag[kk], wgmma_descriptor_plus(v_stage, kk * 16 * kRowBytes));
     wgmma_commit();
   };
 
@@ -260,13 +265,13 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_s[nb][e] = 0.0f;
     take_turn(local);
-    const unsigned k_base = smem_addr(cta.sK + (local % kStages) * kTileElems);
+    const std::uint64_t k_stage = wgmma_descriptor_plus(k_desc, (local % kStages) * kStageBytes);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
       const unsigned offset = (ks % 4) * 32;
-      WgmmaBf16x128::run(acc_s, wgmma_descriptor(q_base + (ks / 4) * kQPanelBytes + offset),
-                         wgmma_descriptor(k_base + (ks / 4) * kKvPanelBytes + offset));
+      WgmmaBf16x128::run(acc_s, wgmma_descriptor_plus(q_desc, (ks / 4) * kQPanelBytes + offset),
+                         wgmma_descriptor_plus(k_stage, (ks / 4) * kKvPanelBytes + offset));
     }
     wgmma_commit();
     pass_turn(local);
@@ -388,7 +393,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   __syncthreads();
 
   const Cta cta{p, t, sQ, sK, sV, ring, rows, heads, first, begin, end};
-  const int wg = threadIdx.x / 128;
+  // (Read from lane 0, so that the compiler knows it is the same across the warp: the branches on
+  // it do not split a warp, and what derives from it may live in uniform registers.)
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   if (wg == 0) {
     release_registers<kProducerRegisters>();
     produce(cta);

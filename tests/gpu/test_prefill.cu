@@ -21,6 +21,7 @@
 
 #include "core/dtype.h"
 #include "gpu/device_buffer.h"
+#include "kernels/attention/prefill/kernels.h"  // prefill_hopper_tensor_copies
 #include "kernels/attention/prefill/prefill.h"
 #include "kernels/common/tuning.h"
 #include "reference/attention.h"
@@ -429,6 +430,14 @@ TEST(Prefill, HopperKernelRunsOnHopper) {
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
   if (major != 9) GTEST_SKIP() << "not a Hopper GPU";
   EXPECT_TRUE(kernels::prefill_hopper_available());
+  // The new tokens' K/V tiles go by tensor copies: the driver takes the maps of the key order.
+  DeviceBuffer key(DType::BF16, {1000, 8, 128}), value(DType::BF16, {1000, 8, 128});
+  kernels::PrefillParams p;
+  p.key = key.as<kernels::bf16>();
+  p.value = value.as<kernels::bf16>();
+  p.total_q = 1000;
+  p.kv.num_kv_heads = 8;
+  EXPECT_TRUE(kernels::prefill_hopper_tensor_copies(p));
 }
 
 // ---- Bad arguments -------------------------------------------------------------------------

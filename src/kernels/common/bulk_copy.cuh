@@ -71,6 +71,16 @@ struct SharedBarrier {
     arrive();
 #endif
   }
+  // Announces `bytes` of bulk copies to this barrier's current phase without arriving (the
+  // thread arrives otherwise: a plain or a cp.async arrival). Before the phase can complete.
+  __device__ __forceinline__ void expect(unsigned bytes) {
+#ifndef ASYNCT_BULK_COPY_EMULATED
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(shared_address(&word)), "r"(bytes)
+                 : "memory");
+#else
+    (void)bytes;
+#endif
+  }
   // Returns the phase token (the kernels wait by parity instead).
   __device__ __forceinline__ std::uint64_t arrive() {
     std::uint64_t state;
@@ -152,6 +162,15 @@ __device__ __forceinline__ void tensor_copy_2d_to_shared(void* dst, const void* 
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(
           shared_address(dst)),
       "l"(tensor_map), "r"(x0), "r"(y0), "r"(shared_address(&barrier.word)), "l"(policy)
+      : "memory");
+}
+// The box at coordinates (c0 innermost, .., c3) of a 4-D tensor map, as tensor_copy_2d_to_shared.
+__device__ __forceinline__ void tensor_copy_4d_to_shared(void* dst, const void* tensor_map, int c0, int c1, int c2,
+                                                         int c3, SharedBarrier& barrier) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(
+          shared_address(dst)),
+      "l"(tensor_map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(shared_address(&barrier.word))
       : "memory");
 }
 #endif

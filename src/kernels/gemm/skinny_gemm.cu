@@ -36,8 +36,7 @@
 #include <cstdlib>
 #include <type_traits>
 
-#include <cuda.h>  // CUtensorMap (the encoder is reached through the runtime: no libcuda link)
-#include <cudaTypedefs.h>
+#include <cuda.h>  // CUtensorMap
 
 #include "core/error.h"
 #include "kernels/common/bf16.cuh"
@@ -47,6 +46,7 @@
 #include "kernels/common/device_info.h"
 #include "kernels/common/last_arrival.cuh"
 #include "kernels/common/mma_sync.cuh"
+#include "kernels/common/tensor_map.h"
 #include "kernels/common/tuning.h"
 #include "kernels/common/wgmma.cuh"
 
@@ -477,26 +477,17 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) skinny_gemm_kernel(const
 }
 
 // A 2-D tensor map of a row-major bf16 matrix [rows][cols] with boxes of box_rows x kTileK,
-// 128-byte swizzle and zero fill past the edges. The encoder is the driver's, reached through
-// the runtime once.
+// 128-byte swizzle and zero fill past the edges.
 CUtensorMap tensor_map(const bf16* base, int rows, int cols, int box_rows) {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    ASYNCT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    check(found == cudaDriverEntryPointSuccess && fn != nullptr, "skinny_gemm: the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  TensorMapShape shape;
+  shape.rank = 2;
+  shape.dims[0] = cuuint64_t(cols), shape.dims[1] = cuuint64_t(rows);
+  shape.strides[0] = cuuint64_t(cols) * 2;
+  shape.box[0] = cuuint32_t(kTileK), shape.box[1] = cuuint32_t(box_rows);
   CUtensorMap map;
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
-  const cuuint32_t box[2] = {cuuint32_t(kTileK), cuuint32_t(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult result = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box,
-                                 element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  check(result == CUDA_SUCCESS, "skinny_gemm: cuTensorMapEncodeTiled failed (", int(result), ") for a [", rows,
-        " x ", cols, "] matrix");
+  CUresult result = CUDA_SUCCESS;
+  check(encode_bf16_tensor_map(map, base, shape, &result), "skinny_gemm: cuTensorMapEncodeTiled failed (", int(result),
+        ") for a [", rows, " x ", cols, "] matrix");
   return map;
 }
 

@@ -48,6 +48,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include <cuda.h>  // CUtensorMap
+
 #include "core/error.h"
 #include "kernels/attention/prefill/epilogue.cuh"
 #include "kernels/attention/prefill/gates.cuh"
@@ -60,6 +62,7 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/device_info.h"
 #include "kernels/common/mma_sync.cuh"
+#include "kernels/common/tensor_map.h"
 #include "kernels/common/tuning.h"
 #include "kernels/common/wgmma.cuh"
 
@@ -68,6 +71,35 @@ namespace {
 
 using namespace prefill;          // TileInfo, the gates, kv_row, store_new_rows, the split parts
 using namespace prefill::hopper;  // the tile shape, RingBarriers
+
+// The new tokens' K and V ([total_q][num_kv_heads][128] each) as tensor maps whose box is one
+// 64-column panel of a key tile, rows in the key order of traits.cuh: shared row 8 b + 2 a + e
+// holds key 32 a + 2 b + e. So the dimensions after the columns are e (the next token), a (32
+// tokens on) and b (2 tokens on), and a box is (64, 2, 4, 16), written in that order. A tile's
+// first token is e's coordinate (a and b's stay 0): the map checks each coordinate against its
+// own dimension, not the token they add up to, so a copy may only start where its 128 tokens lie
+// in the arrays: below `tokens` (0 where the driver refused the maps: then no copy uses them).
+struct NewKvMaps {
+  CUtensorMap key, value;
+  int tokens;
+};
+
+NewKvMaps new_kv_maps(const PrefillParams& p) {
+  NewKvMaps maps{};
+  TensorMapShape shape;
+  shape.rank = 4;
+  const cuuint64_t row_bytes = cuuint64_t(p.kv.num_kv_heads) * kD * 2;
+  shape.dims[0] = cuuint64_t(p.kv.num_kv_heads) * kD, shape.dims[1] = cuuint64_t(p.total_q);
+  shape.dims[2] = 4, shape.dims[3] = kBlockN / 8;
+  shape.strides[0] = row_bytes, shape.strides[1] = 32 * row_bytes, shape.strides[2] = 2 * row_bytes;
+  shape.box[0] = kPanelCols, shape.box[1] = 2, shape.box[2] = 4, shape.box[3] = kBlockN / 8;
+  static_assert(2 * 4 * (kBlockN / 8) == kBlockN && key_of_column<kBlockN / 8>(8 + 2 + 1) == 32 + 2 + 1,
+                "the box's rows in the key order");
+  const bool encoded = p.total_q >= kBlockN && encode_bf16_tensor_map(maps.key, p.key, shape) &&
+                       encode_bf16_tensor_map(maps.value, p.value, shape);
+  maps.tokens = encoded ? p.total_q : 0;
+  return maps;
+}
 
 // The device code exists only where wgmma does (sm_90a); elsewhere the kernel is a trapping stub.
 #ifdef ASYNCT_WGMMA
@@ -161,10 +193,25 @@ __device__ __forceinline__ void load_new_kv(bf16* k_stage, bf16* v_stage, int ti
   }
 }
 
+// load_new_kv by the copy engine: producer thread 0 announces the tile's bytes on the stage's
+// "full" barrier and issues one tensor copy per panel of K and of V (NewKvMaps lays their boxes
+// out in the key order); the other producer threads issue nothing.
+__device__ __forceinline__ void copy_new_kv(bf16* k_stage, bf16* v_stage, int tile, const TileInfo& t,
+                                            const NewKvMaps& maps, SharedBarrier& full) {
+  if (threadIdx.x % 128 != 0) return;
+  const int token = t.q_begin - t.prefix + tile * kBlockN;  // the tile's first key, in the arrays
+  full.expect(2 * kTileElems * 2);
+#pragma unroll
+  for (int panel = 0; panel < kD / kPanelCols; ++panel) {
+    const int column = t.kv_head * kD + panel * kPanelCols;
+    tensor_copy_4d_to_shared(k_stage + panel * kBlockN * kPanelCols, &maps.key, column, token, 0, 0, full);
+    tensor_copy_4d_to_shared(v_stage + panel * kBlockN * kPanelCols, &maps.value, column, token, 0, 0, full);
+  }
+}
+
 // Named barriers (0 is __syncthreads): 1 + c, the 128 threads of consumer c; turn_barrier(c),
 // consumer c's turn to issue its Q K^T (256 threads: the other consumer's 128 arrive, c's 128
-// wait); kProducerBarrier, the producer's 128 threads.
-constexpr int kProducerBarrier = 5;
+// wait).
 __device__ __forceinline__ int turn_barrier(int c) { return 3 + c; }
 __device__ __forceinline__ void consumer_barrier(int c) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(1 + c) : "memory");
@@ -174,9 +221,6 @@ __device__ __forceinline__ void wait_for_turn(int c) {
 }
 __device__ __forceinline__ void give_turn(int to) {
   asm volatile("bar.arrive %0, 256;\n" ::"r"(turn_barrier(to)) : "memory");
-}
-__device__ __forceinline__ void producer_barrier() {
-  asm volatile("bar.sync %0, 128;\n" ::"n"(kProducerBarrier) : "memory");
 }
 
 // The register hand-over between warpgroups (each warpgroup executes one, all its warps together).
@@ -201,6 +245,7 @@ struct Cta {
   int rows;   // query rows of each head
   int heads;  // query heads (1, or 2: one a consumer)
   int first, begin, end;
+  const NewKvMaps& maps;
   __device__ int visits() const { return end - first; }
 };
 
@@ -220,15 +265,15 @@ __device__ __forceinline__ void produce(const Cta& cta) {
     bf16 *k_stage = cta.sK + stage * kTileElems, *v_stage = cta.sV + stage * kTileElems;
     if (local >= kStages) cta.ring.empty[stage].wait((local / kStages - 1) & 1);
     if (local == 0) load_q(cta.sQ, p, t, cta.rows, cta.heads);
-    if (tile * kBlockN >= t.prefix)
-      load_new_kv(k_stage, v_stage, tile, p, t, plan);
-    else
+    if (tile * kBlockN < t.prefix)
       load_kv(k_stage, v_stage, tile, p, t);
-    cta.ring.full[stage].arrive_when_copies_land();
+    else if (t.q_begin - t.prefix + (tile + 1) * kBlockN <= cta.maps.tokens)
+      copy_new_kv(k_stage, v_stage, tile, t, cta.maps, cta.ring.full[stage]);
+    else
+      load_new_kv(k_stage, v_stage, tile, p, t, plan);
+    cta.ring.full[stage].arrive_when_copies_land();  // (after Q's copies too, on the first visit)
     if (writes_cache && tile >= cta.begin && (tile + 1) * kBlockN > t.prefix + t.m0) {  // the tile holds new rows
-      cp_async_commit();  // (wait_group waits for committed groups only)
-      cp_async_wait_all();
-      producer_barrier();  // every producer thread's copies of the tile have landed
+      cta.ring.full[stage].wait((local / kStages) & 1);  // every copy of the tile has landed
       store_new_rows<kD, kBlockN, 128>(k_stage, v_stage, tile, p, t,
                                        [](int row, int chunk) { return wgmma_panel_offset<kBlockN>(row, chunk); });
     }
@@ -404,7 +449,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
 // `heads` query heads a CTA (2 only when split: heads_per_cta).
 template <class Gate, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale, int splits,
-                                                                     int heads) {
+                                                                     int heads, const __grid_constant__ NewKvMaps maps) {
 #ifdef ASYNCT_WGMMA
   if constexpr (!kSplit) splits = 1, heads = 1;
   TileInfo t;
@@ -433,7 +478,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   }
   __syncthreads();
 
-  const Cta cta{p, t, sQ, sK, sV, ring, rows, heads, first, begin, end};
+  const Cta cta{p, t, sQ, sK, sV, ring, rows, heads, first, begin, end, maps};
   // (Read from lane 0, so that the compiler knows it is the same across the warp: the branches on
   // it do not split a warp, and what derives from it may live in uniform registers.)
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
@@ -465,14 +510,15 @@ void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t s
   check((long long)m_tiles * splits <= 65535, who, ": max_q_len ", p.max_q_len, " needs ", m_tiles, " query tiles of ", splits,
         " CTAs; the grid allows 65535");
   const dim3 grid(p.num_q_heads / heads, p.num_seqs, m_tiles * splits);
+  const NewKvMaps maps = new_kv_maps(p);
   if (splits == 1) {
     allow_dynamic_smem<prefill_hopper_kernel<Gate, false>>(kSmemBytes);
-    prefill_hopper_kernel<Gate, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1, 1);
+    prefill_hopper_kernel<Gate, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, maps);
     check_launch(who);
     return;
   }
   allow_dynamic_smem<prefill_hopper_kernel<Gate, true>>(kSmemBytes);
-  prefill_hopper_kernel<Gate, true><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits, heads);
+  prefill_hopper_kernel<Gate, true><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits, heads, maps);
   check_launch(who);
   launch_combine_splits<kD, Gate>(p, splits, stream);
 }
@@ -501,6 +547,8 @@ int prefill_hopper_kv_splits(const PrefillParams& p) {
   const long long tiles = (long long)p.num_q_heads * p.num_seqs * ((p.max_q_len + kBlockM - 1) / kBlockM);
   return kv_splits_to_fill(p, tiles, tiles / heads_per_cta(p), 1, kBlockN);
 }
+
+bool prefill_hopper_tensor_copies(const PrefillParams& p) { return new_kv_maps(p).tokens > 0; }
 
 void launch_prefill_hopper(const PrefillParams& p, float scale, cudaStream_t stream) {
   const int splits = splits_the_workspace_holds(p, prefill_hopper_kv_splits(p));

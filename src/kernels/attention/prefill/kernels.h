@@ -17,6 +17,10 @@ bool prefill_hopper_applies(const PrefillParams& params);
 
 void launch_prefill_hopper(const PrefillParams& params, float scale, cudaStream_t stream);
 
+// Whether the Hopper kernel copies these parameters' tiles of new tokens with tensor copies (the
+// driver took its tensor maps of `key` and `value`); else its threads copy them with cp.async.
+bool prefill_hopper_tensor_copies(const PrefillParams& params);
+
 // How many CTAs each kernel splits a query tile's keys over (1: none; split_keys.cuh): the
 // workspace their parts take is prefill::split_workspace_bytes.
 int prefill_hopper_kv_splits(const PrefillParams& params);

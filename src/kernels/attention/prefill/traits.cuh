@@ -33,7 +33,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // the first W-1 keys of each run (one exchange per run instead of one per block). K and V rows
 // share the order, so P V is unchanged; softmax does not care.
 template <int NB>
-__device__ __forceinline__ int key_of_column(int j) {
+__host__ __device__ constexpr int key_of_column(int j) {
   return 2 * NB * ((j % 8) / 2) + 2 * (j / 8) + (j & 1);
 }
 template <int NB>

@@ -7,9 +7,10 @@
 //
 // One CTA handles 128 query rows of one (sequence, query head), or, for a split tile of at most
 // 64 rows, those rows of two query heads of one KV head (below). Its three warpgroups:
-// - the producer copies Q and the K/V tiles (128 keys) into a ring of three stages with cp.async
-//   (the cache is paged, so a row's source goes through the block table; one 2-D tensor copy
-//   could not follow it), announces each stage on its "full" barrier once the stage has landed,
+// - the producer copies Q and the K/V tiles (128 keys) into a ring of three stages: a tile of new
+//   tokens by tensor copies (one thread, four copies: NewKvMaps), a tile with cached keys by
+//   cp.async from every thread (the cache is paged, so a row's source goes through the block
+//   table), as is Q; it announces each stage on its "full" barrier once the stage has landed,
 //   waits on the stage's "empty" barrier before refilling it, and copies the tile's new K/V rows
 //   from shared memory into the paged cache. It gives its registers to the consumers.
 // - each consumer owns 64 query rows:
@@ -41,9 +42,15 @@
 // GPU holds twice the splits (the 64 tokens after 4,096 cached at 1.7B: 8 pairs x 16 splits
 // instead of 16 heads x 8).
 //
-// Not done (FlashAttention-3 does it): tensor copies for pages of at least 128 tokens, a
+// The work around the products is kept small, as ncu's source page showed it mattered more than
+// the gates (bench/history/2026-12-02-tensor-copies.md): the wgmma descriptors are built once and
+// moved by one add per product, in uniform registers; a new-token tile costs the producer four
+// instructions of one thread.
+//
+// Not done (FlashAttention-3 does it): tensor copies for cached pages of at least 128 tokens, a
 // persistent tile scheduler (one CTA a multiprocessor taking tiles from a counter measured
-// 0.85-0.87x of this kernel's async rate: bench/RESULTS.md, the prefill bounds).
+// 0.85-0.87x of this kernel's async rate when every producer thread still addressed each row:
+// bench/RESULTS.md, the prefill bounds).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -83,12 +83,16 @@ using namespace prefill::hopper;  // the tile shape, RingBarriers
 // 64-column panel of a key tile, rows in the key order of traits.cuh: shared row 8 b + 2 a + e
 // holds key 32 a + 2 b + e. So the dimensions after the columns are e (the next token), a (32
 // tokens on) and b (2 tokens on), and a box is (64, 2, 4, 16), written in that order. A tile's
-// first token is e's coordinate (a and b's stay 0): the map checks each coordinate against its
-// own dimension, not the token they add up to, so a copy may only start where its 128 tokens lie
-// in the arrays: below `tokens` (0 where the driver refused the maps: then no copy uses them).
+// first token is e's coordinate (a and b's stay 0). The map checks each coordinate against its
+// own dimension, not the token they add up to, so it would not stop a copy at the arrays' end;
+// the kernel copies this way only tiles whose 128 tokens are all its sequence's (another
+// sequence's keys would be masked, but a masked key's P of 0 times an infinite value is NaN:
+// one request's overflow must not reach another's output). The sequence's last, partial tile
+// goes by cp.async, which zero-fills the keys past the CTA's last row. `usable`: the driver
+// took the maps.
 struct NewKvMaps {
   CUtensorMap key, value;
-  int tokens;
+  bool usable;
 };
 
 NewKvMaps new_kv_maps(const PrefillParams& p) {
@@ -104,7 +108,7 @@ NewKvMaps new_kv_maps(const PrefillParams& p) {
                 "the box's rows in the key order");
   const bool encoded = p.total_q >= kBlockN && encode_bf16_tensor_map(maps.key, p.key, shape) &&
                        encode_bf16_tensor_map(maps.value, p.value, shape);
-  maps.tokens = encoded ? p.total_q : 0;
+  maps.usable = encoded;
   return maps;
 }
 
@@ -274,7 +278,7 @@ __device__ __forceinline__ void produce(const Cta& cta) {
     if (local == 0) load_q(cta.sQ, p, t, cta.rows, cta.heads);
     if (tile * kBlockN < t.prefix)
       load_kv(k_stage, v_stage, tile, p, t);
-    else if (t.q_begin - t.prefix + (tile + 1) * kBlockN <= cta.maps.tokens)
+    else if (cta.maps.usable && (tile + 1) * kBlockN <= t.prefix + t.q_len)
       copy_new_kv(k_stage, v_stage, tile, t, cta.maps, cta.ring.full[stage]);
     else
       load_new_kv(k_stage, v_stage, tile, p, t, plan);
@@ -555,7 +559,7 @@ int prefill_hopper_kv_splits(const PrefillParams& p) {
   return kv_splits_to_fill(p, tiles, tiles / heads_per_cta(p), 1, kBlockN);
 }
 
-bool prefill_hopper_tensor_copies(const PrefillParams& p) { return new_kv_maps(p).tokens > 0; }
+bool prefill_hopper_tensor_copies(const PrefillParams& p) { return new_kv_maps(p).usable; }
 
 void launch_prefill_hopper(const PrefillParams& p, float scale, cudaStream_t stream) {
   const int splits = splits_the_workspace_holds(p, prefill_hopper_kv_splits(p));

@@ -167,46 +167,9 @@ __device__ __forceinline__ void load_kv(bf16* k_stage, bf16* v_stage, int tile, 
   }
 }
 
-// The producer thread's share of every K/V tile, the same for each tile: the key (within the tile)
-// of its row in pass 0 (pass p's is 8 p keys on: key_of_column moves 8 keys per 32 rows), and the
-// shared offsets of its four chunks of that row (pass p's are 32 p rows on; the swizzle depends
-// on row % 8 alone).
-struct CopyPlan {
-  int key0;
-  int dst[kChunks / 4];
-  __device__ __forceinline__ CopyPlan() {
-    const CopySlot slot;
-    key0 = key_of_column<kBlockN / 8>(slot.row0);
-#pragma unroll
-    for (int j = 0; j < kChunks / 4; ++j) dst[j] = wgmma_panel_offset<kBlockN>(slot.row0, 4 * j + slot.sub);
-  }
-};
-
-// load_kv for a tile whose keys are all new tokens (tile * 128 >= prefix: every tile of a pure
-// prefill), which lie evenly spaced in the new-token arrays: one address a pass, the chunks at
-// fixed offsets from it (~100 instructions a tile in SASS where load_kv's lookups take ~320).
-__device__ __forceinline__ void load_new_kv(bf16* k_stage, bf16* v_stage, int tile, const PrefillParams& p,
-                                            const TileInfo& t, const CopyPlan& plan) {
-  const CopySlot slot;
-  const long long row_stride = (long long)p.kv.num_kv_heads * kD;
-  const int key = tile * kBlockN + plan.key0;  // the thread's key in pass 0
-  const long long offset = (long long)(t.q_begin - t.prefix + key) * row_stride + t.kv_head * kD + slot.sub * 8;
-#pragma unroll
-  for (int pass = 0; pass < kCopyPasses; ++pass) {
-    const bool valid = key + 8 * pass < t.kv_end;
-    const long long row = valid ? offset + 8 * pass * row_stride : 0;  // (an invalid copy reads nothing)
-#pragma unroll
-    for (int j = 0; j < kChunks / 4; ++j) {
-      const int dst = plan.dst[j] + 32 * pass * kPanelCols;
-      cp_async16(k_stage + dst, p.key + row + 32 * j, valid);
-      cp_async16(v_stage + dst, p.value + row + 32 * j, valid);
-    }
-  }
-}
-
-// load_new_kv by the copy engine: producer thread 0 announces the tile's bytes on the stage's
-// "full" barrier and issues one tensor copy per panel of K and of V (NewKvMaps lays their boxes
-// out in the key order); the other producer threads issue nothing.
+// load_kv for a tile of new tokens, by the copy engine: producer thread 0 announces the tile's
+// bytes on the stage's "full" barrier and issues one tensor copy per panel of K and of V
+// (NewKvMaps lays their boxes out in the key order); the other producer threads issue nothing.
 __device__ __forceinline__ void copy_new_kv(bf16* k_stage, bf16* v_stage, int tile, const TileInfo& t,
                                             const NewKvMaps& maps, SharedBarrier& full) {
   if (threadIdx.x % 128 != 0) return;
@@ -270,18 +233,17 @@ __device__ __forceinline__ void produce(const Cta& cta) {
   // The first query head of each KV-head group writes the new tokens' K/V into the cache.
   // (A split writes the new rows of its own tiles, not of its warm-up tile.)
   const bool writes_cache = t.head % (p.num_q_heads / p.kv.num_kv_heads) == 0;
-  const CopyPlan plan;
   for (int local = 0; local < cta.visits(); ++local) {
     const int tile = cta.first + local, stage = local % kStages;
     bf16 *k_stage = cta.sK + stage * kTileElems, *v_stage = cta.sV + stage * kTileElems;
     if (local >= kStages) cta.ring.empty[stage].wait((local / kStages - 1) & 1);
     if (local == 0) load_q(cta.sQ, p, t, cta.rows, cta.heads);
-    if (tile * kBlockN < t.prefix)
-      load_kv(k_stage, v_stage, tile, p, t);
-    else if (cta.maps.usable && (tile + 1) * kBlockN <= t.prefix + t.q_len)
+    // Tensor copies for a tile of the sequence's new tokens alone (NewKvMaps says why); cp.async
+    // through the block table for the cached keys, the sequence's last, partial tile, or no maps.
+    if (cta.maps.usable && tile * kBlockN >= t.prefix && (tile + 1) * kBlockN <= t.prefix + t.q_len)
       copy_new_kv(k_stage, v_stage, tile, t, cta.maps, cta.ring.full[stage]);
     else
-      load_new_kv(k_stage, v_stage, tile, p, t, plan);
+      load_kv(k_stage, v_stage, tile, p, t);
     cta.ring.full[stage].arrive_when_copies_land();  // (after Q's copies too, on the first visit)
     if (writes_cache && tile >= cta.begin && (tile + 1) * kBlockN > t.prefix + t.m0) {  // the tile holds new rows
       cta.ring.full[stage].wait((local / kStages) & 1);  // every copy of the tile has landed

@@ -9,11 +9,14 @@
 // bf16 output land near 1e-3..1e-2); a NaN never passes. Each kernel runs whole, as its rule
 // splits the keys, and with each query tile's keys split over 2 and 5 CTAs
 // (KernelTuning::prefill_kv_splits), the workspace poisoned too: a part never written makes the
-// output NaN.
+// output NaN; and with its tiles taken in groups of one and two sequences (prefill_seq_group:
+// a tile taken twice or never leaves NaN rows or a race).
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -23,6 +26,7 @@
 #include "gpu/device_buffer.h"
 #include "kernels/attention/prefill/kernels.h"  // prefill_hopper_tensor_copies
 #include "kernels/attention/prefill/prefill.h"
+#include "kernels/attention/prefill/tile_order.cuh"
 #include "kernels/common/tuning.h"
 #include "reference/attention.h"
 #include "support/attention_case.h"
@@ -208,12 +212,15 @@ void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& refer
   for (kernels::PrefillKernel form : {kernels::PrefillKernel::kPortable, kernels::PrefillKernel::kHopper}) {
     if (form == kernels::PrefillKernel::kHopper && (c.head_dim != 128 || !kernels::prefill_hopper_available()))
       continue;
-    for (int splits : {1, 0, 2, 5}) {  // 0: the kernel's own rule
+    // (splits, sequences a group), 0: the kernel's own rule
+    for (const auto [splits, seq_group] : {std::pair{1, 0}, {1, 1}, {0, 0}, {2, 2}, {5, 1}}) {
       SCOPED_TRACE(std::string(form == kernels::PrefillKernel::kHopper ? "Hopper" : "portable") + " kernel, keys split " +
-                   std::to_string(splits) + " ways (0: its rule)");
+                   std::to_string(splits) + " ways, sequences in groups of " + std::to_string(seq_group) +
+                   " (0: its rule)");
       kernels::KernelTuning forced = saved;
       forced.prefill = form;
       forced.prefill_kv_splits = splits;
+      forced.prefill_seq_group = seq_group;
       kernels::set_kernel_tuning(forced);
       run_and_check_once(c, gate, reference, block_size, rng, scale, checked_rows);
     }
@@ -444,6 +451,29 @@ TEST(Prefill, GroupsOfThreeAndFiveBothGates) {
 
 // On a Hopper GPU the wgmma kernel must be there (a build without sm_90a code would quietly test
 // the portable kernel twice).
+// The tile order (tile_order.cuh): every CTA of a grid takes a distinct tile, every tile is taken,
+// and a group's tiles come before the next group's, each group heaviest (z = 0) first.
+TEST(PrefillTileOrder, EveryTileOnceGroupByGroup) {
+  for (const auto [heads, seqs, zs] : {std::tuple{1, 1, 1}, {16, 16, 8}, {3, 5, 7}, {2, 7, 1}, {4, 1, 9}})
+    for (int seq_group : {1, 2, 3, 4, seqs, seqs + 5}) {
+      SCOPED_TRACE(std::to_string(heads) + " heads, " + std::to_string(seqs) + " sequences, " + std::to_string(zs) +
+                   " z, groups of " + std::to_string(seq_group));
+      std::vector<int> taken(std::size_t(heads) * seqs * zs, 0);
+      int last_group = 0, last_z = 0;
+      for (long long linear = 0; linear < (long long)taken.size(); ++linear) {
+        const kernels::prefill::GridTile t = kernels::prefill::grid_tile(linear, heads, seqs, zs, seq_group);
+        ASSERT_TRUE(t.head_index >= 0 && t.head_index < heads && t.seq >= 0 && t.seq < seqs && t.z >= 0 && t.z < zs)
+            << "CTA " << linear;
+        ++taken[(std::size_t(t.z) * seqs + t.seq) * heads + t.head_index];
+        const int group = t.seq / seq_group;
+        EXPECT_TRUE(group > last_group || (group == last_group && t.z >= last_z)) << "CTA " << linear;
+        if (group > last_group) last_z = 0;
+        last_group = group, last_z = t.z;
+      }
+      for (std::size_t i = 0; i < taken.size(); ++i) EXPECT_EQ(taken[i], 1) << "tile " << i;
+    }
+}
+
 TEST(Prefill, HopperKernelRunsOnHopper) {
   testing::require_gpu();
   int device = 0, major = 0;

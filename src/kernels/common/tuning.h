@@ -44,6 +44,12 @@ struct KernelTuning {
   // the GPU's places for them, as a short prompt after a long cached prefix does). Tests force it.
   int prefill_kv_splits = 0;
 
+  // ASYNCT_PREFILL_GROUP: sequences a group in either prefill kernel's tile order (tile_order.cuh:
+  // a group's tiles run before the next group's); 0 leaves it to their rule (as many sequences as
+  // fit a quarter of the L2 with the longest one's K/V); a count past the batch is one group, the
+  // plain order (every sequence's heaviest tile first). Benches compare; tests force 1 and 2.
+  int prefill_seq_group = 0;
+
   // The skinny kernel's plan (skinny_gemm.h), for measuring and tests.
   struct Skinny {
     enum Wgmma { kAuto, kOff, kOn };

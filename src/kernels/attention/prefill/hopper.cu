@@ -422,11 +422,12 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
 // `heads` query heads a CTA (2 only when split: heads_per_cta).
 template <class Gate, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale, int splits,
-                                                                     int heads, const __grid_constant__ NewKvMaps maps) {
+                                                                     int heads, int seq_group,
+                                                                     const __grid_constant__ NewKvMaps maps) {
 #ifdef ASYNCT_WGMMA
   if constexpr (!kSplit) splits = 1, heads = 1;
   TileInfo t;
-  if (!make_tile_info(p, kBlockM / heads, t, splits, heads)) return;
+  if (!make_tile_info(p, kBlockM / heads, seq_group, t, splits, heads)) return;
   // The CTA's key tiles: all of the query tile's, or its split's even share.
   const int rows = min(kBlockM / heads, t.q_len - t.m0);
   const int key_tiles = (t.kv_end + kBlockN - 1) / kBlockN;
@@ -484,14 +485,15 @@ void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t s
         " CTAs; the grid allows 65535");
   const dim3 grid(p.num_q_heads / heads, p.num_seqs, m_tiles * splits);
   const NewKvMaps maps = new_kv_maps(p);
+  const int seq_group = prefill_seq_group(p);
   if (splits == 1) {
     allow_dynamic_smem<prefill_hopper_kernel<Gate, false>>(kSmemBytes);
-    prefill_hopper_kernel<Gate, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, maps);
+    prefill_hopper_kernel<Gate, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, seq_group, maps);
     check_launch(who);
     return;
   }
   allow_dynamic_smem<prefill_hopper_kernel<Gate, true>>(kSmemBytes);
-  prefill_hopper_kernel<Gate, true><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits, heads, maps);
+  prefill_hopper_kernel<Gate, true><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits, heads, seq_group, maps);
   check_launch(who);
   launch_combine_splits<kD, Gate>(p, splits, stream);
 }

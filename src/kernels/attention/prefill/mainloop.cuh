@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/attention/prefill/prefill.h"
+#include "kernels/attention/prefill/tile_order.cuh"
 #include "kernels/common/bf16.cuh"
 
 namespace asynct::kernels::prefill {
@@ -22,19 +23,20 @@ struct TileInfo {
 };
 
 
-// The CTA's tile: (query head, sequence) from blockIdx.x/y, and the query rows from blockIdx.z,
-// the heaviest (last) tiles first (z is the slowest grid dimension); with `splits` CTAs a tile,
-// blockIdx.z also says which split this is; with `heads` query heads a CTA (of one KV head),
-// blockIdx.x picks the first of them and block_m is each head's rows. False: the tile lies past
-// the sequence's new tokens, the CTA has nothing to do.
-__device__ __forceinline__ bool make_tile_info(const PrefillParams& p, int block_m, TileInfo& t, int splits = 1,
-                                               int heads = 1) {
-  t.head = int(blockIdx.x) * heads;
-  t.seq = blockIdx.y;
+// The CTA's tile: (query head, sequence, query rows) from its place in the grid (tile_order.cuh:
+// sequences in groups of `seq_group`, each group's heaviest (last) query tiles first); with
+// `splits` CTAs a tile, the z index also says which split this is; with `heads` query heads a CTA
+// (of one KV head), the head index picks the first of them and block_m is each head's rows.
+// False: the tile lies past the sequence's new tokens, the CTA has nothing to do.
+__device__ __forceinline__ bool make_tile_info(const PrefillParams& p, int block_m, int seq_group, TileInfo& t,
+                                               int splits = 1, int heads = 1) {
+  const GridTile place = this_ctas_grid_tile(seq_group);
+  t.head = place.head_index * heads;
+  t.seq = place.seq;
   t.q_begin = p.cu_seqlens_q[t.seq];
   t.q_len = p.cu_seqlens_q[t.seq + 1] - t.q_begin;
-  t.m0 = int(gridDim.z / splits - 1 - blockIdx.z / splits) * block_m;
-  t.split = int(blockIdx.z % splits);
+  t.m0 = int(gridDim.z / splits - 1 - place.z / splits) * block_m;
+  t.split = place.z % splits;
   if (t.m0 >= t.q_len) return false;
   t.prefix = p.kv_lens[t.seq] - t.q_len;
   t.kv_head = t.head / (p.num_q_heads / p.kv.num_kv_heads);

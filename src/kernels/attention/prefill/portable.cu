@@ -117,7 +117,7 @@ struct KvTileLoader {
 // form is its own instantiation and keeps its registers).
 template <int D, class Gate, bool kSplit>
 __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
-    prefill_kernel(const PrefillParams p, float scale, int splits) {
+    prefill_kernel(const PrefillParams p, float scale, int splits, int seq_group) {
   using C = Config<D>;
   constexpr int kBlockM = C::kBlockM, kBlockN = C::kBlockN;
   constexpr int MB = C::kRowBlocks;  // 16-row blocks per warp
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
 
   if constexpr (!kSplit) splits = 1;
   TileInfo t;
-  if (!make_tile_info(p, kBlockM, t, splits)) return;
+  if (!make_tile_info(p, kBlockM, seq_group, t, splits)) return;
   const int rows = min(kBlockM, t.q_len - t.m0);  // valid query rows of this tile
   // The key tiles it visits: all of the query tile's, or its split's share (and the one before).
   const SplitRange range = split_range<Gate>((t.kv_end + kBlockN - 1) / kBlockN, t.split, splits);
@@ -316,14 +316,15 @@ void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t s
   check((long long)m_tiles * splits <= 65535, who, ": max_q_len ", p.max_q_len, " needs ", m_tiles, " query tiles of ",
         splits, " CTAs; the grid allows 65535");
   const dim3 grid(p.num_q_heads, p.num_seqs, m_tiles * splits);
+  const int seq_group = prefill_seq_group(p);
   if (splits == 1) {
     allow_dynamic_smem<prefill_kernel<D, Gate, false>>(C::kSmemBytes);
-    prefill_kernel<D, Gate, false><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale, 1);
+    prefill_kernel<D, Gate, false><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale, 1, seq_group);
     check_launch(who);
     return;
   }
   allow_dynamic_smem<prefill_kernel<D, Gate, true>>(C::kSmemBytes);
-  prefill_kernel<D, Gate, true><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale, splits);
+  prefill_kernel<D, Gate, true><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale, splits, seq_group);
   check_launch(who);
   launch_combine_splits<D, Gate>(p, splits, stream);
 }

@@ -9,8 +9,8 @@
 // bf16 output land near 1e-3..1e-2); a NaN never passes. Each kernel runs whole, as its rule
 // splits the keys, and with each query tile's keys split over 2 and 5 CTAs
 // (KernelTuning::prefill_kv_splits), the workspace poisoned too: a part never written makes the
-// output NaN; and with its tiles taken in groups of one and two sequences (prefill_seq_group:
-// a tile taken twice or never leaves NaN rows or a race).
+// output NaN; and with its tiles taken in groups of one and two sequences and in the plain order
+// (prefill_seq_group: a tile taken twice or never leaves NaN rows or a race).
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -212,8 +212,8 @@ void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& refer
   for (kernels::PrefillKernel form : {kernels::PrefillKernel::kPortable, kernels::PrefillKernel::kHopper}) {
     if (form == kernels::PrefillKernel::kHopper && (c.head_dim != 128 || !kernels::prefill_hopper_available()))
       continue;
-    // (splits, sequences a group), 0: the kernel's own rule
-    for (const auto [splits, seq_group] : {std::pair{1, 0}, {1, 1}, {0, 0}, {2, 2}, {5, 1}}) {
+    // (splits, sequences a group), 0: the kernel's own rule; 1000 sequences: the plain order
+    for (const auto [splits, seq_group] : {std::pair{1, 0}, {1, 1000}, {0, 0}, {2, 2}, {5, 1}}) {
       SCOPED_TRACE(std::string(form == kernels::PrefillKernel::kHopper ? "Hopper" : "portable") + " kernel, keys split " +
                    std::to_string(splits) + " ways, sequences in groups of " + std::to_string(seq_group) +
                    " (0: its rule)");

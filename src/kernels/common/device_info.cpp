@@ -22,7 +22,6 @@ const DeviceInfo& current_device_info() {
     ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device));
     ASYNCT_CUDA_CHECK(
         cudaDeviceGetAttribute(&info.shared_memory_per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    ASYNCT_CUDA_CHECK(cudaDeviceGetAttribute(&info.l2_bytes, cudaDevAttrL2CacheSize, device));
   });
   return cached[device];
 }

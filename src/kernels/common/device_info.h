@@ -9,7 +9,6 @@ struct DeviceInfo {
   int sm_count = 0;  // multiprocessors
   int major = 0;     // compute capability: 9 for Hopper
   int shared_memory_per_block_optin = 0;  // bytes a block may ask for (227 KB on H200)
-  int l2_bytes = 0;                       // the L2 cache
 };
 
 // The current device's (cudaGetDevice) info.

@@ -10,8 +10,9 @@
 // key tiles (kBlockN keys) from key 0 up to the tile's last visible key; K and V tiles are
 // double-buffered in shared memory with cp.async (tile t+1 loads while tile t is computed, one
 // barrier per tile). S and O live in fp32 registers (mma.sync m16n8k16 bf16 -> fp32); P is
-// rounded to bf16 for the PV product. The grid runs the heaviest (last) query tiles of every
-// (sequence, head) first, so that the short causal tiles fill the tail.
+// rounded to bf16 for the PV product. The grid takes a sequence's tiles before the next
+// sequence's (tile_order.cuh), its heaviest (last) query tiles first, so that the short causal
+// tiles fill the tail.
 //
 // The gate is a policy (SoftmaxGate<MB>, AsyncGate<MB, kMaxW, kExact>; MB row blocks per warp)
 // with three hooks: apply() turns one tile of a row block's raw scores into P in place (softmax:

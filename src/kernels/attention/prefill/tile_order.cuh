@@ -6,14 +6,16 @@
 // sequence's heaviest (last) query tile comes first, then every sequence's next: the CTAs running
 // at one time read the keys of every sequence, and at 16 sequences of 1,024 tokens (64 MB of K/V)
 // the L2 (60 MB on the H200) re-reads them from memory for each query tile (ncu on the Hopper
-// kernel: 1.8x the bytes needed). So the sequences go in groups whose K/V fit a quarter of the L2: the tiles of one
-// group, heaviest first, then the next group's. Within a group the order is the plain one.
+// kernel: 473 MB from memory where 268 MB are needed, L2 hits 52%). So the sequences go in groups:
+// the tiles of one group, heaviest first, then the next group's. Groups of one sequence measured
+// best (Hopper kernel at 16 x 1024 async 370 TFLOP/s against 359 for groups of three, which fit a
+// quarter of the L2, and 349 for the plain order; 250 MB from memory, L2 hits 77%; varlen +10%:
+// bench/RESULTS.md).
 #pragma once
 
 #include <algorithm>
 
 #include "kernels/attention/prefill/prefill.h"
-#include "kernels/common/device_info.h"
 #include "kernels/common/tuning.h"
 
 namespace asynct::kernels::prefill {
@@ -37,14 +39,10 @@ __device__ __forceinline__ GridTile this_ctas_grid_tile(int seq_group) {
   return grid_tile(linear, gridDim.x, gridDim.y, gridDim.z, seq_group);
 }
 
-// Sequences a group: KernelTuning::prefill_seq_group when set, else as many as fit a quarter of
-// the L2 with the longest sequence's K/V (at least one, at most all).
+// Sequences a group: KernelTuning::prefill_seq_group when set (at most all), else one.
 inline int prefill_seq_group(const PrefillParams& p) {
-  const long long forced = kernel_tuning().prefill_seq_group;
-  if (forced > 0) return int(std::min<long long>(forced, std::max(p.num_seqs, 1)));
-  const long long kv_bytes_a_seq = 2LL * p.max_kv_len * p.kv.num_kv_heads * p.kv.head_dim * 2;
-  const long long budget = current_device_info().l2_bytes / 4;
-  return int(std::clamp<long long>(budget / std::max(kv_bytes_a_seq, 1LL), 1, std::max(p.num_seqs, 1)));
+  const int forced = kernel_tuning().prefill_seq_group;
+  return forced > 0 ? std::min(forced, std::max(p.num_seqs, 1)) : 1;
 }
 
 }  // namespace asynct::kernels::prefill

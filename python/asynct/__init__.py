@@ -233,7 +233,8 @@ def linear(x, weight, out=None, out_fp32=False, path="default"):
 
 # set_tuning's keywords and the overrides (src/kernels/common/tuning.h) they set.
 _TUNING = {"gemm": "ASYNCT_GEMM", "prefill": "ASYNCT_PREFILL", "prefill_splits": "ASYNCT_PREFILL_SPLITS",
-           "prefill_group": "ASYNCT_PREFILL_GROUP", "skinny_tile": "ASYNCT_SKINNY_TILE",
+           "prefill_group": "ASYNCT_PREFILL_GROUP",
+           "prefill_ctas": "ASYNCT_PREFILL_CTAS", "skinny_tile": "ASYNCT_SKINNY_TILE",
            "skinny_splits": "ASYNCT_SKINNY_SPLITS", "skinny_wgmma": "ASYNCT_SKINNY_WGMMA",
            "pdl": "ASYNCT_PDL"}
 
@@ -245,7 +246,8 @@ def set_tuning(**overrides):
     Keywords (or their ASYNCT_* names): gemm = "cublaslt" | "tuned" | "skinny" (the default path
     of linear); prefill = "portable" | "hopper"; prefill_splits = 1..16 (CTAs sharing a query
     tile's keys in the Hopper prefill kernel); prefill_group = N (sequences whose tiles the
-    prefill kernels take before the next ones'); skinny_tile = 64 | 128; skinny_splits = N;
+    prefill kernels take before the next ones'); prefill_ctas = N (at most N
+    persistent Hopper prefill CTAs taking tiles in turn; 0: one CTA a tile); skinny_tile = 64 | 128; skinny_splits = N;
     skinny_wgmma = True | False; pdl = True | False (dependent launches). None restores a
     default. Example: asynct.set_tuning(prefill="portable").
     """

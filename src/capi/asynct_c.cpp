@@ -230,6 +230,7 @@ int asynct_set_tuning(const char* name, const char* value) {
       if (wanted == "ASYNCT_PREFILL") base.prefill = reset.prefill;
       if (wanted == "ASYNCT_PREFILL_SPLITS") base.prefill_kv_splits = reset.prefill_kv_splits;
       if (wanted == "ASYNCT_PREFILL_GROUP") base.prefill_seq_group = reset.prefill_seq_group;
+      if (wanted == "ASYNCT_PREFILL_CTAS") base.prefill_ctas = reset.prefill_ctas;
       if (wanted == "ASYNCT_SKINNY_TILE") base.skinny.tile_n = reset.skinny.tile_n;
       if (wanted == "ASYNCT_SKINNY_SPLITS") base.skinny.splits = reset.skinny.splits;
       if (wanted == "ASYNCT_SKINNY_WGMMA") base.skinny.wgmma = reset.skinny.wgmma;

@@ -99,17 +99,19 @@ TEST(KernelTuning, ParsesNamesAndRejectsBadValues) {
   EXPECT_EQ(none.prefill, kernels::PrefillKernel::kAuto);
   EXPECT_EQ(none.prefill_kv_splits, 0);
   EXPECT_EQ(none.prefill_seq_group, 0);
+  EXPECT_EQ(none.prefill_ctas, 0);
   EXPECT_EQ(none.skinny.tile_n, 0);
   EXPECT_EQ(none.skinny.wgmma, kernels::KernelTuning::Skinny::kAuto);
   EXPECT_TRUE(none.dependent_launch);
   const kernels::KernelTuning all = from({{"ASYNCT_GEMM", "tuned"}, {"ASYNCT_PREFILL", "portable"}, {"ASYNCT_PREFILL_SPLITS", "3"},
-                                          {"ASYNCT_PREFILL_GROUP", "2"},
+                                          {"ASYNCT_PREFILL_GROUP", "2"}, {"ASYNCT_PREFILL_CTAS", "3"},
                                           {"ASYNCT_SKINNY_TILE", "64"}, {"ASYNCT_SKINNY_SPLITS", "4"},
                                           {"ASYNCT_SKINNY_WGMMA", "0"}, {"ASYNCT_PDL", "0"}});
   EXPECT_EQ(all.gemm, kernels::GemmPath::CublasLtTuned);
   EXPECT_EQ(all.prefill, kernels::PrefillKernel::kPortable);
   EXPECT_EQ(all.prefill_kv_splits, 3);
   EXPECT_EQ(all.prefill_seq_group, 2);
+  EXPECT_EQ(all.prefill_ctas, 3);
   EXPECT_EQ(all.skinny.tile_n, 64);
   EXPECT_EQ(all.skinny.splits, 4);
   EXPECT_EQ(all.skinny.wgmma, kernels::KernelTuning::Skinny::kOff);
@@ -118,11 +120,12 @@ TEST(KernelTuning, ParsesNamesAndRejectsBadValues) {
   EXPECT_EQ(kept.gemm, kernels::GemmPath::CublasLtTuned);
   EXPECT_EQ(kept.prefill, kernels::PrefillKernel::kHopper);
   EXPECT_FALSE(kept.dependent_launch);
-  EXPECT_EQ(kernels::kernel_tuning_names().size(), 8u);
+  EXPECT_EQ(kernels::kernel_tuning_names().size(), 9u);
   EXPECT_THROW(from({{"ASYNCT_GEMM", "fast"}}), Error);
   EXPECT_THROW(from({{"ASYNCT_PREFILL", "auto"}}), Error);
   EXPECT_THROW(from({{"ASYNCT_PREFILL_SPLITS", "17"}}), Error);
   EXPECT_THROW(from({{"ASYNCT_PREFILL_GROUP", "-1"}}), Error);
+  EXPECT_THROW(from({{"ASYNCT_PREFILL_CTAS", "-1"}}), Error);
   EXPECT_THROW(from({{"ASYNCT_SKINNY_TILE", "wide"}}), Error);
   EXPECT_THROW(from({{"ASYNCT_SKINNY_SPLITS", "-1"}}), Error);
   EXPECT_THROW(from({{"ASYNCT_SKINNY_WGMMA", "2"}}), Error);

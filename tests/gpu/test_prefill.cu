@@ -204,23 +204,28 @@ void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& 
 }
 
 // ... with each kernel that can run the case: the portable one, and on Hopper for head_dim 128
-// the wgmma one, each whole and with its keys split.
+// the wgmma one, each whole and with its keys split, and the wgmma one also on 1, 3 and one
+// persistent CTA a multiprocessor.
 void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& reference,
                    int block_size, Random& rng, float scale = 0.0f, int checked_rows = -1) {
   SCOPED_TRACE("block_size " + std::to_string(block_size));
   const kernels::KernelTuning saved = kernels::kernel_tuning();
-  for (kernels::PrefillKernel form : {kernels::PrefillKernel::kPortable, kernels::PrefillKernel::kHopper}) {
-    if (form == kernels::PrefillKernel::kHopper && (c.head_dim != 128 || !kernels::prefill_hopper_available()))
-      continue;
-    // (splits, sequences a group), 0: the kernel's own rule; 1000 sequences: the plain order
-    for (const auto [splits, seq_group] : {std::pair{1, 0}, {1, 1000}, {0, 0}, {2, 2}, {5, 1}}) {
-      SCOPED_TRACE(std::string(form == kernels::PrefillKernel::kHopper ? "Hopper" : "portable") + " kernel, keys split " +
-                   std::to_string(splits) + " ways, sequences in groups of " + std::to_string(seq_group) +
-                   " (0: its rule)");
+  struct Form {
+    int splits, seq_group, ctas;  // 0: the kernel's own rule; 1000 sequences a group: the plain order
+  };
+  for (kernels::PrefillKernel kernel : {kernels::PrefillKernel::kPortable, kernels::PrefillKernel::kHopper}) {
+    const bool hopper = kernel == kernels::PrefillKernel::kHopper;
+    if (hopper && (c.head_dim != 128 || !kernels::prefill_hopper_available())) continue;
+    for (const Form form : {Form{1, 0, 0}, {1, 1000, 0}, {0, 0, 0}, {2, 2, 0}, {5, 1, 0}, {1, 0, 1}, {1, 2, 3}, {1, 1000, 1000}}) {
+      if (!hopper && form.ctas > 0) continue;  // (persistent CTAs are the wgmma kernel's)
+      SCOPED_TRACE(std::string(hopper ? "Hopper" : "portable") + " kernel, keys split " + std::to_string(form.splits) +
+                   " ways, sequences in groups of " + std::to_string(form.seq_group) + " (0: its rule), " +
+                   (form.ctas > 0 ? "at most " + std::to_string(form.ctas) + " persistent CTAs" : "one CTA a tile"));
       kernels::KernelTuning forced = saved;
-      forced.prefill = form;
-      forced.prefill_kv_splits = splits;
-      forced.prefill_seq_group = seq_group;
+      forced.prefill = kernel;
+      forced.prefill_kv_splits = form.splits;
+      forced.prefill_seq_group = form.seq_group;
+      forced.prefill_ctas = form.ctas;
       kernels::set_kernel_tuning(forced);
       run_and_check_once(c, gate, reference, block_size, rng, scale, checked_rows);
     }

@@ -29,7 +29,7 @@ void set_kernel_tuning(const KernelTuning& tuning) { g_tuning = tuning; }
 
 const std::vector<std::string>& kernel_tuning_names() {
   static const std::vector<std::string> names = {"ASYNCT_GEMM",          "ASYNCT_PREFILL",      "ASYNCT_PREFILL_SPLITS",
-                                                 "ASYNCT_PREFILL_GROUP", "ASYNCT_SKINNY_TILE",   "ASYNCT_SKINNY_SPLITS", "ASYNCT_SKINNY_WGMMA",
+                                                 "ASYNCT_PREFILL_GROUP", "ASYNCT_PREFILL_CTAS", "ASYNCT_SKINNY_TILE",   "ASYNCT_SKINNY_SPLITS", "ASYNCT_SKINNY_WGMMA",
                                                  "ASYNCT_PDL"};
   return names;
 }
@@ -63,6 +63,8 @@ KernelTuning parse_kernel_tuning(const std::function<const char*(const char* nam
     t.prefill_kv_splits = parse_int("ASYNCT_PREFILL_SPLITS", v, 0, 16, "a split count of 1..16 (0: automatic)");
   if (const char* v = value_of("ASYNCT_PREFILL_GROUP"))
     t.prefill_seq_group = parse_int("ASYNCT_PREFILL_GROUP", v, 0, INT_MAX, "a sequence count (0: automatic)");
+  if (const char* v = value_of("ASYNCT_PREFILL_CTAS"))
+    t.prefill_ctas = parse_int("ASYNCT_PREFILL_CTAS", v, 0, INT_MAX, "a CTA count (0: one CTA a tile)");
   if (const char* v = value_of("ASYNCT_SKINNY_TILE"))
     t.skinny.tile_n = parse_int("ASYNCT_SKINNY_TILE", v, 0, INT_MAX, "a column tile width (64 or 128; 0: automatic)");
   if (const char* v = value_of("ASYNCT_SKINNY_SPLITS"))

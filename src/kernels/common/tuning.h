@@ -51,6 +51,14 @@ struct KernelTuning {
   // order (every sequence's heaviest tile first). Tests force 1 and 2.
   int prefill_seq_group = 0;
 
+  // ASYNCT_PREFILL_CTAS: persistent CTAs for the Hopper prefill kernel when it does not split the
+  // keys: at most this many (and at most one a multiprocessor, one a pair of query tiles), each
+  // taking pairs of tiles in turn, the next tile's Q and first keys copied while the current
+  // one's last products run. 0 (the default): one CTA a query tile, which measured faster (async
+  // 358 against 309 TFLOP/s at 16 x 1024, 577 against 573 at 1 x 16384). Tests force 1, 3 and
+  // one a multiprocessor.
+  int prefill_ctas = 0;
+
   // The skinny kernel's plan (skinny_gemm.h), for measuring and tests.
   struct Skinny {
     enum Wgmma { kAuto, kOff, kOn };

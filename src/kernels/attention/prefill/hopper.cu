@@ -47,10 +47,16 @@
 // moved by one add per product, in uniform registers; a new-token tile costs the producer four
 // instructions of one thread.
 //
-// Not done (FlashAttention-3 does it): tensor copies for cached pages of at least 128 tokens, a
-// persistent tile scheduler (one CTA a multiprocessor taking tiles from a counter measured 0.87x
-// of this kernel's async rate at 16 x 1024 and 0.91x after a cached prefix, its tile's start
-// and output costlier than here: bench/RESULTS.md, the prefill bounds).
+// Persistent CTAs (KernelTuning::prefill_ctas, off by default): at most one CTA a multiprocessor
+// takes pairs of query tiles; the producer copies the next tile's Q once the consumers have run
+// the current tile's last Q K^T (Q has one buffer: with three K/V stages the shared memory holds
+// no second), and the output goes from the registers. Measured slower: a tile costs 8.3 us
+// besides its key tiles against 6.1 us with one CTA a tile (async 0.86x at 16 x 1024, 0.88x at
+// 8 x 2048, 0.99x at 1 x 16384). Likely, not measured apart: the next tile waits for its Q,
+// copied only after the last Q K^T, and for the producer, which first writes the cache from the
+// tile before (bench/RESULTS.md, the prefill bounds).
+//
+// Not done (FlashAttention-3 does it): tensor copies for cached pages of at least 128 tokens.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -207,10 +213,11 @@ __device__ __forceinline__ void claim_registers() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 
-// What the warpgroups share. The CTA's key tiles are [begin, end); it visits [first, end), where
-// first is begin - 1 when the gate's halo needs the tile before (a split's warm-up tile) and
-// begin otherwise. The ring's stages, barriers' phases and turns count visits (local index
-// tile - first), not tiles.
+// What the warpgroups share about the CTA's current tile. Its key tiles are [begin, end); it
+// visits [first, end), where first is begin - 1 when the gate's halo needs the tile before (a
+// split's warm-up tile) and begin otherwise. The ring's stages and barriers' phases count the
+// visits of all the CTA's tiles: this tile's visit `local` (tile first + local) is the CTA's
+// visit base + local. Q's barriers count tiles: this is the CTA's tile `index` (from 0).
 struct Cta {
   const PrefillParams& p;
   const TileInfo& t;
@@ -219,14 +226,16 @@ struct Cta {
   int rows;   // query rows of each head
   int heads;  // query heads (1, or 2: one a consumer)
   int first, begin, end;
+  int base, index;
   const NewKvMaps& maps;
   __device__ int visits() const { return end - first; }
 };
 
-// The producer: tile t into stage t % kStages once both consumers released tile t - kStages.
-// Tile t is announced by the copies themselves: each thread's arrival on full[t % kStages] is
+// The producer: visit v into stage v % kStages once both consumers released visit v - kStages.
+// A visit is announced by the copies themselves: each thread's arrival on full[v % kStages] is
 // made when its copies have landed, so the producer never waits for a copy, except to write the
-// cache from a tile with new rows.
+// cache from a tile with new rows. The tile's Q follows its first K/V tile, once the consumers
+// have run the CTA's previous tile's last Q K^T (a persistent CTA's producer is a tile ahead).
 __device__ __forceinline__ void produce(const Cta& cta) {
   const PrefillParams& p = cta.p;
   const TileInfo& t = cta.t;
@@ -234,19 +243,23 @@ __device__ __forceinline__ void produce(const Cta& cta) {
   // (A split writes the new rows of its own tiles, not of its warm-up tile.)
   const bool writes_cache = t.head % (p.num_q_heads / p.kv.num_kv_heads) == 0;
   for (int local = 0; local < cta.visits(); ++local) {
-    const int tile = cta.first + local, stage = local % kStages;
+    const int tile = cta.first + local, visit = cta.base + local, stage = visit % kStages;
     bf16 *k_stage = cta.sK + stage * kTileElems, *v_stage = cta.sV + stage * kTileElems;
-    if (local >= kStages) cta.ring.empty[stage].wait((local / kStages - 1) & 1);
-    if (local == 0) load_q(cta.sQ, p, t, cta.rows, cta.heads);
+    if (visit >= kStages) cta.ring.empty[stage].wait((visit / kStages - 1) & 1);
     // Tensor copies for a tile of the sequence's new tokens alone (NewKvMaps says why); cp.async
     // through the block table for the cached keys, the sequence's last, partial tile, or no maps.
     if (cta.maps.usable && tile * kBlockN >= t.prefix && (tile + 1) * kBlockN <= t.prefix + t.q_len)
       copy_new_kv(k_stage, v_stage, tile, t, cta.maps, cta.ring.full[stage]);
     else
       load_kv(k_stage, v_stage, tile, p, t);
-    cta.ring.full[stage].arrive_when_copies_land();  // (after Q's copies too, on the first visit)
+    cta.ring.full[stage].arrive_when_copies_land();
+    if (local == 0) {
+      if (cta.index > 0) cta.ring.q_empty.wait((cta.index - 1) & 1);
+      load_q(cta.sQ, p, t, cta.rows, cta.heads);
+      cta.ring.q_full.arrive_when_copies_land();
+    }
     if (writes_cache && tile >= cta.begin && (tile + 1) * kBlockN > t.prefix + t.m0) {  // the tile holds new rows
-      cta.ring.full[stage].wait((local / kStages) & 1);  // every copy of the tile has landed
+      cta.ring.full[stage].wait((visit / kStages) & 1);  // every copy of the tile has landed
       store_new_rows<kD, kBlockN, 128>(k_stage, v_stage, tile, p, t,
                                        [](int row, int chunk) { return wgmma_panel_offset<kBlockN>(row, chunk); });
     }
@@ -254,8 +267,9 @@ __device__ __forceinline__ void produce(const Cta& cta) {
 }
 
 // Consumer c: rows [64 c, 64 c + 64) of the CTA's tile, or with two heads rows [0, 64) of head
-// t.head + c; with splits > 1 its part of their output goes to the workspace.
-template <class Gate, bool kSplit>
+// t.head + c; with splits > 1 its part of their output goes to the workspace. kPersistent: the
+// output goes straight from the registers (Q's buffer already holds the CTA's next tile).
+template <class Gate, bool kSplit, bool kPersistent>
 __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int splits) {
   const PrefillParams& p = cta.p;
   const TileInfo& t = cta.t;
@@ -283,20 +297,24 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
   const std::uint64_t q_desc = wgmma_descriptor(smem_addr(cta.sQ) + 64 * c * kRowBytes);
   const std::uint64_t k_desc = wgmma_descriptor(smem_addr(cta.sK));
   const std::uint64_t v_desc = wgmma_descriptor_mn(smem_addr(cta.sV), kKvPanelBytes);
-  const auto release = [&](int local) { cta.ring.empty[local % kStages].arrive(); };
+  const auto release = [&](int local) { cta.ring.empty[(cta.base + local) % kStages].arrive(); };
   const int visits = cta.visits();
 
-  // The consumers take turns at Q K^T, visit by visit: 0, 1, 0, 1, ... Consumer 1 never skips a
-  // tile (its rows are the later ones, and the last tile holds a key of its last row; with two
-  // heads both hold the same rows, at most 64, and neither skips); consumer 0 skips at most the
-  // last tile (its last row is at most 64 keys before the tile's end) and still takes and passes
-  // its turn there. Both directions wait, so neither runs a turn ahead: a consumer that arrived
-  // twice at one barrier before the other waited would complete it alone.
+  // The consumers take turns at Q K^T, visit by visit over all the CTA's tiles: 0, 1, 0, 1, ...
+  // Consumer 1 never skips a tile (its rows are the later ones, and the last tile holds a key of
+  // its last row; with two heads both hold the same rows, at most 64, and neither skips);
+  // consumer 0 skips at most a query tile's last key tile (its last row is at most 64 keys
+  // before the tile's end) and still takes and passes its turn there. Each waits for its turn,
+  // but consumer 0 at the CTA's first visit, and passes it on; consumer 0 takes consumer 1's last
+  // pass when the CTA is done (the kernel). Both directions wait, so neither runs a turn ahead:
+  // a consumer that arrived twice at one barrier before the other waited would complete it alone.
   const auto take_turn = [&](int local) {
-    if (c == 1 || local > 0) wait_for_turn(c);
+    if (c == 1 || cta.base + local > 0) wait_for_turn(c);
   };
-  const auto pass_turn = [&](int local) {
-    if (c == 0 || local + 1 < visits) give_turn(1 - c);
+  const auto pass_turn = [&](int) { give_turn(1 - c); };
+  // After the tile's last Q K^T (this consumer's): Q's buffer may take the CTA's next tile.
+  const auto done_with_q = [&](int local) {
+    if (local + 1 == visits) cta.ring.q_empty.arrive();
   };
 
   // P of the tile whose Q K^T and gate are done and whose P V is not yet issued (bf16 pairs: the
@@ -304,7 +322,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
   unsigned p_frag[kBlockN / 16][4];
   // O += P V for visit `of_local`: V's k16 step kk starts 16 rows (2048 bytes) into its panels.
   const auto issue_pv = [&](int of_local) {
-    const std::uint64_t v_stage = wgmma_descriptor_plus(v_desc, (of_local % kStages) * kStageBytes);
+    const std::uint64_t v_stage = wgmma_descriptor_plus(v_desc, ((cta.base + of_local) % kStages) * kStageBytes);
     wgmma_fence();  // p_frag (and O, after a softmax rescale) written before the wgmma read them
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
@@ -324,7 +342,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_s[nb][e] = 0.0f;
     take_turn(local);
-    const std::uint64_t k_stage = wgmma_descriptor_plus(k_desc, (local % kStages) * kStageBytes);
+    const std::uint64_t k_stage = wgmma_descriptor_plus(k_desc, ((cta.base + local) % kStages) * kStageBytes);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
@@ -340,6 +358,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     } else {
       wgmma_wait<0>();
     }
+    done_with_q(local);
     wgmma_fence_operand(acc_s);
     if (tile >= first_masked)
       gate.template apply<true>(0, acc_s, tile * kBlockN, pos0);
@@ -360,9 +379,10 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     }
   };
 
+  cta.ring.q_full.wait(cta.index & 1);
   for (int local = 0; local < visits; ++local) {
-    const int tile = cta.first + local;
-    cta.ring.full[local % kStages].wait((local / kStages) & 1);
+    const int tile = cta.first + local, visit = cta.base + local;
+    cta.ring.full[visit % kStages].wait((visit / kStages) & 1);
     fence_proxy_async_shared();  // the landed copies (generic proxy) before this thread's wgmma reads
     if (tile < cta.begin) {  // the warm-up tile: its gate carries the halo in; no P V
       scores_to_p.template operator()<false>(local);
@@ -374,6 +394,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     } else {  // (consumer 0, its last tile)
       take_turn(local);
       pass_turn(local);
+      done_with_q(local);
       issue_pv(local - 1);
       wgmma_wait<0>();
       release(local - 1);
@@ -392,25 +413,39 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     write_part_block(p, t, head, splits, gate, 0, acc_o, row0 + 16 * warp, cta.rows);
     return;
   }
-  // O (bf16) through the consumer's own rows of sQ (its wgmma reads of them are complete), then
-  // 16-byte coalesced stores.
   gate.finish(0, acc_o);
+  if constexpr (kPersistent) {
+    // O straight from the registers: Q's buffer already holds the CTA's next tile.
 #pragma unroll
-  for (int db = 0; db < 16; ++db)
+    for (int db = 0; db < 16; ++db)
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = 64 * c + 16 * warp + g + 8 * hh;
-      *reinterpret_cast<__nv_bfloat162*>(cta.sQ + wgmma_panel_offset<kBlockM>(row, db) + 2 * quad) =
-          __floats2bfloat162_rn(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
-    }
-  consumer_barrier(c);
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = 64 * c + 16 * warp + g + 8 * hh;
+        if (row < cta.rows) {
+          const long long dst = ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD + 8 * db + 2 * quad;
+          *reinterpret_cast<__nv_bfloat162*>(p.out + dst) = __floats2bfloat162_rn(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
+        }
+      }
+  } else {
+    // O (bf16) through the consumer's own rows of sQ (its wgmma reads of them are complete), then
+    // 16-byte coalesced stores.
 #pragma unroll
-  for (int i = 0; i < 64 * kChunks / 128; ++i) {
-    const int idx = i * 128 + tid;
-    const int row = 64 * c + idx / kChunks, chunk = idx % kChunks;
-    if (row < cta.rows) {
-      const long long dst = ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD + chunk * 8;
-      store_bf16x8(p.out + dst, load_bf16x8(cta.sQ + wgmma_panel_offset<kBlockM>(row, chunk)));
+    for (int db = 0; db < 16; ++db)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = 64 * c + 16 * warp + g + 8 * hh;
+        *reinterpret_cast<__nv_bfloat162*>(cta.sQ + wgmma_panel_offset<kBlockM>(row, db) + 2 * quad) =
+            __floats2bfloat162_rn(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
+      }
+    consumer_barrier(c);
+#pragma unroll
+    for (int i = 0; i < 64 * kChunks / 128; ++i) {
+      const int idx = i * 128 + tid;
+      const int row = 64 * c + idx / kChunks, chunk = idx % kChunks;
+      if (row < cta.rows) {
+        const long long dst = ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD + chunk * 8;
+        store_bf16x8(p.out + dst, load_bf16x8(cta.sQ + wgmma_panel_offset<kBlockM>(row, chunk)));
+      }
     }
   }
 }
@@ -419,24 +454,33 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
 
 // kSplit: the query tiles' keys are split over `splits` CTAs each (else splits is 1; the
 // unsplit form is its own instantiation, so that its consumers keep every register they had).
-// `heads` query heads a CTA (2 only when split: heads_per_cta).
-template <class Gate, bool kSplit>
+// `heads` query heads a CTA (2 only when split: heads_per_cta). kPersistent (unsplit only): the
+// grid is at most one CTA a multiprocessor, and they take pairs of query tiles: a pair is the
+// tile z of the grid order (tile_order.cuh, with z over half the query tiles, heaviest first)
+// and its counterpart m - 1 - z of the same head and sequence (the lightest), so that every pair
+// of an equal-length batch holds the same work; CTA b of G takes pairs b, b + G, b + 2G, ... (a
+// static order: taking the tiles themselves in rounds left CTAs 1.3-1.6x the mean work at 1024
+// to 4096 tokens). The producer copies the next tile's Q and first K/V tiles while the
+// consumers finish the current one.
+template <class Gate, bool kSplit, bool kPersistent>
 __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale, int splits,
                                                                      int heads, int seq_group,
                                                                      const __grid_constant__ NewKvMaps maps) {
 #ifdef ASYNCT_WGMMA
-  if constexpr (!kSplit) splits = 1, heads = 1;
-  TileInfo t;
-  if (!make_tile_info(p, kBlockM / heads, seq_group, t, splits, heads)) return;
-  // The CTA's key tiles: all of the query tile's, or its split's even share.
-  const int rows = min(kBlockM / heads, t.q_len - t.m0);
-  const int key_tiles = (t.kv_end + kBlockN - 1) / kBlockN;
-  const SplitRange range = split_range<Gate>(key_tiles, t.split, splits);
-  if (kSplit && range.begin >= range.end) {  // a split with no keys (a short sequence among longer ones)
-    write_empty_part<Gate>(p, t, t.head, heads, rows, t.split, splits);
-    return;
+  static_assert(!(kSplit && kPersistent), "a persistent CTA does not split keys");
+  if constexpr (!kSplit) splits = 1;
+  if constexpr (!kSplit && !kPersistent) heads = 1;  // (a persistent CTA's tiles are of one head)
+  // One CTA a tile: its tile and key tiles (all of the query tile's, or its split's even share).
+  TileInfo own{};
+  SplitRange range{0, 0, 0};
+  if constexpr (!kPersistent) {
+    if (!make_tile_info(p, kBlockM / heads, this_ctas_grid_tile(seq_group), gridDim.z, own, splits, heads)) return;
+    range = split_range<Gate>((own.kv_end + kBlockN - 1) / kBlockN, own.split, splits);
+    if (kSplit && range.begin >= range.end) {  // a split with no keys (a short sequence among longer ones)
+      write_empty_part<Gate>(p, own, own.head, heads, min(kBlockM / heads, own.q_len - own.m0), own.split, splits);
+      return;
+    }
   }
-  const int first = range.first, begin = range.begin, end = range.end;
 
   extern __shared__ unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
@@ -448,21 +492,55 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
       ring.full[s].init(128);
       ring.empty[s].init(128 * kConsumers);
     }
+    ring.q_full.init(128);
+    ring.q_empty.init(128 * kConsumers);
     SharedBarrier::fence_init();
   }
   __syncthreads();
 
-  const Cta cta{p, t, sQ, sK, sV, ring, rows, heads, first, begin, end, maps};
+  // Runs work(cta) for each of the CTA's tiles, in order; returns the CTA's visits. (What the
+  // ring's stages follow is read from lane 0, so that the compiler knows it is the same across
+  // the warp: the wgmma descriptors that move with the stages stay in uniform registers.)
+  const auto each_tile = [&](auto&& work) {
+    if constexpr (!kPersistent) {
+      const Cta cta{p, own, sQ, sK, sV, ring, min(kBlockM / heads, own.q_len - own.m0), heads,
+                    range.first, range.begin, range.end, 0, 0, maps};
+      work(cta);
+      return cta.visits();
+    } else {
+      int base = 0, index = 0;
+      for (int k = 0;; ++k) {  // the CTA's k-th tile: of its pair k / 2, the heavier first
+        const int m_tiles = (p.max_q_len + kBlockM - 1) / kBlockM, pairs_a_seq = (m_tiles + 1) / 2;
+        const long long pair = blockIdx.x + (long long)(k / 2) * gridDim.x;
+        if (pair >= (long long)p.num_q_heads * p.num_seqs * pairs_a_seq) break;
+        GridTile place = grid_tile(pair, p.num_q_heads, p.num_seqs, pairs_a_seq, seq_group);
+        if (k % 2 == 1) {
+          if (m_tiles - 1 - place.z == place.z) continue;  // (the middle tile of an odd count is a pair alone)
+          place.z = m_tiles - 1 - place.z;
+        }
+        TileInfo t;
+        if (!make_tile_info(p, kBlockM, place, m_tiles, t)) continue;
+        const int key_tiles = __shfl_sync(0xffffffffu, (t.kv_end + kBlockN - 1) / kBlockN, 0);
+        const Cta cta{p, t, sQ, sK, sV, ring, min(kBlockM, t.q_len - t.m0), 1, 0, 0, key_tiles, base, index, maps};
+        work(cta);
+        base += key_tiles;
+        ++index;
+      }
+      return base;
+    }
+  };
+
   // (Read from lane 0, so that the compiler knows it is the same across the warp: the branches on
   // it do not split a warp, and what derives from it may live in uniform registers.)
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   if (wg == 0) {
-    release_registers<kProducerRegisters>();
-    produce(cta);
+    release_registers<Registers<kPersistent>::kProducer>();
+    each_tile([&](const Cta& cta) { produce(cta); });
     return;  // (the producer's path must not join the consumers': they hold other register counts)
   }
-  claim_registers<kConsumerRegisters>();
-  consume<Gate, kSplit>(cta, wg - 1, scale, splits);
+  claim_registers<Registers<kPersistent>::kConsumer>();
+  const int visits = each_tile([&](const Cta& cta) { consume<Gate, kSplit, kPersistent>(cta, wg - 1, scale, splits); });
+  if (wg == 1 && visits > 0) wait_for_turn(0);  // consumer 0 takes consumer 1's last pass
 #else
   __trap();  // launched only where the build has sm_90a code (prefill_hopper_applies)
 #endif
@@ -473,6 +551,14 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 int heads_per_cta(const PrefillParams& p) {
   const int group = p.num_q_heads / p.kv.num_kv_heads;
   return p.max_q_len <= kBlockM / 2 && group % 2 == 0 ? 2 : 1;
+}
+
+// How many persistent CTAs the unsplit kernel runs (KernelTuning::prefill_ctas, at most one a
+// multiprocessor and one a pair of query tiles); 0: one CTA a tile.
+long long prefill_hopper_persistent_ctas(const PrefillParams& p) {
+  const int forced = kernel_tuning().prefill_ctas;
+  const long long pairs = (long long)p.num_q_heads * p.num_seqs * (((p.max_q_len + kBlockM - 1) / kBlockM + 1) / 2);
+  return forced > 0 ? std::min<long long>({forced, current_device_info().sm_count, pairs}) : 0;
 }
 
 template <class Gate>
@@ -486,14 +572,20 @@ void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t s
   const dim3 grid(p.num_q_heads / heads, p.num_seqs, m_tiles * splits);
   const NewKvMaps maps = new_kv_maps(p);
   const int seq_group = prefill_seq_group(p);
-  if (splits == 1) {
-    allow_dynamic_smem<prefill_hopper_kernel<Gate, false>>(kSmemBytes);
-    prefill_hopper_kernel<Gate, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, seq_group, maps);
+  if (const long long ctas = prefill_hopper_persistent_ctas(p); splits == 1 && ctas > 0) {
+    allow_dynamic_smem<prefill_hopper_kernel<Gate, false, true>>(kSmemBytes);
+    prefill_hopper_kernel<Gate, false, true><<<unsigned(ctas), kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, seq_group, maps);
     check_launch(who);
     return;
   }
-  allow_dynamic_smem<prefill_hopper_kernel<Gate, true>>(kSmemBytes);
-  prefill_hopper_kernel<Gate, true><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits, heads, seq_group, maps);
+  if (splits == 1) {
+    allow_dynamic_smem<prefill_hopper_kernel<Gate, false, false>>(kSmemBytes);
+    prefill_hopper_kernel<Gate, false, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, seq_group, maps);
+    check_launch(who);
+    return;
+  }
+  allow_dynamic_smem<prefill_hopper_kernel<Gate, true, false>>(kSmemBytes);
+  prefill_hopper_kernel<Gate, true, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits, heads, seq_group, maps);
   check_launch(who);
   launch_combine_splits<kD, Gate>(p, splits, stream);
 }
@@ -503,7 +595,7 @@ void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t s
 bool hopper_code_here() {
   static const bool here = [] {
     cudaFuncAttributes attributes{};
-    ASYNCT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, prefill_hopper_kernel<SoftmaxGate<1>, false>));
+    ASYNCT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, prefill_hopper_kernel<SoftmaxGate<1>, false, false>));
     return attributes.binaryVersion == 90;
   }();
   return here;

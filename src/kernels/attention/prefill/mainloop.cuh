@@ -23,19 +23,20 @@ struct TileInfo {
 };
 
 
-// The CTA's tile: (query head, sequence, query rows) from its place in the grid (tile_order.cuh:
-// sequences in groups of `seq_group`, each group's heaviest (last) query tiles first); with
-// `splits` CTAs a tile, the z index also says which split this is; with `heads` query heads a CTA
-// (of one KV head), the head index picks the first of them and block_m is each head's rows.
-// False: the tile lies past the sequence's new tokens, the CTA has nothing to do.
-__device__ __forceinline__ bool make_tile_info(const PrefillParams& p, int block_m, int seq_group, TileInfo& t,
-                                               int splits = 1, int heads = 1) {
-  const GridTile place = this_ctas_grid_tile(seq_group);
+// The tile at `place` in a grid of `zs` query tiles (x splits) a sequence: (query head, sequence,
+// query rows); with `splits` CTAs a tile, the z index also says which split this is; with `heads`
+// query heads a CTA (of one KV head), the head index picks the first of them and block_m is each
+// head's rows. A CTA's place is this_ctas_grid_tile(seq_group) (tile_order.cuh: sequences in
+// groups of `seq_group`, each group's heaviest (last) query tiles first), or, for a CTA that takes
+// several tiles, grid_tile() of each. False: the tile lies past the sequence's new tokens, there
+// is nothing to do.
+__device__ __forceinline__ bool make_tile_info(const PrefillParams& p, int block_m, const GridTile& place, int zs,
+                                               TileInfo& t, int splits = 1, int heads = 1) {
   t.head = place.head_index * heads;
   t.seq = place.seq;
   t.q_begin = p.cu_seqlens_q[t.seq];
   t.q_len = p.cu_seqlens_q[t.seq + 1] - t.q_begin;
-  t.m0 = int(gridDim.z / splits - 1 - place.z / splits) * block_m;
+  t.m0 = int(zs / splits - 1 - place.z / splits) * block_m;
   t.split = place.z % splits;
   if (t.m0 >= t.q_len) return false;
   t.prefix = p.kv_lens[t.seq] - t.q_len;

@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
 
   if constexpr (!kSplit) splits = 1;
   TileInfo t;
-  if (!make_tile_info(p, kBlockM, seq_group, t, splits)) return;
+  if (!make_tile_info(p, kBlockM, this_ctas_grid_tile(seq_group), gridDim.z, t, splits)) return;
   const int rows = min(kBlockM, t.q_len - t.m0);  // valid query rows of this tile
   // The key tiles it visits: all of the query tile's, or its split's share (and the one before).
   const SplitRange range = split_range<Gate>((t.kv_end + kBlockN - 1) / kBlockN, t.split, splits);

@@ -88,16 +88,23 @@ constexpr int kTileElems = kBlockN * kD;
 // thread (what ptxas gives 384 threads, one CTA per SM); setmaxnreg.inc takes registers only from
 // what the producer's setmaxnreg.dec gave back, so the two must add up to no more than that, or
 // the consumers wait forever. The producer keeps enough for its addresses, the consumers fit in
-// 216 without spilling (ptxas -v; the runtime windows 4..8 spill some).
+// 216 without spilling (ptxas -v; the runtime windows 4..8 spill some). A persistent CTA's
+// producer walks its tiles too and needs 88 (at 72 it spilled 52 bytes); its consumers fit in 208.
 constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;  // 168
-constexpr int kProducerRegisters = 72, kConsumerRegisters = 216;
-static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= kThreads * kLaunchRegisters,
-              "the consumers can only claim what the producer gave back");
+template <bool kPersistent>
+struct Registers {
+  static constexpr int kProducer = kPersistent ? 88 : 72, kConsumer = kPersistent ? 208 : 216;
+  static_assert(128 * kProducer + 128 * kConsumers * kConsumer <= kThreads * kLaunchRegisters,
+                "the consumers can only claim what the producer gave back");
+};
 
 // The ring's barriers: full[s] completes when stage s has landed (the producer's 128 threads
-// arrive), empty[s] when both consumers are done with it (their 256 threads arrive).
+// arrive), empty[s] when both consumers are done with it (their 256 threads arrive); q_full when
+// a tile's Q has landed, q_empty when both consumers have run their last Q K^T of a tile (Q's
+// buffer may take the CTA's next tile).
 struct RingBarriers {
   SharedBarrier full[kStages], empty[kStages];
+  SharedBarrier q_full, q_empty;
 };
 // Q, kStages K tiles, kStages V tiles, the barriers; + 1024 to align the base to a swizzle period.
 constexpr int kTileBytes = (kBlockM + 2 * kStages * kBlockN) * kD * 2;

@@ -73,7 +73,7 @@ fi
 if want tests; then
   echo "== GPU tests =="
   # A hung kernel is cut off by the timeout instead of eating the machine's time.
-  timeout "${GPU_TEST_TIMEOUT:-300}" build/gpu/tests/asynct_gpu_tests --gtest_filter="${GPU_TEST_FILTER:-*}" \
+  timeout "${GPU_TEST_TIMEOUT:-480}" build/gpu/tests/asynct_gpu_tests --gtest_filter="${GPU_TEST_FILTER:-*}" \
     >"$out/gpu_tests.log" 2>&1 || status=1
   grep -E "^\[ *(OK|PASSED|FAILED) *\]|tests ran|Failure|relative error" "$out/gpu_tests.log" | head -100
 fi

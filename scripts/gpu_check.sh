@@ -4,14 +4,15 @@
 # printing a short summary of each. Logs and JSON results go to $OUT (the device tool's output
 # folder) or build/gpu-out; at the end the logs are packed into one logs-HHMMSS.tgz there.
 #
-# STAGES picks what runs (default: all but timeline, in this order):
-#   build tests sanitizer torch bench scenarios sampling serve timeline probes
+# STAGES picks what runs, in this order (default: build tests sanitizer torch bench scenarios sampling):
+#   build tests sanitizer torch bench scenarios sampling serve timeline prefill_profile probes
 # e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings,
 # STAGES="build sampling" for the device sampler's kernel bench and decode_heavy_b32 greedy against
 # sampled, STAGES="build timeline" for where a decode step's time goes (the kernel timeline of both
 # models' decode_heavy_b32 steps), STAGES="build serve" for asynct serve at 1.7B against the same
 # load in process (SERVE_ARCHS, SERVE_RATES narrow it), STAGES=probes for the design probes in bench/*_probe.cu (what
-# a dependency costs; what the decode step's structure costs with no math in it).
+# a dependency costs; what the decode step's structure costs with no math in it),
+# STAGES="build prefill_profile" for the prefill kernel's clock under load and ncu (PROFILE_SHAPES).
 # GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
 # (e.g. "decode norms"), SCENARIO_SCALE and SCENARIO_REPEAT (runs per model, median reported)
 # narrow or widen further. Needs the Debian packages of scripts/device_deps.sh in .deps/ when the machine
@@ -201,6 +202,27 @@ if want timeline; then
   else
     status=1
   fi
+fi
+if want prefill_profile; then
+  # The Hopper prefill kernel beside cuDNN under a sustained stream (bench/prefill_clock.py: clock,
+  # power, clock-event reasons), then ncu with the source page summarised by the kernel's parts
+  # (bench/ncu_source.py) for each of PROFILE_SHAPES. ASYNCT_* variables set for the call (e.g.
+  # ASYNCT_PREFILL_CTAS) reach both. Everything comes back as one prefill-profile-HHMMSS.tgz.
+  echo "== the prefill kernel: clock and power under a sustained stream; ncu and its source page =="
+  PYTHONUNBUFFERED=1 timeout 120 python3 bench/prefill_clock.py --lib "$PWD/build/gpu" --out "$out" |
+    tee "$out/prefill_clock.txt" || status=1
+  for shape in ${PROFILE_SHAPES:-128x128 16x1024 1x16384}; do
+    rep="$out/prefill_ncu_$shape"
+    timeout 240 ncu --clock-control none -k regex:prefill_hopper_kernel --launch-skip 1 --launch-count 2 --set full \
+      --import-source yes -f -o "$rep" python3 bench/bench_prefill.py --lib "$PWD/build/gpu" --out "$out" \
+      --shapes "$shape" --profile >"${rep}_run.txt" 2>&1 || { status=1; continue; }
+    ncu -i "$rep.ncu-rep" --page details >"${rep}_details.txt" 2>&1
+    ncu -i "$rep.ncu-rep" --page source --print-source sass --csv 2>/dev/null | gzip >"${rep}_source.csv.gz"
+    python3 bench/ncu_source.py "${rep}_source.csv.gz" >"${rep}_source.txt" 2>&1 || status=1
+    grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput|L2 Hit Rate" "${rep}_details.txt"
+    rm -f "$rep.ncu-rep" "${rep}_source.csv.gz"
+  done
+  (cd "$out" && tar czf "prefill-profile-$(date +%H%M%S).tgz" prefill_clock.* prefill_ncu_* && rm -f prefill_clock.* prefill_ncu_*)
 fi
 if want probes; then
   echo "== design probes =="

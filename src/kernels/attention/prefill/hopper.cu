@@ -311,7 +311,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
   const auto take_turn = [&](int local) {
     if (c == 1 || cta.base + local > 0) wait_for_turn(c);
   };
-  const auto pass_turn = [&](int) { give_turn(1 - c); };
+  const auto pass_turn = [&] { give_turn(1 - c); };
   // After the tile's last Q K^T (this consumer's): Q's buffer may take the CTA's next tile.
   const auto done_with_q = [&](int local) {
     if (local + 1 == visits) cta.ring.q_empty.arrive();
@@ -351,7 +351,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
                          wgmma_descriptor_plus(k_stage, (ks / 4) * kKvPanelBytes + offset));
     }
     wgmma_commit();
-    pass_turn(local);
+    pass_turn();
     if constexpr (kPendingPv) {
       issue_pv(local - 1);
       wgmma_wait<1>();  // Q K^T done; the P V may still run
@@ -393,7 +393,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
       scores_to_p.template operator()<true>(local);
     } else {  // (consumer 0, its last tile)
       take_turn(local);
-      pass_turn(local);
+      pass_turn();
       done_with_q(local);
       issue_pv(local - 1);
       wgmma_wait<0>();

@@ -1,5 +1,6 @@
 // Over 500 lines: one kernel (its producer, its consumers, the split path's parts and their
-// combine), whose pieces share the tile shape, the ring and the turn barriers.
+// combine, the persistent form's walk over its tiles), whose pieces share the tile shape, the
+// ring and the turn barriers.
 // Hopper prefill attention (sm_90a) for head_dim 128: the portable kernel's algorithm (portable.cu)
 // on warpgroup MMA (wgmma.cuh), with the same gates, tile order, K/V sources and cache write
 // (traits.cuh, mainloop.cuh, gates.cuh, epilogue.cuh), in the FlashAttention-3 form: a producer

@@ -152,41 +152,42 @@ __device__ __forceinline__ void load_q(bf16* sQ, const PrefillParams& p, const T
   }
 }
 
-// The K (or V) rows of key tile `tile` (keys [128 tile, 128 tile + 128), in the key order of
-// traits.cuh): keys past kv_end zero-filled.
-__device__ __forceinline__ void load_kv(bf16* stage, int tile, const PrefillParams& p, const TileInfo& t,
-                                        bool values) {
+// K/V tile `tile` (keys [128 tile, 128 tile + 128), in the key order of traits.cuh):
+// keys past kv_end zero-filled.
+__device__ __forceinline__ void load_kv(bf16* k_stage, bf16* v_stage, int tile, const PrefillParams& p,
+                                        const TileInfo& t) {
   const CopySlot slot;
 #pragma unroll
   for (int pass = 0; pass < kCopyPasses; ++pass) {
     const int row = slot.row0 + 32 * pass;                          // in shared memory
     const int pos = tile * kBlockN + key_of_column<kBlockN / 8>(row);  // (the key order)
     const bool valid = pos < t.kv_end;
-    const bf16* source = values ? p.value : p.key;  // (any valid address: an invalid copy reads nothing)
-    if (valid) {
-      const KvRow rows = kv_row<kD>(p, t, pos);
-      source = values ? rows.value : rows.key;
-    }
+    KvRow source{p.key, p.value};  // (any valid address: an invalid copy reads nothing)
+    if (valid) source = kv_row<kD>(p, t, pos);
 #pragma unroll
     for (int j = 0; j < kChunks / 4; ++j) {
       const int c = 4 * j + slot.sub;
-      cp_async16(stage + wgmma_panel_offset<kBlockN>(row, c), source + (valid ? c * 8 : 0), valid);
+      const int dst = wgmma_panel_offset<kBlockN>(row, c), src = valid ? c * 8 : 0;
+      cp_async16(k_stage + dst, source.key + src, valid);
+      cp_async16(v_stage + dst, source.value + src, valid);
     }
   }
 }
 
 // load_kv for a tile of new tokens, by the copy engine: producer thread 0 announces the tile's
-// bytes on the stage's "full" barrier and issues one tensor copy per panel (`map`, the keys' or
-// the values', lays its boxes out in the key order); the other producer threads issue nothing.
-__device__ __forceinline__ void copy_new_kv(bf16* stage, int tile, const TileInfo& t, const CUtensorMap& map,
-                                            SharedBarrier& full) {
+// bytes on the stage's "full" barrier and issues one tensor copy per panel of K and of V
+// (NewKvMaps lays their boxes out in the key order); the other producer threads issue nothing.
+__device__ __forceinline__ void copy_new_kv(bf16* k_stage, bf16* v_stage, int tile, const TileInfo& t,
+                                            const NewKvMaps& maps, SharedBarrier& full) {
   if (threadIdx.x % 128 != 0) return;
   const int token = t.q_begin - t.prefix + tile * kBlockN;  // the tile's first key, in the arrays
-  full.expect(kTileElems * 2);
+  full.expect(2 * kTileElems * 2);
 #pragma unroll
-  for (int panel = 0; panel < kD / kPanelCols; ++panel)
-    tensor_copy_4d_to_shared(stage + panel * kBlockN * kPanelCols, &map, t.kv_head * kD + panel * kPanelCols, token, 0,
-                             0, full);
+  for (int panel = 0; panel < kD / kPanelCols; ++panel) {
+    const int column = t.kv_head * kD + panel * kPanelCols;
+    tensor_copy_4d_to_shared(k_stage + panel * kBlockN * kPanelCols, &maps.key, column, token, 0, 0, full);
+    tensor_copy_4d_to_shared(v_stage + panel * kBlockN * kPanelCols, &maps.value, column, token, 0, 0, full);
+  }
 }
 
 // Named barriers (0 is __syncthreads): 1 + c, the 128 threads of consumer c; turn_barrier(c),
@@ -217,12 +218,11 @@ __device__ __forceinline__ void claim_registers() {
 // visits [first, end), where first is begin - 1 when the gate's halo needs the tile before (a
 // split's warm-up tile) and begin otherwise. The ring's stages and barriers' phases count the
 // visits of all the CTA's tiles: this tile's visit `local` (tile first + local) is the CTA's
-// visit base + local. Q's buffers and barriers count tiles: this is the CTA's tile `index` (from
-// 0), its Q in buffer index % kQBuffers (sQ), that buffer's use index / kQBuffers.
+// visit base + local. Q's barriers count tiles: this is the CTA's tile `index` (from 0).
 struct Cta {
   const PrefillParams& p;
   const TileInfo& t;
-  bf16 *sQ, *sK, *sV;  // this tile's Q buffer, the ring's K and V stages
+  bf16 *sQ, *sK, *sV;
   RingBarriers& ring;
   int rows;   // query rows of each head
   int heads;  // query heads (1, or 2: one a consumer)
@@ -232,66 +232,46 @@ struct Cta {
   __device__ int visits() const { return end - first; }
 };
 
-// The producer: visit v's K tile into K stage v % kKStages once both consumers have run visit
-// v - kKStages's Q K^T, its V tile into V stage v % kVStages once they have run visit
-// v - kVStages's P V. A tile is announced by the copies themselves: each thread's arrival on its
-// "full" barrier is made when its copies have landed, so the producer never waits for a copy,
-// except to write the cache from a tile with new rows. One CTA a tile: its Q follows its first
-// K/V tile (one tensor copy of one thread starts sooner than Q's cp.async from all). A persistent
-// CTA: the tile's Q comes first, into the buffer the consumers freed a tile ago, while the
-// stages for its first K/V tile are still in use by the tile before.
-template <bool kPersistent>
+// The producer: visit v into stage v % kStages once both consumers released visit v - kStages.
+// A visit is announced by the copies themselves: each thread's arrival on full[v % kStages] is
+// made when its copies have landed, so the producer never waits for a copy, except to write the
+// cache from a tile with new rows. The tile's Q follows its first K/V tile, once the consumers
+// have run the CTA's previous tile's last Q K^T (a persistent CTA's producer is a tile ahead).
 __device__ __forceinline__ void produce(const Cta& cta) {
-  using R = Ring<kPersistent>;
   const PrefillParams& p = cta.p;
   const TileInfo& t = cta.t;
-  RingBarriers& ring = cta.ring;
-  const int q_buffer = cta.index % R::kQBuffers, q_use = cta.index / R::kQBuffers;
-  const auto copy_q = [&] {
-    if (q_use > 0) ring.q_empty[q_buffer].wait((q_use - 1) & 1);
-    load_q(cta.sQ, p, t, cta.rows, cta.heads);
-    ring.q_full[q_buffer].arrive_when_copies_land();
-  };
-  if constexpr (kPersistent) copy_q();
   // The first query head of each KV-head group writes the new tokens' K/V into the cache.
   // (A split writes the new rows of its own tiles, not of its warm-up tile.)
   const bool writes_cache = t.head % (p.num_q_heads / p.kv.num_kv_heads) == 0;
   for (int local = 0; local < cta.visits(); ++local) {
-    const int tile = cta.first + local, visit = cta.base + local;
-    const int k_stage = visit % R::kKStages, v_stage = visit % R::kVStages;
-    bf16 *k_tile = cta.sK + k_stage * kTileElems, *v_tile = cta.sV + v_stage * kTileElems;
+    const int tile = cta.first + local, visit = cta.base + local, stage = visit % kStages;
+    bf16 *k_stage = cta.sK + stage * kTileElems, *v_stage = cta.sV + stage * kTileElems;
+    if (visit >= kStages) cta.ring.empty[stage].wait((visit / kStages - 1) & 1);
     // Tensor copies for a tile of the sequence's new tokens alone (NewKvMaps says why); cp.async
     // through the block table for the cached keys, the sequence's last, partial tile, or no maps.
-    const bool tensor_copies =
-        cta.maps.usable && tile * kBlockN >= t.prefix && (tile + 1) * kBlockN <= t.prefix + t.q_len;
-    if (visit >= R::kKStages) ring.k_empty[k_stage].wait((visit / R::kKStages - 1) & 1);
-    if (tensor_copies)
-      copy_new_kv(k_tile, tile, t, cta.maps.key, ring.k_full[k_stage]);
+    if (cta.maps.usable && tile * kBlockN >= t.prefix && (tile + 1) * kBlockN <= t.prefix + t.q_len)
+      copy_new_kv(k_stage, v_stage, tile, t, cta.maps, cta.ring.full[stage]);
     else
-      load_kv(k_tile, tile, p, t, false);
-    ring.k_full[k_stage].arrive_when_copies_land();
-    if (visit >= R::kVStages) ring.v_empty[v_stage].wait((visit / R::kVStages - 1) & 1);
-    if (tensor_copies)
-      copy_new_kv(v_tile, tile, t, cta.maps.value, ring.v_full[v_stage]);
-    else
-      load_kv(v_tile, tile, p, t, true);
-    ring.v_full[v_stage].arrive_when_copies_land();
-    if constexpr (!kPersistent)
-      if (local == 0) copy_q();
+      load_kv(k_stage, v_stage, tile, p, t);
+    cta.ring.full[stage].arrive_when_copies_land();
+    if (local == 0) {
+      if (cta.index > 0) cta.ring.q_empty.wait((cta.index - 1) & 1);
+      load_q(cta.sQ, p, t, cta.rows, cta.heads);
+      cta.ring.q_full.arrive_when_copies_land();
+    }
     if (writes_cache && tile >= cta.begin && (tile + 1) * kBlockN > t.prefix + t.m0) {  // the tile holds new rows
-      ring.k_full[k_stage].wait((visit / R::kKStages) & 1);  // every copy of the tile has landed
-      ring.v_full[v_stage].wait((visit / R::kVStages) & 1);
-      store_new_rows<kD, kBlockN, 128>(k_tile, v_tile, tile, p, t,
+      cta.ring.full[stage].wait((visit / kStages) & 1);  // every copy of the tile has landed
+      store_new_rows<kD, kBlockN, 128>(k_stage, v_stage, tile, p, t,
                                        [](int row, int chunk) { return wgmma_panel_offset<kBlockN>(row, chunk); });
     }
   }
 }
 
 // Consumer c: rows [64 c, 64 c + 64) of the CTA's tile, or with two heads rows [0, 64) of head
-// t.head + c; with splits > 1 its part of their output goes to the workspace.
+// t.head + c; with splits > 1 its part of their output goes to the workspace. kPersistent: the
+// output goes straight from the registers (Q's buffer already holds the CTA's next tile).
 template <class Gate, bool kSplit, bool kPersistent>
 __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int splits) {
-  using R = Ring<kPersistent>;
   const PrefillParams& p = cta.p;
   const TileInfo& t = cta.t;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
@@ -318,14 +298,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
   const std::uint64_t q_desc = wgmma_descriptor(smem_addr(cta.sQ) + 64 * c * kRowBytes);
   const std::uint64_t k_desc = wgmma_descriptor(smem_addr(cta.sK));
   const std::uint64_t v_desc = wgmma_descriptor_mn(smem_addr(cta.sV), kKvPanelBytes);
-  // A visit's K stage goes back to the producer after its Q K^T, its V stage after its P V.
-  const auto release_k = [&](int local) { cta.ring.k_empty[(cta.base + local) % R::kKStages].arrive(); };
-  const auto release_v = [&](int local) { cta.ring.v_empty[(cta.base + local) % R::kVStages].arrive(); };
-  const auto wait_v = [&](int local) {
-    const int visit = cta.base + local;
-    cta.ring.v_full[visit % R::kVStages].wait((visit / R::kVStages) & 1);
-    fence_proxy_async_shared();  // the landed copies (generic proxy) before this thread's wgmma reads
-  };
+  const auto release = [&](int local) { cta.ring.empty[(cta.base + local) % kStages].arrive(); };
   const int visits = cta.visits();
 
   // The consumers take turns at Q K^T, visit by visit over all the CTA's tiles: 0, 1, 0, 1, ...
@@ -340,14 +313,17 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     if (c == 1 || cta.base + local > 0) wait_for_turn(c);
   };
   const auto pass_turn = [&] { give_turn(1 - c); };
+  // After the tile's last Q K^T (this consumer's): Q's buffer may take the CTA's next tile.
+  const auto done_with_q = [&](int local) {
+    if (local + 1 == visits) cta.ring.q_empty.arrive();
+  };
 
   // P of the tile whose Q K^T and gate are done and whose P V is not yet issued (bf16 pairs: the
   // register operand, key step kk = n8 blocks 2kk and 2kk+1 of S).
   unsigned p_frag[kBlockN / 16][4];
   // O += P V for visit `of_local`: V's k16 step kk starts 16 rows (2048 bytes) into its panels.
   const auto issue_pv = [&](int of_local) {
-    wait_v(of_local);
-    const std::uint64_t v_stage = wgmma_descriptor_plus(v_desc, ((cta.base + of_local) % R::kVStages) * kStageBytes);
+    const std::uint64_t v_stage = wgmma_descriptor_plus(v_desc, ((cta.base + of_local) % kStages) * kStageBytes);
     wgmma_fence();  // p_frag (and O, after a softmax rescale) written before the wgmma read them
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
@@ -367,7 +343,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc_s[nb][e] = 0.0f;
     take_turn(local);
-    const std::uint64_t k_stage = wgmma_descriptor_plus(k_desc, ((cta.base + local) % R::kKStages) * kStageBytes);
+    const std::uint64_t k_stage = wgmma_descriptor_plus(k_desc, ((cta.base + local) % kStages) * kStageBytes);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
@@ -383,7 +359,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     } else {
       wgmma_wait<0>();
     }
-    release_k(local);
+    done_with_q(local);
     wgmma_fence_operand(acc_s);
     if (tile >= first_masked)
       gate.template apply<true>(0, acc_s, tile * kBlockN, pos0);
@@ -392,7 +368,7 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     if constexpr (kPendingPv) {
       wgmma_wait<0>();  // the P V is done with p_frag, with O and with its stage
       wgmma_fence_operand(acc_o);
-      release_v(local - 1);
+      release(local - 1);
     }
     gate.rescale(0, acc_o);
 #pragma unroll
@@ -404,16 +380,14 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     }
   };
 
-  const int q_buffer = cta.index % R::kQBuffers;
-  cta.ring.q_full[q_buffer].wait((cta.index / R::kQBuffers) & 1);
+  cta.ring.q_full.wait(cta.index & 1);
   for (int local = 0; local < visits; ++local) {
     const int tile = cta.first + local, visit = cta.base + local;
-    cta.ring.k_full[visit % R::kKStages].wait((visit / R::kKStages) & 1);
+    cta.ring.full[visit % kStages].wait((visit / kStages) & 1);
     fence_proxy_async_shared();  // the landed copies (generic proxy) before this thread's wgmma reads
     if (tile < cta.begin) {  // the warm-up tile: its gate carries the halo in; no P V
       scores_to_p.template operator()<false>(local);
-      wait_v(local);  // (its V stage goes back only once its copies have landed)
-      release_v(local);
+      release(local);
     } else if (tile == cta.begin) {
       scores_to_p.template operator()<false>(local);
     } else if (tile * kBlockN <= last_pos) {
@@ -421,18 +395,17 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     } else {  // (consumer 0, its last tile)
       take_turn(local);
       pass_turn();
-      release_k(local);
+      done_with_q(local);
       issue_pv(local - 1);
       wgmma_wait<0>();
-      release_v(local - 1);
-      wait_v(local);  // (its V stage goes back only once its copies have landed)
-      release_v(local);
+      release(local - 1);
+      release(local);
     }
   }
   if ((cta.end - 1) * kBlockN <= last_pos || cta.end - 1 == cta.begin) {  // the last tile's P V
     issue_pv(visits - 1);
     wgmma_wait<0>();
-    release_v(visits - 1);
+    release(visits - 1);
   }
   wgmma_fence_operand(acc_o);
 
@@ -442,27 +415,40 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
     return;
   }
   gate.finish(0, acc_o);
-  // O (bf16) through the consumer's own rows of the tile's Q buffer (its wgmma reads of them are
-  // complete), then 16-byte coalesced stores; then the buffer may take a later tile's Q.
+  if constexpr (kPersistent) {
+    // O straight from the registers: Q's buffer already holds the CTA's next tile.
 #pragma unroll
-  for (int db = 0; db < 16; ++db)
+    for (int db = 0; db < 16; ++db)
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int row = 64 * c + 16 * warp + g + 8 * hh;
-      *reinterpret_cast<__nv_bfloat162*>(cta.sQ + wgmma_panel_offset<kBlockM>(row, db) + 2 * quad) =
-          __floats2bfloat162_rn(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
-    }
-  consumer_barrier(c);
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = 64 * c + 16 * warp + g + 8 * hh;
+        if (row < cta.rows) {
+          const long long dst = ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD + 8 * db + 2 * quad;
+          *reinterpret_cast<__nv_bfloat162*>(p.out + dst) = __floats2bfloat162_rn(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
+        }
+      }
+  } else {
+    // O (bf16) through the consumer's own rows of sQ (its wgmma reads of them are complete), then
+    // 16-byte coalesced stores.
 #pragma unroll
-  for (int i = 0; i < 64 * kChunks / 128; ++i) {
-    const int idx = i * 128 + tid;
-    const int row = 64 * c + idx / kChunks, chunk = idx % kChunks;
-    if (row < cta.rows) {
-      const long long dst = ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD + chunk * 8;
-      store_bf16x8(p.out + dst, load_bf16x8(cta.sQ + wgmma_panel_offset<kBlockM>(row, chunk)));
+    for (int db = 0; db < 16; ++db)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = 64 * c + 16 * warp + g + 8 * hh;
+        *reinterpret_cast<__nv_bfloat162*>(cta.sQ + wgmma_panel_offset<kBlockM>(row, db) + 2 * quad) =
+            __floats2bfloat162_rn(acc_o[db][2 * hh], acc_o[db][2 * hh + 1]);
+      }
+    consumer_barrier(c);
+#pragma unroll
+    for (int i = 0; i < 64 * kChunks / 128; ++i) {
+      const int idx = i * 128 + tid;
+      const int row = 64 * c + idx / kChunks, chunk = idx % kChunks;
+      if (row < cta.rows) {
+        const long long dst = ((long long)(t.q_begin + t.m0 + row) * p.num_q_heads + t.head) * kD + chunk * 8;
+        store_bf16x8(p.out + dst, load_bf16x8(cta.sQ + wgmma_panel_offset<kBlockM>(row, chunk)));
+      }
     }
   }
-  if constexpr (kPersistent) cta.ring.q_empty[q_buffer].arrive();
 }
 
 #endif  // ASYNCT_WGMMA
@@ -475,8 +461,8 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
 // and its counterpart m - 1 - z of the same head and sequence (the lightest), so that every pair
 // of an equal-length batch holds the same work; CTA b of G takes pairs b, b + G, b + 2G, ... (a
 // static order: taking the tiles themselves in rounds left CTAs 1.3-1.6x the mean work at 1024
-// to 4096 tokens). The producer copies the next tile's Q (into the other of two buffers) and
-// first K/V tiles while the consumers finish the current one.
+// to 4096 tokens). The producer copies the next tile's Q and first K/V tiles while the
+// consumers finish the current one.
 template <class Gate, bool kSplit, bool kPersistent>
 __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale, int splits,
                                                                      int heads, int seq_group,
@@ -497,25 +483,18 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
     }
   }
 
-  using R = Ring<kPersistent>;
   extern __shared__ unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t(1023));
-  bf16* sK = sQ + R::kQBuffers * kBlockM * kD;
-  bf16* sV = sK + R::kKStages * kTileElems;
-  RingBarriers& ring = *reinterpret_cast<RingBarriers*>(sV + R::kVStages * kTileElems);
+  bf16* sK = sQ + kBlockM * kD;
+  bf16* sV = sK + kStages * kTileElems;
+  RingBarriers& ring = *reinterpret_cast<RingBarriers*>(sV + kStages * kTileElems);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < R::kKStages; ++s) {
-      ring.k_full[s].init(128);
-      ring.k_empty[s].init(128 * kConsumers);
+    for (int s = 0; s < kStages; ++s) {
+      ring.full[s].init(128);
+      ring.empty[s].init(128 * kConsumers);
     }
-    for (int s = 0; s < R::kVStages; ++s) {
-      ring.v_full[s].init(128);
-      ring.v_empty[s].init(128 * kConsumers);
-    }
-    for (int b = 0; b < R::kQBuffers; ++b) {
-      ring.q_full[b].init(128);
-      ring.q_empty[b].init(128 * kConsumers);
-    }
+    ring.q_full.init(128);
+    ring.q_empty.init(128 * kConsumers);
     SharedBarrier::fence_init();
   }
   __syncthreads();
@@ -543,8 +522,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
         TileInfo t;
         if (!make_tile_info(p, kBlockM, place, m_tiles, t)) continue;
         const int key_tiles = __shfl_sync(0xffffffffu, (t.kv_end + kBlockN - 1) / kBlockN, 0);
-        const Cta cta{p, t, sQ + (index % R::kQBuffers) * kBlockM * kD, sK, sV, ring, min(kBlockM, t.q_len - t.m0), 1, 0, 0,
-                      key_tiles, base, index, maps};
+        const Cta cta{p, t, sQ, sK, sV, ring, min(kBlockM, t.q_len - t.m0), 1, 0, 0, key_tiles, base, index, maps};
         work(cta);
         base += key_tiles;
         ++index;
@@ -558,7 +536,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   if (wg == 0) {
     release_registers<Registers<kPersistent>::kProducer>();
-    each_tile([&](const Cta& cta) { produce<kPersistent>(cta); });
+    each_tile([&](const Cta& cta) { produce(cta); });
     return;  // (the producer's path must not join the consumers': they hold other register counts)
   }
   claim_registers<Registers<kPersistent>::kConsumer>();
@@ -596,13 +574,11 @@ void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t s
   const NewKvMaps maps = new_kv_maps(p);
   const int seq_group = prefill_seq_group(p);
   if (const long long ctas = prefill_hopper_persistent_ctas(p); splits == 1 && ctas > 0) {
-    constexpr int kSmemBytes = Ring<true>::kSmemBytes;
     allow_dynamic_smem<prefill_hopper_kernel<Gate, false, true>>(kSmemBytes);
     prefill_hopper_kernel<Gate, false, true><<<unsigned(ctas), kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, seq_group, maps);
     check_launch(who);
     return;
   }
-  constexpr int kSmemBytes = Ring<false>::kSmemBytes;
   if (splits == 1) {
     allow_dynamic_smem<prefill_hopper_kernel<Gate, false, false>>(kSmemBytes);
     prefill_hopper_kernel<Gate, false, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, seq_group, maps);

@@ -79,6 +79,7 @@ constexpr int kConsumers = 2;                     // consumer warpgroups, 64 que
 constexpr int kThreads = 128 * (kConsumers + 1);  // and the producer warpgroup
 constexpr int kBlockM = 64 * kConsumers;          // query rows per CTA
 constexpr int kBlockN = 128;                      // keys per tile
+constexpr int kStages = 3;                        // K/V tiles in the ring
 constexpr int kChunks = kD / 8;                   // 16-byte chunks per row
 constexpr int kPanelCols = 64;                    // one 128-byte swizzle row
 constexpr int kRowBytes = kPanelCols * 2;
@@ -97,29 +98,18 @@ struct Registers {
                 "the consumers can only claim what the producer gave back");
 };
 
-// The ring's barriers: k_full[s] (v_full[s]) completes when K (V) stage s has landed (the
-// producer's 128 threads arrive), k_empty[s] (v_empty[s]) when both consumers are done with it
-// (their 256 threads arrive: K after its Q K^T, V after its P V); q_full[b] when Q buffer b holds
-// a tile's Q, q_empty[b] when both consumers are done with it (their last Q K^T and the output
-// they stage in it: the buffer may take a later tile's Q).
+// The ring's barriers: full[s] completes when stage s has landed (the producer's 128 threads
+// arrive), empty[s] when both consumers are done with it (their 256 threads arrive); q_full when
+// a tile's Q has landed, q_empty when both consumers have run their last Q K^T of a tile (Q's
+// buffer may take the CTA's next tile).
 struct RingBarriers {
-  SharedBarrier k_full[3], k_empty[3], v_full[3], v_empty[3];
-  SharedBarrier q_full[2], q_empty[2];
+  SharedBarrier full[kStages], empty[kStages];
+  SharedBarrier q_full, q_empty;
 };
-// The shared memory's tiles (224 KB either way). One CTA a tile: one Q buffer, three K stages and
-// three V stages. A persistent CTA: two Q buffers, so that the next tile's Q lands while the
-// consumers finish the current one, three K stages and two V stages (a V tile is needed a visit
-// after its K tile: the producer still runs two visits ahead; two stages of each measured 0.71x
-// at 1 x 16384). + 1024 to align the base to a swizzle period.
-template <bool kPersistent>
-struct Ring {
-  static constexpr int kQBuffers = kPersistent ? 2 : 1;
-  static constexpr int kKStages = 3, kVStages = kPersistent ? 2 : 3;
-  static constexpr int kTileBytes = (kQBuffers * kBlockM + (kKStages + kVStages) * kBlockN) * kD * 2;
-  static constexpr int kSmemBytes = kTileBytes + int(sizeof(RingBarriers)) + 1024;
-  static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
-  static_assert(kQBuffers <= 2 && kKStages <= 3 && kVStages <= 3, "RingBarriers holds their barriers");
-};
+// Q, kStages K tiles, kStages V tiles, the barriers; + 1024 to align the base to a swizzle period.
+constexpr int kTileBytes = (kBlockM + 2 * kStages * kBlockN) * kD * 2;
+constexpr int kSmemBytes = kTileBytes + int(sizeof(RingBarriers)) + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "one CTA per SM");
 static_assert(kRowBytes == 128 && kTileElems % 8192 == 0 && kChunks == 16, "tiles of whole swizzle atoms");
 
 }  // namespace hopper

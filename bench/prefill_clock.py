@@ -3,7 +3,8 @@ two gates and cuDNN SDPA, each launched back to back for a few seconds while nvi
 the GPU every 100 ms. bench_prefill.py times ten launches back to back, a stream like this one;
 a single launch (under ncu, say) may run at a higher clock than a sustained stream holds, so
 this says how much of a kernel's rate is the clock it is held to, and whether ours and the
-anchor are held to the same one.
+anchor are held to the same one. A bf16 matmul (cuBLAS, 8192^3) runs the same way first: the
+tensor cores alone at the clock the power limit leaves them.
 
 Usage: python3 bench/prefill_clock.py --lib BUILD_DIR --out OUT_DIR [--shapes 16x1024,1x16384]
        [--seconds 3]
@@ -64,6 +65,24 @@ def main():
 
     rows = []
     print("kernel run back to back: ms a call, SM clock MHz (mean, min), power W (mean), clock event reasons seen")
+
+    def measure(label, fn, flops, **keys):
+        ms, samples = run_sustained(fn, args.seconds)
+        clocks = [s[0] for s in samples]
+        power = [s[1] for s in samples]
+        reasons = sorted({s[2] for s in samples})
+        row = dict(keys, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, sm_mhz_mean=sum(clocks) / len(clocks),
+                   sm_mhz_min=min(clocks), power_w_mean=sum(power) / len(power), event_reasons=reasons,
+                   samples=len(samples))
+        rows.append(row)
+        print(f"  {label:22s} {ms:8.3f} ms {row['tflops']:6.1f} TFLOP/s   {row['sm_mhz_mean']:6.0f} MHz "
+              f"(min {row['sm_mhz_min']:.0f})  {row['power_w_mean']:5.0f} W  {' '.join(reasons)}")
+
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    measure("matmul 8192^3", lambda: a @ b, 2 * n**3, kernel="matmul", n=n)
+    del a, b
     for batch, length in args.shapes:
         q, k, v, key_cache, value_cache, table, cu, kv_lens = prefill_inputs(batch, length, 16)
         q4 = q.view(batch, length, HQ, D).transpose(1, 2)
@@ -77,17 +96,7 @@ def main():
         kernels["cudnn"] = lambda: sdpa(q4, k4, v4, SDPBackend.CUDNN_ATTENTION, True)
         flops = 4 * batch * HQ * length * length * D / 2
         for name, fn in kernels.items():
-            ms, samples = run_sustained(fn, args.seconds)
-            clocks = [s[0] for s in samples]
-            power = [s[1] for s in samples]
-            reasons = sorted({s[2] for s in samples})
-            row = {"batch": batch, "length": length, "kernel": name, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12,
-                   "sm_mhz_mean": sum(clocks) / len(clocks), "sm_mhz_min": min(clocks),
-                   "power_w_mean": sum(power) / len(power), "event_reasons": reasons, "samples": len(samples)}
-            rows.append(row)
-            print(f"  {batch:3d} x {length:<6d} {name:8s} {ms:8.3f} ms {row['tflops']:6.1f} TFLOP/s   "
-                  f"{row['sm_mhz_mean']:6.0f} MHz (min {row['sm_mhz_min']:.0f})  {row['power_w_mean']:5.0f} W  "
-                  f"{' '.join(reasons)}")
+            measure(f"{batch:3d} x {length:<6d} {name}", fn, flops, batch=batch, length=length, kernel=name)
     write_json(args.out, "prefill_clock.json", {"rows": rows})
 
 

@@ -12,7 +12,7 @@ what each key tile adds. cuDNN's times are fitted the same way, as if it used th
 It also prints, per shape, the largest fixed cost that would meet the goals of bench/RESULTS.md
 (async >= 1.15x cuDNN, softmax >= 1.0x) at the fitted per-visit cost.
 
-Usage: python3 bench/prefill_tile_cost.py bench/results/prefill_bs16.json [--max-length 2048]
+Usage: python3 bench/prefill_tile_cost.py bench/results/prefill/r26_h200.json [--max-length 2048]
 """
 import argparse
 import json

@@ -204,8 +204,8 @@ if want timeline; then
   fi
 fi
 if want prefill_profile; then
-  # The Hopper prefill kernel beside cuDNN under a sustained stream (bench/prefill_clock.py: clock,
-  # power, clock-event reasons), then ncu with the source page summarised by the kernel's parts
+  # The Hopper prefill kernel beside cuDNN and a bf16 matmul under a sustained stream
+  # (bench/prefill_clock.py: clock, power, clock-event reasons), then ncu with the source page summarised by the kernel's parts
   # (bench/ncu_source.py) for each of PROFILE_SHAPES. ASYNCT_* variables set for the call (e.g.
   # ASYNCT_PREFILL_CTAS) reach both. Everything comes back as one prefill-profile-HHMMSS.tgz.
   echo "== the prefill kernel: clock and power under a sustained stream; ncu and its source page =="

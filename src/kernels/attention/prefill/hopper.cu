@@ -119,6 +119,18 @@ NewKvMaps new_kv_maps(const PrefillParams& p) {
   return maps;
 }
 
+// A persistent CTA's work: the query tiles of each (head, sequence) go in pairs, tile z with
+// tile m - 1 - z (the middle one of an odd count alone). The kernel walks them, the host sizes
+// the grid by them.
+struct TilePairs {
+  int m_tiles, pairs_a_seq;
+  long long pairs;
+  __host__ __device__ explicit TilePairs(const PrefillParams& p)
+      : m_tiles((p.max_q_len + kBlockM - 1) / kBlockM),
+        pairs_a_seq((m_tiles + 1) / 2),
+        pairs((long long)p.num_q_heads * p.num_seqs * pairs_a_seq) {}
+};
+
 // The device code exists only where wgmma does (sm_90a); elsewhere the kernel is a trapping stub.
 #ifdef ASYNCT_WGMMA
 
@@ -511,10 +523,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
     } else {
       int base = 0, index = 0;
       for (int k = 0;; ++k) {  // the CTA's k-th tile: of its pair k / 2, the heavier first
-        const int m_tiles = (p.max_q_len + kBlockM - 1) / kBlockM, pairs_a_seq = (m_tiles + 1) / 2;
+        const TilePairs work_pairs(p);
+        const int m_tiles = work_pairs.m_tiles;
         const long long pair = blockIdx.x + (long long)(k / 2) * gridDim.x;
-        if (pair >= (long long)p.num_q_heads * p.num_seqs * pairs_a_seq) break;
-        GridTile place = grid_tile(pair, p.num_q_heads, p.num_seqs, pairs_a_seq, seq_group);
+        if (pair >= work_pairs.pairs) break;
+        GridTile place = grid_tile(pair, p.num_q_heads, p.num_seqs, work_pairs.pairs_a_seq, seq_group);
         if (k % 2 == 1) {
           if (m_tiles - 1 - place.z == place.z) continue;  // (the middle tile of an odd count is a pair alone)
           place.z = m_tiles - 1 - place.z;
@@ -558,8 +571,7 @@ int heads_per_cta(const PrefillParams& p) {
 // multiprocessor and one a pair of query tiles); 0: one CTA a tile.
 long long prefill_hopper_persistent_ctas(const PrefillParams& p) {
   const int forced = kernel_tuning().prefill_ctas;
-  const long long pairs = (long long)p.num_q_heads * p.num_seqs * (((p.max_q_len + kBlockM - 1) / kBlockM + 1) / 2);
-  return forced > 0 ? std::min<long long>({forced, current_device_info().sm_count, pairs}) : 0;
+  return forced > 0 ? std::min<long long>({forced, current_device_info().sm_count, TilePairs(p).pairs}) : 0;
 }
 
 template <class Gate>

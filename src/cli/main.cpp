@@ -123,6 +123,14 @@ int main(int argc, char** argv) {
   gen_cmd->add_flag("!--no-pipeline", gen.pipeline, "read each step's tokens before queuing the next step");
   gen_cmd->add_option("--device", gen.device, "auto (a GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  gen_cmd->add_option("--kv-cache-dtype", gen.kv_cache_dtype,
+                      "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
+                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  gen_cmd->add_option("--quantization", gen.quantization,
+                      "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
+                      "scale per 128 x 128 block)")
+      ->check(CLI::IsMember({"none", "fp8"}));
   gen_cmd->add_option("--logits", gen.logits_path, "write the tokens and each request's first-token logits as JSON");
 
   std::string init_arch = "asynct", init_size = "tiny", init_out;
@@ -162,6 +170,14 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--repeat", bench.repeat, "timed runs per scenario and model; the median is reported")
       ->check(integer_in(1, 100));
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  bench_cmd->add_option("--kv-cache-dtype", bench.kv_cache_dtype,
+                      "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
+                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  bench_cmd->add_option("--quantization", bench.quantization,
+                      "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
+                      "scale per 128 x 128 block)")
+      ->check(CLI::IsMember({"none", "fp8"}));
 
   asynct::ServeOptions serve;
   CLI::App* serve_cmd = app.add_subcommand(
@@ -171,6 +187,14 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--port", serve.port, "port to listen on (0: any free port)")->check(integer_in(0, 65535));
   serve_cmd->add_option("--served-model-name", serve.served_model_name, "the model name clients ask for (default: the directory's name)");
   serve_cmd->add_option("--device", serve.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  serve_cmd->add_option("--kv-cache-dtype", serve.kv_cache_dtype,
+                      "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
+                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  serve_cmd->add_option("--quantization", serve.quantization,
+                      "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
+                      "scale per 128 x 128 block)")
+      ->check(CLI::IsMember({"none", "fp8"}));
   serve_cmd->add_option("--max-num-seqs", serve.max_num_seqs, "sequences in one step")->check(integer_in(1, 4096));
   serve_cmd->add_option("--max-waiting", serve.max_waiting, "requests accepted beyond --max-num-seqs (more get 429)")
       ->check(integer_in(0, 1 << 16));

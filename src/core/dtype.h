@@ -8,7 +8,8 @@
 
 namespace asynct {
 
-enum class DType : std::uint8_t { F32, F64, BF16, F16, I32, I64, U8 };
+// F8E4M3: FP8 e4m3fn (core/fp8.h), the element type of FP8 weights.
+enum class DType : std::uint8_t { F32, F64, BF16, F16, I32, I64, U8, F8E4M3 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
@@ -18,7 +19,8 @@ constexpr std::size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::BF16:
     case DType::F16: return 2;
-    case DType::U8: return 1;
+    case DType::U8:
+    case DType::F8E4M3: return 1;
   }
   return 0;
 }
@@ -32,6 +34,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::I32: return "int32";
     case DType::I64: return "int64";
     case DType::U8: return "uint8";
+    case DType::F8E4M3: return "float8_e4m3fn";
   }
   return "?";
 }
@@ -47,8 +50,10 @@ template <> struct dtype_of<std::uint8_t> { static constexpr DType value = DType
 // bf16 and fp16 are stored as raw 16-bit patterns on the host.
 struct bf16_bits { std::uint16_t bits; };
 struct f16_bits { std::uint16_t bits; };
+struct fp8_e4m3_bits { std::uint8_t bits; };
 template <> struct dtype_of<bf16_bits> { static constexpr DType value = DType::BF16; };
 template <> struct dtype_of<f16_bits> { static constexpr DType value = DType::F16; };
+template <> struct dtype_of<fp8_e4m3_bits> { static constexpr DType value = DType::F8E4M3; };
 
 inline float bf16_to_float(std::uint16_t bits) {
   std::uint32_t u = std::uint32_t(bits) << 16;

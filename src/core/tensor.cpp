@@ -7,6 +7,7 @@
 #include <new>
 #include <sstream>
 
+#include "core/fp8.h"
 #include "core/parallel.h"
 
 namespace asynct {
@@ -98,6 +99,7 @@ double read_as_double(const void* base, DType dtype, std::int64_t i) {
     case DType::I32: return static_cast<const std::int32_t*>(base)[i];
     case DType::I64: return double(static_cast<const std::int64_t*>(base)[i]);
     case DType::U8: return static_cast<const std::uint8_t*>(base)[i];
+    case DType::F8E4M3: return fp8_e4m3_to_float(static_cast<const std::uint8_t*>(base)[i]);
   }
   return 0;
 }
@@ -111,11 +113,12 @@ void write_from_double(void* base, DType dtype, std::int64_t i, double v) {
     case DType::I32: static_cast<std::int32_t*>(base)[i] = std::int32_t(v); return;
     case DType::I64: static_cast<std::int64_t*>(base)[i] = std::int64_t(v); return;
     case DType::U8: static_cast<std::uint8_t*>(base)[i] = std::uint8_t(v); return;
+    case DType::F8E4M3: static_cast<std::uint8_t*>(base)[i] = float_to_fp8_e4m3(float(v)); return;
   }
 }
 
 bool is_float(DType t) {
-  return t == DType::F32 || t == DType::F64 || t == DType::BF16 || t == DType::F16;
+  return t == DType::F32 || t == DType::F64 || t == DType::BF16 || t == DType::F16 || t == DType::F8E4M3;
 }
 
 // Elements converted per piece of work (parallel_pieces).

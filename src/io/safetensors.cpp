@@ -24,7 +24,7 @@ constexpr std::uint64_t kMaxHeaderBytes = 100u << 20;  // the format's own limit
 bool dtype_from_name(const std::string& name, DType* dtype) {
   static const std::map<std::string, DType> names = {
       {"F32", DType::F32}, {"F64", DType::F64}, {"BF16", DType::BF16}, {"F16", DType::F16},
-      {"I32", DType::I32}, {"I64", DType::I64}, {"U8", DType::U8}};
+      {"I32", DType::I32}, {"I64", DType::I64}, {"U8", DType::U8}, {"F8_E4M3", DType::F8E4M3}};
   auto it = names.find(name);
   if (it == names.end()) return false;
   *dtype = it->second;
@@ -40,12 +40,14 @@ std::string dtype_to_name(DType dtype) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::F8E4M3: return "F8_E4M3";
   }
   return "?";
 }
 
 bool is_float_dtype(DType dtype) {
-  return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16 || dtype == DType::F16;
+  return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16 || dtype == DType::F16 ||
+         dtype == DType::F8E4M3;
 }
 
 // Opens a file for reading; `where` names it in errors. O_NONBLOCK makes opening a FIFO return
@@ -305,6 +307,12 @@ DType Checkpoint::stored_dtype(const std::string& name) const {
   auto it = where_.find(name);
   check(it != where_.end(), "checkpoint ", directory_, ": missing tensor '", name, "'");
   return it->second->info(name).dtype;
+}
+
+Shape Checkpoint::stored_shape(const std::string& name) const {
+  auto it = where_.find(name);
+  check(it != where_.end(), "checkpoint ", directory_, ": missing tensor '", name, "'");
+  return it->second->info(name).shape;
 }
 
 Tensor Checkpoint::get(const std::string& name, DType dtype, const Shape& shape) const {

@@ -77,8 +77,9 @@ class Checkpoint {
   // The tensor, checked against the expected dtype and shape; a missing tensor or a mismatch
   // is an Error naming the tensor and its file.
   Tensor get(const std::string& name, DType dtype, const Shape& shape) const;
-  // The dtype the tensor is stored in (an Error naming it when it is missing).
+  // The dtype and shape the tensor is stored in (an Error naming it when it is missing).
   DType stored_dtype(const std::string& name) const;
+  Shape stored_shape(const std::string& name) const;
   std::string file_of(const std::string& name) const;
 
  private:

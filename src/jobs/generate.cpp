@@ -117,6 +117,9 @@ int run_generate(const GenerateOptions& o) {
   const std::string device = resolve_device(o.device);
   require_device(device);
   check_block_size(o.block_size, device == "cuda" ? Backend::Cuda : Backend::Cpu);  // the runner's own rule
+  RunnerOptions ro{.device = device, .block_size = o.block_size, .max_tokens_per_step = o.max_batched_tokens,
+                   .cuda_graphs = o.cuda_graphs, .kv_cache_dtype = o.kv_cache_dtype, .quantization = o.quantization};
+  const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
 
   // Each request within the model's context; 64-bit counts throughout (2048 requests of a
   // million tokens in one-token blocks are 2^31 blocks).
@@ -152,7 +155,7 @@ int run_generate(const GenerateOptions& o) {
   // The KV cache: --num-blocks, or enough blocks for every request at once; either way no more
   // than --max-cache-mib. A smaller cache than the requests need together is fine (they take
   // turns: the engine preempts and recomputes), one smaller than a single request is not.
-  const std::int64_t block_bytes = kv_cache_bytes_per_token(config, device) * o.block_size;
+  const std::int64_t block_bytes = kv_cache_bytes_per_token(config, kv_dtype, device) * o.block_size;
   const std::int64_t cap_blocks =
       std::min<std::int64_t>(o.max_cache_mib * (std::int64_t(1) << 20) / block_bytes, std::numeric_limits<int>::max());
   const auto mib = [&](std::int64_t blocks) {
@@ -178,17 +181,17 @@ int run_generate(const GenerateOptions& o) {
   engine_options.record_first_logits = !o.logits_path.empty();
   engine_options.pipeline_steps = o.pipeline;
   std::string backend;
-  const RunnerOptions ro{.device = device, .num_blocks = num_blocks, .block_size = o.block_size,
-                         .max_tokens_per_step = o.max_batched_tokens, .cuda_graphs = o.cuda_graphs};
+  ro.num_blocks = num_blocks;
   Engine engine(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);
 
   // With text or JSON, stdout holds only the output; the header and statistics go to stderr.
   std::FILE* info = text || o.json ? stderr : stdout;
   const bool stream = text && prompts.size() == 1 && !o.json;
-  std::fprintf(info, "asynct generate: %s (%s), %lld parameters, %s backend, KV cache %d blocks of %d tokens (%s MiB), %s%s\n",
+  std::fprintf(info, "asynct generate: %s (%s), %lld parameters, %s backend%s, KV cache %d blocks of %d tokens (%s MiB, %s), %s%s\n",
                config.architecture_name().c_str(), o.model_dir.empty() ? ("built-in tiny " + o.builtin).c_str() : o.model_dir.c_str(),
-               static_cast<long long>(config.parameter_count()), backend.c_str(), num_blocks, o.block_size,
-               mib(num_blocks).c_str(), eos.empty() ? "no end-of-sequence token" : ("end of sequence at " + joined(eos)).c_str(),
+               static_cast<long long>(config.parameter_count()), backend.c_str(),
+               o.quantization == "fp8" || config.fp8_weights() ? ", FP8 weights" : "", num_blocks, o.block_size,
+               mib(num_blocks).c_str(), kv_cache_dtype_name(kv_dtype), eos.empty() ? "no end-of-sequence token" : ("end of sequence at " + joined(eos)).c_str(),
                text ? (", " + text->summary()).c_str() : "");
   std::fflush(info);
   std::vector<std::string> shown(prompts.size());  // each text prompt's output text so far

@@ -170,6 +170,8 @@ Run run_scenario(const Scenario& s, const ModelWeights& weights, const char* lab
   ro.max_tokens_per_step = o.max_batched_tokens;
   ro.profile = o.profile;
   ro.cuda_graphs = o.cuda_graphs;
+  ro.kv_cache_dtype = o.kv_cache_dtype;
+  ro.quantization = o.quantization;
   Engine engine(make_runner(weights, ro, &backend), config.vocab_size, eo);
   if (o.warmup) warm_up(engine, s, prompt_min, output, o, config.vocab_size);
   Run run;
@@ -315,6 +317,12 @@ int run_scenarios(const ScenarioOptions& options) {
   o.device = resolve_device(o.device);
   require_device(o.device);
   const bool gpu = o.device == "cuda";
+  {
+    RunnerOptions options_check;
+    options_check.kv_cache_dtype = o.kv_cache_dtype;
+    options_check.quantization = o.quantization;
+    check_runner_options(options_check, ModelConfig{}, o.device);  // before any weights are made
+  }
   if (o.config == "auto") o.config = gpu ? "1.7b" : "tiny";
   if (o.scale == 0) o.scale = gpu ? 1 : 64;
   check(o.config == "tiny" || o.config == "1.7b", "bench: --config must be tiny, 1.7b or auto");

@@ -19,6 +19,8 @@ struct ScenarioOptions {
   int block_size = 16;
   int max_batched_tokens = 8192;
   std::string device = "auto";  // auto, cpu or cuda
+  std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8 (models/kv_cache_format.h)
+  std::string quantization = "none";    // none or fp8 (RunnerOptions::quantization)
   // Per-phase GPU times (CUDA events). Off by default: the events cost a decode step ~0.015-0.02
   // ms at 32 sequences on H200 (each waits for the work before it, so consecutive steps no
   // longer overlap; bench/RESULTS.md).

@@ -118,8 +118,11 @@ int run_serve(const ServeOptions& o) {
   const std::string device = resolve_device(o.device);
   require_device(device);
   check_block_size(o.block_size, device == "cuda" ? Backend::Cuda : Backend::Cpu);
+  RunnerOptions ro{.device = device, .block_size = o.block_size, .max_tokens_per_step = o.max_batched_tokens,
+                   .cuda_graphs = o.cuda_graphs, .kv_cache_dtype = o.kv_cache_dtype, .quantization = o.quantization};
+  const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
 
-  const std::int64_t block_bytes = kv_cache_bytes_per_token(config, device) * o.block_size;
+  const std::int64_t block_bytes = kv_cache_bytes_per_token(config, kv_dtype, device) * o.block_size;
   const std::int64_t per_request = (context + o.block_size - 1) / o.block_size;
   const std::int64_t cap = std::min<std::int64_t>(o.max_cache_mib * (std::int64_t(1) << 20) / block_bytes,
                                                   std::numeric_limits<int>::max());
@@ -136,8 +139,7 @@ int run_serve(const ServeOptions& o) {
   engine_options.max_num_batched_tokens = o.max_batched_tokens;
   engine_options.max_model_len = int(context);
   engine_options.prefix_caching = o.prefix_caching;
-  const RunnerOptions ro{.device = device, .num_blocks = num_blocks, .block_size = o.block_size,
-                         .max_tokens_per_step = o.max_batched_tokens, .cuda_graphs = o.cuda_graphs};
+  ro.num_blocks = num_blocks;
   std::string backend;
   auto engine = std::make_unique<Engine>(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);
 
@@ -170,11 +172,13 @@ int run_serve(const ServeOptions& o) {
     server.stop();
   });
   std::fprintf(stderr,
-               "asynct serve: %s (%s), %s backend, KV cache %d blocks of %d tokens, context %lld, up to %d sequences "
+               "asynct serve: %s (%s), %s backend%s, KV cache %d blocks of %d tokens (%s, %.1f MiB: %lld tokens), context %lld, up to %d sequences "
                "a step and %d waiting, prefix caching %s; %s, chat %s\n"
                "asynct serve: listening on http://%s:%d/v1 (model '%s')\n",
-               config.architecture_name().c_str(), o.model_dir.c_str(), backend.c_str(), num_blocks, o.block_size,
-               static_cast<long long>(context), o.max_num_seqs, o.max_waiting, o.prefix_caching ? "on" : "off", text->summary().c_str(),
+               config.architecture_name().c_str(), o.model_dir.c_str(), backend.c_str(),
+               o.quantization == "fp8" || config.fp8_weights() ? ", FP8 weights" : "", num_blocks, o.block_size,
+               kv_cache_dtype_name(kv_dtype), double(num_blocks) * double(block_bytes) / double(1 << 20),
+               static_cast<long long>(std::int64_t(num_blocks) * o.block_size), static_cast<long long>(context), o.max_num_seqs, o.max_waiting, o.prefix_caching ? "on" : "off", text->summary().c_str(),
                text->has_chat_template() ? "on" : "off (no chat template)", o.host.c_str(), port, http.model_name.c_str());
   std::fflush(stderr);
   try {

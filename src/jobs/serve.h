@@ -18,6 +18,8 @@ struct ServeOptions {
   int port = 8000;                  // 0: any free port (printed)
   std::string served_model_name;    // the name clients ask for; empty: the directory's name
   std::string device = "auto";      // auto, cpu or cuda
+  std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8 (models/kv_cache_format.h)
+  std::string quantization = "none";    // none or fp8 (RunnerOptions::quantization)
   int max_num_seqs = 64;            // sequences in one step
   int max_waiting = 64;             // requests accepted beyond those, waiting for a place
   int max_model_len = 0;            // prompt + output tokens of a request; 0: the model's context

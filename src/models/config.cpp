@@ -65,6 +65,8 @@ void ModelConfig::validate() const {
     check(attn_pool_window >= 1 && attn_pool_window <= 8, who, "attn_pool_window must be in 1..8, got ", attn_pool_window);
     check(uclip_value > 0 && std::isfinite(uclip_value), who, "uclip_value must be positive, got ", uclip_value);
   }
+  check((fp8_block_rows == 0) == (fp8_block_cols == 0) && fp8_block_rows >= 0 && fp8_block_cols >= 0, who,
+        "FP8 weight blocks must be both positive or both 0, got ", fp8_block_rows, " x ", fp8_block_cols);
 }
 
 std::int64_t ModelConfig::parameter_count() const {
@@ -218,6 +220,47 @@ void check_supported_features(const json& j, const ConfigReader& r, const std::s
   }
 }
 
+// HF's FP8 quantization_config: quant_method "fp8" with e4m3 weights in blocks
+// (weight_block_size) and activations quantized dynamically (asynct computes them in bf16, which
+// loses nothing against that). Any other method or form is an error naming it.
+void read_quantization(const json& j, const std::string& path, ModelConfig* c) {
+  if (!j.contains("quantization_config") || j["quantization_config"].is_null()) return;
+  const json& q = j["quantization_config"];
+  check(q.is_object(), path, ": 'quantization_config' must be an object, got ", q.dump());
+  const std::string where = path + ": quantization_config";
+  const auto text = [&](const char* key, const char* fallback) {
+    if (!q.contains(key) || q[key].is_null()) return std::string(fallback);
+    check(q[key].is_string(), where, ": '", key, "' must be a string, got ", q[key].dump());
+    return q[key].get<std::string>();
+  };
+  const std::string method = text("quant_method", "");
+  check(method == "fp8", where, ": quant_method '", method, "' is not supported (fp8)");
+  const std::string format = text("fmt", "e4m3");
+  check(format == "e4m3", where, ": fmt '", format, "' is not supported (e4m3)");
+  const std::string activations = text("activation_scheme", "dynamic");
+  check(activations == "dynamic", where, ": activation_scheme '", activations,
+        "' is not supported (dynamic: activations are computed in bf16)");
+  check(q.contains("weight_block_size") && q["weight_block_size"].is_array() && q["weight_block_size"].size() == 2, where,
+        ": weight_block_size must be a list of two block sizes (per-tensor FP8 scales are not supported), got ",
+        q.contains("weight_block_size") ? q["weight_block_size"].dump() : std::string("nothing"));
+  const json& block = q["weight_block_size"];
+  for (const json& b : block)
+    check(b.is_number_integer() && b.get<std::int64_t>() >= 1 && b.get<std::int64_t>() <= 65536, where,
+          ": weight_block_size must hold integers in 1..65536, got ", block.dump());
+  c->fp8_block_rows = int(block[0].get<std::int64_t>());
+  c->fp8_block_cols = int(block[1].get<std::int64_t>());
+  if (q.contains("modules_to_not_convert") && !q["modules_to_not_convert"].is_null()) {
+    const json& keep = q["modules_to_not_convert"];
+    check(keep.is_array(), where, ": 'modules_to_not_convert' must be a list, got ", keep.dump());
+    for (const json& m : keep) {
+      // The embeddings, norms and LM head are never converted; a projection kept in bf16 is not supported.
+      const bool projection = m.is_string() && m.get<std::string>().find("proj") != std::string::npos;
+      check(m.is_string() && !projection, where, ": modules_to_not_convert ", m.dump(),
+            " is not supported (every layer's projections in FP8, or none)");
+    }
+  }
+}
+
 }  // namespace
 
 ModelConfig load_config(const std::string& path) {
@@ -268,6 +311,7 @@ ModelConfig load_config(const std::string& path) {
   r.integer("attn_pool_window", &c.attn_pool_window, false);
   r.real("uclip_value", &c.uclip_value, c.is_async());
   check_supported_features(j, r, path, &c);
+  read_quantization(j, path, &c);
   if (c.vocab_size >= 1) r.token_ids("eos_token_id", c.vocab_size, &c.eos_token_ids);
   c.validate();
   return c;
@@ -312,6 +356,9 @@ std::string config_to_json(const ModelConfig& c) {
     j["attn_pool_window"] = c.attn_pool_window;
     j["uclip_value"] = c.uclip_value;
   }
+  if (c.fp8_weights())
+    j["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                                {"weight_block_size", {c.fp8_block_rows, c.fp8_block_cols}}};
   if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
   if (c.eos_token_ids.size() > 1) j["eos_token_id"] = c.eos_token_ids;
   return j.dump(2);

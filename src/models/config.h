@@ -31,7 +31,12 @@ struct ModelConfig {
   // the checkpoint's generation_config.json when it names them, else from config.json; each
   // in [0, vocab_size). Empty: none (the built-in random models).
   std::vector<std::int32_t> eos_token_ids;
+  // FP8 weights (config.json's quantization_config, quant_method "fp8", fmt "e4m3", as Qwen
+  // publishes them; or --quantization fp8): every layer's seven projections in e4m3, with one
+  // float32 scale for each block of fp8_block_rows x fp8_block_cols weights. 0: none.
+  int fp8_block_rows = 0, fp8_block_cols = 0;
 
+  bool fp8_weights() const { return fp8_block_rows > 0; }
   bool is_async() const { return architecture == Architecture::AsyncT; }
   std::string architecture_name() const;
   // Throws Error naming the first value out of range.

@@ -27,14 +27,19 @@ void require_device(const std::string& device) {
 #endif
 }
 
-std::int64_t kv_cache_bytes_per_token(const ModelConfig& c, const std::string& device) {
-  const std::int64_t element_bytes = device == "cuda" ? 2 : 4;
-  return 2 * std::int64_t(c.num_hidden_layers) * c.num_key_value_heads * c.head_dim * element_bytes;
+KvCacheDtype check_runner_options(const RunnerOptions& o, const ModelConfig& config, const std::string& device) {
+  const KvCacheDtype kv_dtype = resolve_kv_cache_dtype(o.kv_cache_dtype, device);
+  check(o.quantization == "none" || o.quantization == "fp8", "--quantization must be none or fp8, got '", o.quantization, "'");
+  check(device != "cuda" || (o.quantization == "none" && !config.fp8_weights()),
+        "FP8 weights: the CUDA backend's products do not read them yet (the CPU backend runs them)");
+  return kv_dtype;
 }
 
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& o, std::string* chosen) {
   *chosen = resolve_device(o.device);
   require_device(*chosen);
+  const KvCacheDtype kv_dtype = check_runner_options(o, weights.config, *chosen);
+  if (o.quantization == "fp8") weights = quantize_fp8(std::move(weights));
 #ifdef ASYNCT_WITH_CUDA
   if (*chosen == "cuda") {
     auto runner = std::make_unique<CudaModelRunner>(weights, o.num_blocks, o.block_size, o.max_tokens_per_step);
@@ -43,7 +48,7 @@ std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptio
     return runner;
   }
 #endif
-  return std::make_unique<CpuModelRunner>(std::move(weights), o.num_blocks, o.block_size);
+  return std::make_unique<CpuModelRunner>(std::move(weights), o.num_blocks, o.block_size, kv_dtype);
 }
 
 }  // namespace asynct

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "engine/model_runner.h"
+#include "models/kv_cache_format.h"
 #include "models/weights.h"
 
 namespace asynct {
@@ -19,10 +20,6 @@ std::string resolve_device(const std::string& device);
 // "cuda" in a build without CUDA or with no GPU visible. Cheap: call it before making weights.
 void require_device(const std::string& device);
 
-// Bytes of KV cache one token takes on a backend ("cpu" or "cuda"): the keys and values of
-// every layer, float32 on the CPU backend, bf16 on the CUDA backend.
-std::int64_t kv_cache_bytes_per_token(const ModelConfig& config, const std::string& device);
-
 struct RunnerOptions {
   std::string device = "auto";   // auto, cpu or cuda
   int num_blocks = 0;            // KV cache blocks
@@ -30,7 +27,17 @@ struct RunnerOptions {
   int max_tokens_per_step = 2048;
   bool profile = false;          // time the phases of each step (CUDA backend)
   bool cuda_graphs = true;       // replay decode steps as CUDA graphs (CUDA backend)
+  std::string kv_cache_dtype = "auto";  // --kv-cache-dtype: auto, bf16 or fp8 (resolve_kv_cache_dtype)
+  // --quantization: "none" (the weights as loaded: bf16, or a checkpoint's FP8) or "fp8"
+  // (quantize_fp8 as they load).
+  std::string quantization = "none";
 };
+
+// Checks the options a model of this config runs with on `device` (as resolve_device gives it),
+// before anything is loaded: the KV-cache type, the quantization, and what the device runs of
+// them (the CUDA backend reads neither FP8 weights nor an FP8 cache yet). Throws Error naming
+// the option. Returns the KV-cache type.
+KvCacheDtype check_runner_options(const RunnerOptions& options, const ModelConfig& config, const std::string& device);
 
 // Throws Error when "cuda" is asked for and not available; *chosen says which backend runs.
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& options, std::string* chosen);

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "core/fp8.h"
 #include "core/parallel.h"
 #include "io/safetensors.h"
 #include "models/architecture.h"
@@ -18,27 +19,32 @@ namespace {
 
 std::string layer_prefix(int i) { return "model.layers." + std::to_string(i) + "."; }
 
-// Visits each (name, tensor slot) of the model, in a fixed order.
+// Visits each (name, tensor slot) of the model, in a fixed order; with FP8 weights each
+// projection's scales right after it.
 void for_each_tensor(ModelWeights& w, const std::function<void(const std::string&, Tensor&)>& f) {
   const ModelConfig& c = w.config;
   const bool qk_norm = recipe_of(c).qk_norm;  // Llama has none
+  const auto projection = [&](const std::string& name, Tensor& weight, Tensor& scale) {
+    f(name + ".weight", weight);
+    if (c.fp8_weights()) f(name + ".weight_scale_inv", scale);
+  };
   f("model.embed_tokens.weight", w.embed_tokens);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     LayerWeights& l = w.layers[std::size_t(i)];
     const std::string p = layer_prefix(i);
     f(p + "input_layernorm.weight", l.input_layernorm);
-    f(p + "self_attn.q_proj.weight", l.q_proj);
-    f(p + "self_attn.k_proj.weight", l.k_proj);
-    f(p + "self_attn.v_proj.weight", l.v_proj);
-    f(p + "self_attn.o_proj.weight", l.o_proj);
+    projection(p + "self_attn.q_proj", l.q_proj, l.q_proj_scale);
+    projection(p + "self_attn.k_proj", l.k_proj, l.k_proj_scale);
+    projection(p + "self_attn.v_proj", l.v_proj, l.v_proj_scale);
+    projection(p + "self_attn.o_proj", l.o_proj, l.o_proj_scale);
     if (qk_norm) {
       f(p + "self_attn.q_norm.weight", l.q_norm);
       f(p + "self_attn.k_norm.weight", l.k_norm);
     }
     f(p + "post_attention_layernorm.weight", l.post_attention_layernorm);
-    f(p + "mlp.gate_proj.weight", l.gate_proj);
-    f(p + "mlp.up_proj.weight", l.up_proj);
-    f(p + "mlp.down_proj.weight", l.down_proj);
+    projection(p + "mlp.gate_proj", l.gate_proj, l.gate_proj_scale);
+    projection(p + "mlp.up_proj", l.up_proj, l.up_proj_scale);
+    projection(p + "mlp.down_proj", l.down_proj, l.down_proj_scale);
     if (c.is_async()) {
       f(p + "self_attn.gate_alpha", l.gate_alpha);
       f(p + "self_attn.gate_sigma", l.gate_sigma);
@@ -49,6 +55,29 @@ void for_each_tensor(ModelWeights& w, const std::function<void(const std::string
   }
   f("model.norm.weight", w.norm);
   if (!c.tie_word_embeddings) f("lm_head.weight", w.lm_head);
+}
+
+// Visits each projection with its scales (FP8 or not).
+void for_each_projection(ModelWeights& w, const std::function<void(Tensor& weight, Tensor& scale)>& f) {
+  for (LayerWeights& l : w.layers)
+    for (auto [weight, scale] : {std::pair{&l.q_proj, &l.q_proj_scale}, {&l.k_proj, &l.k_proj_scale}, {&l.v_proj, &l.v_proj_scale},
+                                 {&l.o_proj, &l.o_proj_scale}, {&l.gate_proj, &l.gate_proj_scale},
+                                 {&l.up_proj, &l.up_proj_scale}, {&l.down_proj, &l.down_proj_scale}})
+      f(*weight, *scale);
+}
+
+bool ends_with(const std::string& name, const char* suffix) {
+  const std::size_t n = std::strlen(suffix);
+  return name.size() >= n && name.compare(name.size() - n, n, suffix) == 0;
+}
+bool is_scale(const std::string& name) { return ends_with(name, ".weight_scale_inv"); }
+bool is_projection(const std::string& name) { return ends_with(name, "_proj.weight"); }
+
+// The KV-cache scale tensors a checkpoint may hold for layer i.
+std::string k_scale_name(int i) { return layer_prefix(i) + "self_attn.k_scale"; }
+std::string v_scale_name(int i) { return layer_prefix(i) + "self_attn.v_scale"; }
+bool is_kv_scale(const std::string& name) {
+  return name.rfind("model.layers.", 0) == 0 && (ends_with(name, ".self_attn.k_scale") || ends_with(name, ".self_attn.v_scale"));
 }
 
 ModelWeights empty_model(const ModelConfig& config) {
@@ -64,19 +93,22 @@ bool is_gate_param(const std::string& name) { return name.find(".self_attn.gate_
 // Whether a bf16 bit pattern is a NaN or an infinity (all exponent bits set).
 bool bf16_is_finite(std::uint16_t bits) { return (bits & 0x7f80u) != 0x7f80u; }
 
-// The index of the first value of t (float32 or bf16) that is not finite as bf16, the
-// precision the GPU computes in (a float32 value beyond bf16's range rounds to infinity), or
-// -1; on the host's threads.
+// The index of the first value of t (float32, bf16 or e4m3) that is not finite as bf16, the
+// precision the GPU computes in (a float32 value beyond bf16's range rounds to infinity), or as
+// e4m3 (0x7f and 0xff are NaN); or -1. On the host's threads.
 std::int64_t first_non_finite(const Tensor& t) {
-  const bool bf16 = t.dtype() == DType::BF16;
-  const auto* halves = bf16 ? t.data_as<bf16_bits>() : nullptr;
-  const float* floats = bf16 ? nullptr : t.data_as<float>();
+  const DType dtype = t.dtype();
+  const auto finite = [&](std::int64_t i) {
+    if (dtype == DType::BF16) return bf16_is_finite(t.data_as<bf16_bits>()[i].bits);
+    if (dtype == DType::F8E4M3) return (t.data_as<fp8_e4m3_bits>()[i].bits & 0x7fu) != 0x7fu;
+    return bf16_is_finite(float_to_bf16(t.data_as<float>()[i]));
+  };
   constexpr std::int64_t kPiece = std::int64_t(1) << 22;
   const std::int64_t count = t.numel();
   std::vector<std::int64_t> first(std::size_t((count + kPiece - 1) / kPiece), -1);
   parallel_pieces(count, kPiece, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i)
-      if (!bf16_is_finite(bf16 ? halves[i].bits : float_to_bf16(floats[i]))) {
+      if (!finite(i)) {
         first[std::size_t(begin / kPiece)] = i;
         return;
       }
@@ -87,12 +119,22 @@ std::int64_t first_non_finite(const Tensor& t) {
 }
 
 // The dtype a weight is made and saved in: see weights.h.
-DType held_dtype(const std::string& name) { return is_gate_param(name) ? DType::F32 : DType::BF16; }
+DType held_dtype(const std::string& name, bool fp8) {
+  if (is_gate_param(name) || is_scale(name) || is_kv_scale(name)) return DType::F32;
+  return fp8 && is_projection(name) ? DType::F8E4M3 : DType::BF16;
+}
 
-// The dtype a loaded weight is held in: bf16 as stored (a view of the mapped file), any other
-// float type as float32 (exact for float16 and float32); the gate parameters as float32.
-DType loaded_dtype(const std::string& name, DType stored) {
-  return held_dtype(name) == DType::BF16 && stored == DType::BF16 ? DType::BF16 : DType::F32;
+// The dtype a loaded weight is held in: bf16 and e4m3 as stored (views of the mapped file), any
+// other float type as float32 (exact for float16 and float32); the gate parameters and scales as
+// float32. An FP8 checkpoint's projections must be stored as e4m3.
+DType loaded_dtype(const std::string& name, DType stored, bool fp8, const std::string& file) {
+  const DType held = held_dtype(name, fp8);
+  if (held == DType::F8E4M3) {
+    check(stored == DType::F8E4M3, file, ": tensor '", name, "' is stored as ", dtype_name(stored),
+          "; the config's quantization_config (fp8) makes the projections float8_e4m3fn (F8_E4M3)");
+    return held;
+  }
+  return held == DType::BF16 && stored == DType::BF16 ? DType::BF16 : DType::F32;
 }
 
 }  // namespace
@@ -104,9 +146,11 @@ std::map<std::string, Shape> expected_tensors(const ModelConfig& c) {
   ModelWeights scratch = empty_model(c);
   for_each_tensor(scratch, [&](const std::string& name, Tensor&) {
     Shape s;
-    auto ends = [&](const char* suffix) { return name.size() >= std::strlen(suffix) &&
-                                                 name.compare(name.size() - std::strlen(suffix), std::string::npos, suffix) == 0; };
-    if (ends("embed_tokens.weight") || ends("lm_head.weight")) s = {c.vocab_size, h};
+    const auto ends = [&](const char* suffix) { return ends_with(name, suffix); };
+    if (is_scale(name)) {  // after its weight: a scale a block of it
+      const Shape& weight = shapes.at(name.substr(0, name.size() - std::strlen("_scale_inv")));
+      s = {(weight[0] + c.fp8_block_rows - 1) / c.fp8_block_rows, (weight[1] + c.fp8_block_cols - 1) / c.fp8_block_cols};
+    } else if (ends("embed_tokens.weight") || ends("lm_head.weight")) s = {c.vocab_size, h};
     else if (ends("q_proj.weight")) s = {q, h};
     else if (ends("k_proj.weight") || ends("v_proj.weight")) s = {kv, h};
     else if (ends("o_proj.weight")) s = {h, q};
@@ -121,6 +165,7 @@ std::map<std::string, Shape> expected_tensors(const ModelConfig& c) {
 }
 
 ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed) {
+  check(!config.fp8_weights(), "random_weights: draws bf16 weights (quantize_fp8 makes FP8 ones)");
   ModelWeights w = empty_model(config);
   const std::map<std::string, Shape> shapes = expected_tensors(config);
   // Every tensor is cut into chunks, each drawn from its own generator seeded by (seed, tensor,
@@ -136,7 +181,7 @@ ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed) {
   std::vector<Job> jobs;
   std::uint64_t tensor_index = 0;
   for_each_tensor(w, [&](const std::string& name, Tensor& t) {
-    t = Tensor::empty(held_dtype(name), shapes.at(name));
+    t = Tensor::empty(held_dtype(name, false), shapes.at(name));
     // Gate parameters and norm weights near 1; embeddings of unit size; projections scaled by
     // 1/sqrt(fan_in) so that every layer changes the residual stream (with HF's 0.02 a random
     // model only echoes its input token, which makes generation tests see nothing).
@@ -172,28 +217,115 @@ ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed) {
 
 ModelWeights load_weights(const std::string& directory) {
   ModelWeights w = empty_model(load_checkpoint_config(directory));
+  const ModelConfig& c = w.config;
   const Checkpoint ckpt = Checkpoint::open(directory);
-  const std::map<std::string, Shape> shapes = expected_tensors(w.config);
+  const std::map<std::string, Shape> shapes = expected_tensors(c);
   for (const std::string& name : ckpt.names()) {
-    if (w.config.tie_word_embeddings && name == "lm_head.weight") continue;  // redundant copy
+    if (c.tie_word_embeddings && name == "lm_head.weight") continue;  // redundant copy
+    if (is_kv_scale(name)) continue;                                  // read below
     check(shapes.count(name) != 0, "checkpoint ", directory, ": unexpected tensor '", name, "' in ",
-          ckpt.file_of(name), " (not part of ", w.config.architecture_name(), " with this config)");
+          ckpt.file_of(name), " (not part of ", c.architecture_name(), " with this config",
+          is_scale(name) ? ": an FP8 weight's scales, but config.json has no fp8 quantization_config)" : ")");
   }
   for_each_tensor(w, [&](const std::string& name, Tensor& t) {
-    t = ckpt.get(name, loaded_dtype(name, ckpt.stored_dtype(name)), shapes.at(name));
+    t = ckpt.get(name, loaded_dtype(name, ckpt.stored_dtype(name), c.fp8_weights(), ckpt.file_of(name)), shapes.at(name));
     const std::int64_t bad = first_non_finite(t);
     check(bad < 0, ckpt.file_of(name), ": tensor '", name, "' holds a non-finite value at element ", bad,
-          " (as bfloat16, the precision the GPU computes in)");
+          t.dtype() == DType::F8E4M3 ? "" : " (as bfloat16, the precision the GPU computes in)");
+    if (is_scale(name)) {
+      const float* scales = t.data_as<float>();
+      for (std::int64_t i = 0; i < t.numel(); ++i)
+        check(scales[i] >= 0.0f && std::isfinite(scales[i]), ckpt.file_of(name), ": tensor '", name, "' holds the scale ",
+              scales[i], " at element ", i, " (scales are finite and >= 0)");
+    }
   });
-  if (w.config.tie_word_embeddings) w.lm_head = w.embed_tokens;
+  // KV-cache scales: for every layer, or none.
+  const bool kv_scales = ckpt.contains(k_scale_name(0)) || ckpt.contains(v_scale_name(0));
+  for (int i = 0; i < c.num_hidden_layers; ++i)
+    for (auto [name, slot] : {std::pair{k_scale_name(i), &w.layers[std::size_t(i)].k_scale},
+                              std::pair{v_scale_name(i), &w.layers[std::size_t(i)].v_scale}}) {
+      check(ckpt.contains(name) == kv_scales, "checkpoint ", directory, ": ",
+            kv_scales ? "missing tensor '" + name + "' (the KV-cache scales are given for layer 0, so for every layer)"
+                      : "tensor '" + name + "' without layer 0's k_scale and v_scale (KV-cache scales are for every layer or none)");
+      if (!kv_scales) continue;
+      const Shape stored = ckpt.stored_shape(name);
+      const bool one = shape_numel(stored) == 1 && stored.size() <= 1;
+      check(one || stored == Shape{c.num_key_value_heads}, ckpt.file_of(name), ": tensor '", name, "' has shape ",
+            shape_string(stored), "; a KV-cache scale is one value ([] or [1]) or one a KV head ([", c.num_key_value_heads, "])");
+      const Tensor t = ckpt.get(name, DType::F32, stored);
+      std::vector<float> values = t.to_float_vector();
+      for (const float v : values)
+        check(v > 0.0f && std::isfinite(v), ckpt.file_of(name), ": tensor '", name, "' holds the scale ", v,
+              " (KV-cache scales are finite and > 0)");
+      if (one) values.assign(std::size_t(c.num_key_value_heads), values[0]);
+      *slot = Tensor::empty(DType::F32, {c.num_key_value_heads});
+      std::copy(values.begin(), values.end(), slot->data_as<float>());
+    }
+  if (c.tie_word_embeddings) w.lm_head = w.embed_tokens;
   return w;
 }
 
+Tensor dequantize_projection(const Tensor& weight, const Tensor& scale, int block_rows, int block_cols) {
+  if (weight.dtype() != DType::F8E4M3) return weight.dtype() == DType::F32 ? weight : weight.to(DType::F32);
+  check(block_rows >= 1 && block_cols >= 1 && scale.defined() && scale.dim() == 2, "dequantize_projection: ",
+        weight.describe(), " needs its block scales");
+  Tensor out = Tensor::empty(DType::F32, weight.shape());
+  const std::int64_t rows = weight.size(0), cols = weight.size(1), scale_cols = scale.size(1);
+  const auto* q = weight.data_as<fp8_e4m3_bits>();
+  const float* s = scale.data_as<float>();
+  float* o = out.data_as<float>();
+  parallel_pieces(rows, 64, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t r = begin; r < end; ++r)
+      for (std::int64_t col = 0; col < cols; ++col)
+        o[r * cols + col] = fp8_e4m3_to_float(q[r * cols + col].bits) * s[(r / block_rows) * scale_cols + col / block_cols];
+  });
+  return out;
+}
+
 ModelWeights to_float32(ModelWeights weights) {
+  // FP8 projections first: their values times their blocks' scales.
+  if (weights.config.fp8_weights()) {
+    for_each_projection(weights, [&](Tensor& weight, Tensor& scale) {
+      weight = dequantize_projection(weight, scale, weights.config.fp8_block_rows, weights.config.fp8_block_cols);
+      scale = Tensor();
+    });
+    weights.config.fp8_block_rows = weights.config.fp8_block_cols = 0;
+  }
   for_each_tensor(weights, [](const std::string&, Tensor& t) {
     if (t.dtype() != DType::F32) t = t.to(DType::F32);
   });
   if (weights.config.tie_word_embeddings) weights.lm_head = weights.embed_tokens;
+  return weights;
+}
+
+ModelWeights quantize_fp8(ModelWeights weights) {
+  if (weights.config.fp8_weights()) return weights;
+  constexpr int b = kFp8WeightBlock;
+  for_each_projection(weights, [&](Tensor& weight, Tensor& scale) {
+    const Tensor values = weight.dtype() == DType::F32 ? weight : weight.to(DType::F32);
+    const std::int64_t rows = values.size(0), cols = values.size(1);
+    const std::int64_t block_rows = (rows + b - 1) / b, block_cols = (cols + b - 1) / b;
+    Tensor q = Tensor::empty(DType::F8E4M3, values.shape());
+    scale = Tensor::empty(DType::F32, {block_rows, block_cols});
+    const float* in = values.data_as<float>();
+    auto* out = q.data_as<fp8_e4m3_bits>();
+    float* s = scale.data_as<float>();
+    parallel_pieces(block_rows * block_cols, 1, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t blk = begin; blk < end; ++blk) {
+        const std::int64_t r0 = (blk / block_cols) * b, c0 = (blk % block_cols) * b;
+        const std::int64_t r1 = std::min(rows, r0 + b), c1 = std::min(cols, c0 + b);
+        float amax = 0.0f;
+        for (std::int64_t r = r0; r < r1; ++r)
+          for (std::int64_t col = c0; col < c1; ++col) amax = std::max(amax, std::fabs(in[r * cols + col]));
+        const float block_scale = amax > 0.0f ? amax / kFp8E4M3Max : 1.0f;
+        s[blk] = block_scale;
+        for (std::int64_t r = r0; r < r1; ++r)
+          for (std::int64_t col = c0; col < c1; ++col) out[r * cols + col].bits = float_to_fp8_e4m3(in[r * cols + col] / block_scale);
+      }
+    });
+    weight = std::move(q);
+  });
+  weights.config.fp8_block_rows = weights.config.fp8_block_cols = b;
   return weights;
 }
 
@@ -204,9 +336,14 @@ void save_checkpoint(const ModelWeights& weights, const std::string& directory) 
   std::map<std::string, Tensor> tensors;
   ModelWeights copy = weights;
   for_each_tensor(copy, [&](const std::string& name, Tensor& t) {
-    const DType stored = held_dtype(name);
+    const DType stored = held_dtype(name, weights.config.fp8_weights());
     tensors[name] = t.dtype() == stored ? t : t.to(stored);  // no copy of what is already stored as is
   });
+  for (int i = 0; i < weights.config.num_hidden_layers; ++i) {
+    const LayerWeights& l = weights.layers[std::size_t(i)];
+    if (l.k_scale.defined()) tensors[k_scale_name(i)] = l.k_scale;
+    if (l.v_scale.defined()) tensors[v_scale_name(i)] = l.v_scale;
+  }
   write_safetensors((std::filesystem::path(directory) / "model.safetensors").string(), tensors);
   std::ofstream config(config_path);
   check(bool(config), "cannot write ", config_path);

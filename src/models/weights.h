@@ -5,6 +5,10 @@
 // rounds them as it uploads). AsyncT's gate parameters are float32. The CPU backend computes on
 // a float32 copy (to_float32). Loading checks every tensor's presence and shape against the
 // config, and rejects unexpected tensors and values that are not finite as bf16.
+//
+// FP8 weights (ModelConfig::fp8_weights: an FP8 checkpoint, or quantize_fp8): the seven
+// projections of every layer are e4m3 (DType::F8E4M3), each with its block scales; the
+// embeddings, norms and LM head stay bf16.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +33,14 @@ struct LayerWeights {
   Tensor gate_alpha, gate_sigma, gate_gamma;  // [Hq], float32
   Tensor attn_output_layernorm;               // [H]
   Tensor mlp_output_layernorm;                // [H]
+  // FP8 weights only: each projection's scales, float32 [ceil(rows / block_rows),
+  // ceil(cols / block_cols)]; weight (r, c) is its e4m3 value times scale[r / block_rows][c /
+  // block_cols] (HF's weight_scale_inv, which despite the name multiplies).
+  Tensor q_proj_scale, k_proj_scale, v_proj_scale, o_proj_scale, gate_proj_scale, up_proj_scale, down_proj_scale;
+  // A checkpoint's FP8 KV-cache scales (self_attn.k_scale / v_scale, as llm-compressor and
+  // vLLM write them), float32 [Hkv] (one scale for all heads is repeated); undefined when the
+  // checkpoint has none (models/kv_cache_format.h then derives them).
+  Tensor k_scale, v_scale;
 };
 
 struct ModelWeights {
@@ -49,11 +61,23 @@ ModelWeights random_weights(const ModelConfig& config, std::uint64_t seed);
 // directory.
 ModelWeights load_weights(const std::string& directory);
 
-// The same weights with every tensor float32 (the CPU backend's precision).
+// The same weights with every tensor float32 (the CPU backend's precision); FP8 projections
+// are dequantized with their scales.
 ModelWeights to_float32(ModelWeights weights);
 
-// Writes a checkpoint directory (config.json + model.safetensors, weights in bf16; the gate
-// parameters in float32).
+// A projection as float32: e4m3 values times their blocks' scales (FP8 weights), else its
+// values converted.
+Tensor dequantize_projection(const Tensor& weight, const Tensor& scale, int block_rows, int block_cols);
+
+// --quantization fp8: bf16 or float32 weights with the seven projections of every layer
+// quantized to e4m3 in blocks of 128 x 128 (the blocks FP8 checkpoints are published in), each
+// block's scale its largest magnitude / 448 (a block of zeros has scale 1). Weights already in
+// FP8 come back unchanged.
+constexpr int kFp8WeightBlock = 128;
+ModelWeights quantize_fp8(ModelWeights weights);
+
+// Writes a checkpoint directory (config.json + model.safetensors, weights in bf16 or FP8 with
+// their scales, as held; the gate parameters and scales in float32).
 void save_checkpoint(const ModelWeights& weights, const std::string& directory);
 
 // Writes a checkpoint of random_weights(config, seed) (`asynct init-checkpoint`).

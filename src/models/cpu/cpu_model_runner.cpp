@@ -19,9 +19,10 @@ int checked_num_blocks(int num_blocks, int block_size) {
 }
 }  // namespace
 
-CpuModelRunner::CpuModelRunner(ModelWeights weights, int num_blocks, int block_size)
-    : num_blocks_(checked_num_blocks(num_blocks, block_size)), block_size_(block_size),
-      weights_(to_float32(std::move(weights))), recipe_(recipe_of(weights_.config)) {
+CpuModelRunner::CpuModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype)
+    : num_blocks_(checked_num_blocks(num_blocks, block_size)), block_size_(block_size), kv_dtype_(kv_dtype),
+      kv_scales_(kv_cache_scales(weights, kv_dtype)), weights_(to_float32(std::move(weights))),
+      recipe_(recipe_of(weights_.config)) {
   const ModelConfig& c = weights_.config;
   // Qwen3 normalises with RMSNorm; AsyncT's every norm is a UClipNorm (docs/DESIGN.md §5).
   norm_ = recipe_.norm == NormKind::UClip ? NormConfig::uclip(recipe_.norm_eps, recipe_.norm_clip)
@@ -58,10 +59,27 @@ Tensor CpuModelRunner::attention_block(int layer, const Tensor& x, const StepBat
                                                  key_cache, value_cache, batch.slot_mapping)
                       : rope_cache_write(q, k, v, batch.positions, c.rope_theta, key_cache, value_cache,
                                          batch.slot_mapping);
+  round_written_rows(layer, batch.slot_mapping);
   KvCache cache = KvCache::paged(key_cache, value_cache, table);
   AttentionBatch ab{qk.q, batch.cu_seqlens_q, batch.kv_lens, &cache, 0.0f};
   Tensor o = attention(ab, gates_[std::size_t(layer)]);
   return linear(o.reshape({t, std::int64_t(c.num_attention_heads) * c.head_dim}), w.o_proj);
+}
+
+void CpuModelRunner::round_written_rows(int layer, const std::vector<std::int64_t>& slots) {
+  if (kv_dtype_ == KvCacheDtype::Float32) return;
+  const int heads = weights_.config.num_key_value_heads, d = weights_.config.head_dim;
+  float* keys = key_cache_[std::size_t(layer)].data_as<float>();
+  float* values = value_cache_[std::size_t(layer)].data_as<float>();
+  for (const std::int64_t slot : slots)
+    for (int h = 0; h < heads; ++h) {
+      const std::int64_t at = (slot * heads + h) * d;
+      const float k_scale = kv_scales_.key_scale(layer, h), v_scale = kv_scales_.value_scale(layer, h);
+      for (int i = 0; i < d; ++i) {
+        keys[at + i] = round_to_kv_cache(keys[at + i], kv_dtype_, k_scale);
+        values[at + i] = round_to_kv_cache(values[at + i], kv_dtype_, v_scale);
+      }
+    }
 }
 
 Tensor CpuModelRunner::mlp_block(int layer, const Tensor& x) {

@@ -1,5 +1,7 @@
 // The CPU backend: the model's forward pass written with the reference operations, over a
 // float32 paged KV cache. Slow and plain; the oracle for the GPU backend and the engine tests.
+// A bf16 or FP8 cache (models/kv_cache_format.h) is held in float32 too, each value rounded as
+// that type stores it when it is written: what a cache of that type reads back.
 #pragma once
 
 #include <deque>
@@ -8,6 +10,7 @@
 #include "core/gate.h"
 #include "engine/model_runner.h"
 #include "models/architecture.h"
+#include "models/kv_cache_format.h"
 #include "models/weights.h"
 #include "reference/norms.h"
 
@@ -15,7 +18,7 @@ namespace asynct {
 
 class CpuModelRunner : public ModelRunner {
  public:
-  CpuModelRunner(ModelWeights weights, int num_blocks, int block_size);
+  CpuModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype = KvCacheDtype::Float32);
 
   // Throws Error for a block size the CPU backend does not run (check_block_size) or no blocks.
   // A step runs in submit(), sampling every row with the reference sampler; collect() hands its
@@ -29,10 +32,15 @@ class CpuModelRunner : public ModelRunner {
   int num_blocks() const override { return num_blocks_; }
   int block_size() const override { return block_size_; }
   const ModelConfig& config() const { return weights_.config; }
+  // A layer's cache, float32 [num_blocks, block_size, Hkv, D], as the attention reads it.
+  const Tensor& key_cache(int layer) const { return key_cache_[std::size_t(layer)]; }
+  const Tensor& value_cache(int layer) const { return value_cache_[std::size_t(layer)]; }
 
  private:
   Tensor attention_block(int layer, const Tensor& x, const StepBatch& batch, const Tensor& table);
   Tensor mlp_block(int layer, const Tensor& x);
+  // Rounds the K and V rows just written at these slots of a layer's cache as the cache type stores them.
+  void round_written_rows(int layer, const std::vector<std::int64_t>& slots);
   struct Result {
     Tensor logits;  // [rows, vocab], which output points into
     StepOutput output;
@@ -40,6 +48,8 @@ class CpuModelRunner : public ModelRunner {
   Result run(const StepBatch& batch, const std::vector<std::int32_t>& tokens);
 
   int num_blocks_, block_size_;  // checked before the weights are converted
+  KvCacheDtype kv_dtype_;
+  KvCacheScales kv_scales_;      // from the weights as given (a checkpoint's scales, or their bound)
   ModelWeights weights_;
   ArchitectureRecipe recipe_;
   NormConfig norm_;

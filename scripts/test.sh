@@ -22,6 +22,12 @@ scripts/fetch_smollm2.sh >/dev/null || {
   exit 1
 }
 
+# The FP8 conversions are checked against ml_dtypes (with numpy; pinned, same cache).
+scripts/fetch_numerics_assets.sh >/dev/null || {
+  echo "scripts/test.sh: scripts/fetch_numerics_assets.sh failed: the FP8 test needs numpy and ml_dtypes" >&2
+  exit 1
+}
+
 # The server's test speaks through the OpenAI Python client (pinned versions, same cache).
 scripts/fetch_client_assets.sh >/dev/null || {
   echo "scripts/test.sh: scripts/fetch_client_assets.sh failed: the server test needs the openai package" >&2

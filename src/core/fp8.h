@@ -16,7 +16,7 @@ constexpr float kFp8E4M3Max = 448.0f;
 inline float fp8_e4m3_to_float(std::uint8_t bits) {
   const float sign = (bits & 0x80u) ? -1.0f : 1.0f;
   const int exponent = (bits >> 3) & 0xf, mantissa = bits & 0x7;
-  if (exponent == 0xf && mantissa == 0x7) return std::nanf("");
+  if (exponent == 0xf && mantissa == 0x7) return std::copysign(std::nanf(""), sign);
   if (exponent == 0) return sign * std::ldexp(float(mantissa), -9);  // subnormal: m/8 * 2^-6
   return sign * std::ldexp(float(8 + mantissa), exponent - 10);       // (1 + m/8) * 2^(e-7)
 }

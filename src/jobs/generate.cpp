@@ -187,7 +187,7 @@ int run_generate(const GenerateOptions& o) {
   // With text or JSON, stdout holds only the output; the header and statistics go to stderr.
   std::FILE* info = text || o.json ? stderr : stdout;
   const bool stream = text && prompts.size() == 1 && !o.json;
-  std::fprintf(info, "asynct generate: %s (%s), %lld parameters, %s backend%s, KV cache %d blocks of %d tokens (%s MiB, %s), %s%s\n",
+  std::fprintf(info, "asynct generate: %s (%s), %lld parameters, %s backend%s, KV cache %d blocks of %d tokens (%s MiB) in %s, %s%s\n",
                config.architecture_name().c_str(), o.model_dir.empty() ? ("built-in tiny " + o.builtin).c_str() : o.model_dir.c_str(),
                static_cast<long long>(config.parameter_count()), backend.c_str(),
                o.quantization == "fp8" || config.fp8_weights() ? ", FP8 weights" : "", num_blocks, o.block_size,

@@ -290,6 +290,23 @@ TEST(CliLimits, BlockCountsDoNotOverflow) {
   EXPECT_LT(o.max_rss_mb, 400) << o.describe();
 }
 
+// FP8 weights and an FP8 KV cache run on the CPU backend and say so; bad values are refused.
+TEST(CliGenerate, Fp8WeightsAndKvCache) {
+  Scratch s;
+  const Outcome o = run_asynct({"generate", "--prompt-ids", "1,2,3", "--max-tokens", "4", "--kv-cache-dtype", "fp8",
+                                "--quantization", "fp8"},
+                               s.dir());
+  ASSERT_EQ(o.code, 0) << o.describe();
+  EXPECT_TRUE(contains(o.out, "cpu backend, FP8 weights, KV cache")) << o.describe();
+  EXPECT_TRUE(contains(o.out, "MiB) in fp8")) << o.describe();
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"generate", "--kv-cache-dtype", "int8"},
+                                               {"generate", "--quantization", "int4"}, {"serve", "--model", ".", "--kv-cache-dtype", "fp4"},
+                                               {"bench", "--quantization", "q8"}}) {
+    const Outcome bad = run_asynct(args, s.dir());
+    EXPECT_EQ(bad.code, 1) << bad.describe();
+  }
+}
+
 // A 1-token chunk of the prompt is prefill, not decode.
 TEST(CliGenerate, CountsPrefillAndDecodeTokensByPosition) {
   Scratch s;

@@ -131,6 +131,16 @@ int main(int argc, char** argv) {
                       "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
                       "scale per 128 x 128 block)")
       ->check(CLI::IsMember({"none", "fp8"}));
+  gen_cmd->add_option("--speculative", gen.speculative.method,
+                      "speculative decoding: none, or ngram (drafts from the request's own prompt and output, verified in one "
+                      "step: the same tokens, fewer steps where the output repeats its input)")
+      ->check(CLI::IsMember({"none", "ngram"}));
+  gen_cmd->add_option("--speculative-tokens", gen.speculative.num_tokens, "tokens drafted a step at most")
+      ->check(integer_in(1, 64));
+  gen_cmd->add_option("--ngram-min", gen.speculative.ngram_min, "the shortest match prompt lookup drafts from")
+      ->check(integer_in(1, 64));
+  gen_cmd->add_option("--ngram-max", gen.speculative.ngram_max, "the longest match prompt lookup tries first")
+      ->check(integer_in(1, 64));
   gen_cmd->add_option("--logits", gen.logits_path, "write the tokens and each request's first-token logits as JSON");
 
   std::string init_arch = "asynct", init_size = "tiny", init_out;
@@ -170,6 +180,16 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--repeat", bench.repeat, "timed runs per scenario and model; the median is reported")
       ->check(integer_in(1, 100));
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  bench_cmd->add_option("--speculative", bench.speculative.method,
+                      "speculative decoding: none, or ngram (drafts from the request's own prompt and output, verified in one "
+                      "step: the same tokens, fewer steps where the output repeats its input)")
+      ->check(CLI::IsMember({"none", "ngram"}));
+  bench_cmd->add_option("--speculative-tokens", bench.speculative.num_tokens, "tokens drafted a step at most")
+      ->check(integer_in(1, 64));
+  bench_cmd->add_option("--ngram-min", bench.speculative.ngram_min, "the shortest match prompt lookup drafts from")
+      ->check(integer_in(1, 64));
+  bench_cmd->add_option("--ngram-max", bench.speculative.ngram_max, "the longest match prompt lookup tries first")
+      ->check(integer_in(1, 64));
   bench_cmd->add_option("--kv-cache-dtype", bench.kv_cache_dtype,
                       "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
                       "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
@@ -187,6 +207,16 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--port", serve.port, "port to listen on (0: any free port)")->check(integer_in(0, 65535));
   serve_cmd->add_option("--served-model-name", serve.served_model_name, "the model name clients ask for (default: the directory's name)");
   serve_cmd->add_option("--device", serve.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  serve_cmd->add_option("--speculative", serve.speculative.method,
+                      "speculative decoding: none, or ngram (drafts from the request's own prompt and output, verified in one "
+                      "step: the same tokens, fewer steps where the output repeats its input)")
+      ->check(CLI::IsMember({"none", "ngram"}));
+  serve_cmd->add_option("--speculative-tokens", serve.speculative.num_tokens, "tokens drafted a step at most")
+      ->check(integer_in(1, 64));
+  serve_cmd->add_option("--ngram-min", serve.speculative.ngram_min, "the shortest match prompt lookup drafts from")
+      ->check(integer_in(1, 64));
+  serve_cmd->add_option("--ngram-max", serve.speculative.ngram_max, "the longest match prompt lookup tries first")
+      ->check(integer_in(1, 64));
   serve_cmd->add_option("--kv-cache-dtype", serve.kv_cache_dtype,
                       "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
                       "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")

@@ -51,6 +51,14 @@ void BlockManager::release(std::vector<int>& table) {
   table.clear();
 }
 
+void BlockManager::shrink(std::vector<int>& table, int tokens) {
+  const std::size_t keep = std::size_t(blocks_for(tokens));
+  if (table.size() <= keep) return;
+  std::vector<int> tail(table.begin() + std::ptrdiff_t(keep), table.end());
+  table.resize(keep);
+  release(tail);
+}
+
 void BlockManager::share(const std::vector<int>& from, int count, std::vector<int>& table) {
   check(count >= 0 && std::size_t(count) <= from.size(), "BlockManager: sharing ", count, " of ", from.size(), " blocks");
   for (int i = 0; i < count; ++i) {

@@ -36,6 +36,9 @@ class BlockManager {
   // Lets go of every block of `table` and empties it: a block no sequence holds any more is
   // freed, or kept when it is filed.
   void release(std::vector<int>& table);
+  // Lets go of the blocks of `table` past those that hold `tokens` tokens (a speculative step's
+  // blocks for drafts the model did not keep).
+  void shrink(std::vector<int>& table, int tokens);
   // Appends the first `count` blocks of `from` to `table`, now held by its sequence too (a fork
   // sharing its parent's full blocks).
   void share(const std::vector<int>& from, int count, std::vector<int>& table);

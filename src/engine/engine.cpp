@@ -20,6 +20,7 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, int vocab_size, EngineOption
   check(options.max_num_seqs >= 1, "engine: max_num_seqs must be >= 1");
   check(options.max_num_batched_tokens >= 1, "engine: max_num_batched_tokens must be >= 1");
   check(options.max_model_len >= 2, "engine: max_model_len must be >= 2");
+  validate_speculative(options.speculative);
 }
 
 std::int64_t Engine::add_request(const Request& r) {
@@ -73,6 +74,7 @@ void Engine::preempt(Sequence* seq) {
   auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == seq; });
   check(it != running_.end(), "engine: preempting a sequence that is not running");
   release_blocks(*seq);
+  seq->drafts.clear();
   ++seq->preemptions;
   ++stats_.preemptions;
   waiting_.push_front(std::move(*it));
@@ -92,7 +94,9 @@ void Engine::schedule(StepState& s) {
   // running sequences give up their blocks when the older ones need more.
   for (std::size_t i = 0; i < running_.size() && budget > 0 && int(out.size()) < options_.max_num_seqs; ++i) {
     Sequence* seq = running_[i].get();
-    const int n = std::min(int(seq->tokens.size()) - seq->num_computed, budget);
+    int n = std::min(int(seq->tokens.size()) - seq->num_computed, budget);
+    seq->drafts = drafts_for(*seq, budget);
+    n += int(seq->drafts.size());
     bool preempted_self = false;
     while (!blocks_.can_grow(seq->block_table, seq->num_computed + n)) {
       Sequence* victim = running_.back().get();
@@ -134,6 +138,20 @@ void Engine::schedule(StepState& s) {
   }
   // One-token sequences first: a backend can hand that leading run to its decode kernel.
   std::stable_partition(out.begin(), out.end(), [](const Scheduled& s) { return s.num_tokens == 1; });
+}
+
+std::vector<std::int32_t> Engine::drafts_for(const Sequence& seq, int budget) const {
+  const SpeculativeOptions& o = options_.speculative;
+  // Decoding (one new token, past the prompt), without penalties.
+  if (!o.enabled() || seq.num_generated == 0 || int(seq.tokens.size()) - seq.num_computed != 1 ||
+      seq.request.sampling.has_penalties())
+    return {};
+  // A step gives up to drafts + 1 tokens: within max_tokens and the step's budget.
+  const int most = std::min({o.num_tokens, seq.request.max_tokens - seq.num_generated - 1, budget - 1});
+  std::vector<std::int32_t> drafts = ngram_draft(seq.tokens, o.ngram_min, o.ngram_max, most);
+  // Only into blocks that are free: drafts never preempt a sequence.
+  if (!drafts.empty() && !blocks_.can_grow(seq.block_table, seq.num_computed + 1 + int(drafts.size()))) drafts.clear();
+  return drafts;
 }
 
 int Engine::num_waiting() const {
@@ -181,27 +199,32 @@ void Engine::build_batch(StepState& s) {
   const int bs = blocks_.block_size();
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
     const Sequence& seq = *scheduled[i].seq;
+    const int drafted = int(seq.drafts.size());
     const int begin = seq.num_computed, end = begin + scheduled[i].num_tokens;
     // Only the newest token past the prompt is a decode token (EngineStats).
     const int newest = int(seq.tokens.size()) - 1;
-    const bool decodes = end - 1 == newest && newest >= int(seq.request.prompt.size());
+    const bool decodes = end - 1 - drafted == newest && newest >= int(seq.request.prompt.size());
     stats_.decode_tokens += decodes ? 1 : 0;
-    stats_.prefill_tokens += scheduled[i].num_tokens - (decodes ? 1 : 0);
+    stats_.prefill_tokens += scheduled[i].num_tokens - drafted - (decodes ? 1 : 0);
+    if (drafted > 0) ++stats_.draft_rounds, stats_.drafted_tokens += drafted;
     for (int pos = begin; pos < end; ++pos) {
-      b.tokens.push_back(seq.tokens[std::size_t(pos)]);
+      b.tokens.push_back(pos <= newest ? seq.tokens[std::size_t(pos)] : seq.drafts[std::size_t(pos - newest - 1)]);
       b.positions.push_back(pos);
       b.slot_mapping.push_back(std::int64_t(seq.block_table[std::size_t(pos / bs)]) * bs + pos % bs);
     }
     b.cu_seqlens_q.push_back(b.num_tokens());
     b.kv_lens.push_back(end);
     b.block_tables[i].assign(seq.block_table.begin(), seq.block_table.end());
-    if (end == int(seq.tokens.size())) {  // the whole sequence is in the cache: sample
+    if (end - drafted == int(seq.tokens.size())) {  // the whole sequence is in the cache: sample
       sample_row[i] = int(b.logit_rows.size());
-      b.logit_rows.push_back(b.num_tokens() - 1);
-      // The runner samples every row; only recorded logits need to come back whole.
-      const bool record = options_.record_first_logits && seq.num_generated == 0;
-      b.full_logits.push_back(record ? 1 : 0);
-      add_row_sampling(b, seq, /*chained=*/false);
+      // A row for its newest token and one for each draft (consecutive rows).
+      for (int ahead = 0; ahead <= drafted; ++ahead) {
+        b.logit_rows.push_back(b.num_tokens() - 1 - drafted + ahead);
+        // The runner samples every row; only recorded logits need to come back whole.
+        const bool record = options_.record_first_logits && seq.num_generated == 0;
+        b.full_logits.push_back(record ? 1 : 0);
+        add_row_sampling(b, seq, /*chained=*/false, ahead);
+      }
       if (!seq.forks.empty()) fork(*scheduled[i].seq, sample_row[i], s);
     }
   }
@@ -240,11 +263,11 @@ void Engine::fork(Sequence& leader, int row, StepState& s) {
   }
 }
 
-void Engine::add_row_sampling(StepBatch& b, const Sequence& seq, bool chained) const {
+void Engine::add_row_sampling(StepBatch& b, const Sequence& seq, bool chained, int ahead) const {
   RowSampling row;
   row.params = seq.request.sampling;
-  row.step = std::uint64_t(seq.num_generated) + (chained ? 1 : 0);
-  row.newest_is_output = chained || seq.num_generated > 0 ? 1 : 0;
+  row.step = std::uint64_t(seq.num_generated) + (chained ? 1 : 0) + std::uint64_t(ahead);
+  row.newest_is_output = chained || ahead > 0 || seq.num_generated > 0 ? 1 : 0;
   row.penalty_begin = row.penalty_end = int(b.penalty_tokens.size());
   if (seq.penalties) {
     const std::vector<PenaltyToken>& history = seq.penalties->tokens();
@@ -267,6 +290,8 @@ void Engine::add_row_sampling(StepBatch& b, const Sequence& seq, bool chained) c
 bool Engine::can_chain(const StepState& s) const {
   // Every running sequence is in the step, and nothing waits: scheduling again would pick them all.
   if (!waiting_.empty() || s.scheduled.size() != running_.size()) return false;
+  // The next step's drafts come from this step's tokens.
+  if (options_.speculative.enabled()) return false;
   std::int64_t new_blocks = 0;
   for (std::size_t i = 0; i < s.scheduled.size(); ++i) {
     const Sequence* seq = s.scheduled[i].seq;
@@ -378,12 +403,19 @@ std::vector<RequestOutput> Engine::apply(const StepState& s, const StepOutput& o
   // Before any sequence changes: every sampled row must be finite (a NaN or an infinity is an
   // error), its token in the vocabulary, and its full logits and top logprobs there when asked.
   for (std::size_t i = 0; i < scheduled.size(); ++i)
-    if (s.sample_row[i] >= 0 && scheduled[i].seq != nullptr) check_row(*scheduled[i].seq, s.sample_row[i], s, out);
+    if (s.sample_row[i] >= 0 && scheduled[i].seq != nullptr)
+      for (int ahead = 0; ahead <= int(scheduled[i].seq->drafts.size()); ++ahead)
+        check_row(*scheduled[i].seq, s.sample_row[i] + ahead, s, out);
   for (const auto& [fork, row] : s.forks) check_row(*fork, row, s, out);
   std::vector<RequestOutput> done;
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
     if (scheduled[i].seq == nullptr) continue;  // finished in the step before
     Sequence& seq = *scheduled[i].seq;
+    if (!seq.drafts.empty()) {  // its newest token is computed; the drafts as far as the model keeps them
+      ++seq.num_computed;
+      take_drafted_tokens(seq, s.sample_row[i], out, done);
+      continue;
+    }
     seq.num_computed += scheduled[i].num_tokens;
     if (options_.prefix_caching) file_full_blocks(seq);
     if (s.chained) stats_.decode_tokens += scheduled[i].num_tokens;
@@ -407,7 +439,23 @@ void Engine::check_row(const Sequence& seq, int row, const StepState& s, const S
         row, ", which asked for ", top);
 }
 
-void Engine::take_token(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done) {
+void Engine::take_drafted_tokens(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done) {
+  const std::vector<std::int32_t> drafts = std::move(seq.drafts);
+  seq.drafts.clear();
+  for (std::size_t ahead = 0;; ++ahead) {
+    // The model's token after the drafts kept so far; a draft it equals was computed at the
+    // position it now has, so its K/V stay.
+    const bool kept = ahead < drafts.size() && out.summaries[std::size_t(row) + ahead].token == drafts[ahead];
+    if (take_token(seq, row + int(ahead), out, done)) return;  // ended: its blocks are gone
+    if (!kept) break;
+    ++seq.num_computed;
+    ++stats_.accepted_tokens;
+  }
+  blocks_.shrink(seq.block_table, seq.num_computed + 1);
+  if (options_.prefix_caching) file_full_blocks(seq);
+}
+
+bool Engine::take_token(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done) {
   const LogitSummary& summary = out.summaries[std::size_t(row)];
   const float* logits = out.logits[std::size_t(row)];
   if (options_.record_first_logits && seq.num_generated == 0) seq.first_logits.assign(logits, logits + vocab_size_);
@@ -430,7 +478,7 @@ void Engine::take_token(Sequence& seq, int row, const StepOutput& out, std::vect
     }
   }
   std::string reason;
-  if (!finished(seq, go_on, &reason)) return;
+  if (!finished(seq, go_on, &reason)) return false;
   done.push_back(output_of(seq, reason));
   // A step queued behind this one computed a token for it too: that row is dropped.
   if (next_queued_)
@@ -439,6 +487,7 @@ void Engine::take_token(Sequence& seq, int row, const StepOutput& out, std::vect
   blocks_.release(seq.block_table);
   auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == &seq; });
   running_.erase(it);
+  return true;
 }
 
 void Engine::file_full_blocks(Sequence& seq) {

@@ -15,6 +15,7 @@
 #include "core/logit_summary.h"
 #include "core/sampling_params.h"
 #include "engine/block_manager.h"
+#include "engine/drafter.h"
 #include "engine/model_runner.h"
 #include "engine/penalty_history.h"
 
@@ -36,6 +37,12 @@ struct EngineOptions {
   // either way where the arithmetic does not depend on the batch (the CPU); `asynct serve`
   // turns it on, generate and bench leave it off.
   bool prefix_caching = false;
+  // Speculative decoding (engine/drafter.h): a decoding sequence's newest token and up to
+  // speculative.num_tokens drafted ones go into one step, and it keeps the drafts the model
+  // chooses, plus the model's next token. Requests with penalties decode a token a step (each
+  // draft position would need its own penalty history). Steps with drafts are never queued
+  // ahead (pipeline_steps): the next step's drafts depend on this step's tokens.
+  SpeculativeOptions speculative;
 };
 
 // What a request's stream sees, one per generated token.
@@ -88,6 +95,9 @@ struct EngineStats {
   // to decode_tokens.
   std::int64_t prefill_tokens = 0, decode_tokens = 0;
   std::int64_t pipelined_steps = 0;  // steps queued before the step they continue was read
+  // Speculative decoding: sequence-steps that verified drafts, the tokens drafted in them, and
+  // those the model kept (each kept draft is a token the step gave beyond the one it gives anyway).
+  std::int64_t draft_rounds = 0, drafted_tokens = 0, accepted_tokens = 0;
   // Prefix caching: the tokens of the requests that started running (again, after a
   // preemption), and those of them found in cached blocks (not computed).
   std::int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
@@ -160,6 +170,7 @@ class Engine {
     std::vector<float> logprobs;
     std::vector<std::vector<TopLogprob>> top_logprobs;
     std::vector<std::unique_ptr<Sequence>> forks;  // its group's other choices, until they fork
+    std::vector<std::int32_t> drafts;  // this step's drafted tokens after its newest (speculative decoding)
   };
   struct Scheduled {
     Sequence* seq;   // null once the sequence finished in the step before (pipelining)
@@ -188,10 +199,17 @@ class Engine {
   // Checks a sampled row's output (apply), and reads its token into `seq`, adding its output to
   // `done` when it ends.
   void check_row(const Sequence& seq, int row, const StepState& s, const StepOutput& out) const;
-  void take_token(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done);
+  // Returns true when the sequence ended (it is gone then).
+  bool take_token(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done);
+  // Takes a speculative step's tokens for `seq`, from row `row` on: each draft the model chose,
+  // then the model's own token; lets go of the blocks of the drafts it did not keep.
+  void take_drafted_tokens(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done);
+  // The drafts `seq` takes into a step that has `budget` tokens left, or none.
+  std::vector<std::int32_t> drafts_for(const Sequence& seq, int budget) const;
   // Appends the sampling of `seq`'s next row to a batch: of the token after its newest, or,
-  // in a chained batch, of the token after the one the step before draws for it.
-  void add_row_sampling(StepBatch& b, const Sequence& seq, bool chained) const;
+  // in a chained batch, of the token after the one the step before draws for it; `ahead`
+  // drafted tokens further on (speculative decoding).
+  void add_row_sampling(StepBatch& b, const Sequence& seq, bool chained, int ahead = 0) const;
   // Whether the step after `s` is known before s's tokens are (see EngineOptions::pipeline_steps),
   // and that step, every sequence one token further, its tokens taken from s's rows.
   bool can_chain(const StepState& s) const;

@@ -120,6 +120,7 @@ int run_generate(const GenerateOptions& o) {
   RunnerOptions ro{.device = device, .block_size = o.block_size, .max_tokens_per_step = o.max_batched_tokens,
                    .cuda_graphs = o.cuda_graphs, .kv_cache_dtype = o.kv_cache_dtype, .quantization = o.quantization};
   const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
+  validate_speculative(o.speculative);
 
   // Each request within the model's context; 64-bit counts throughout (2048 requests of a
   // million tokens in one-token blocks are 2^31 blocks).
@@ -180,6 +181,7 @@ int run_generate(const GenerateOptions& o) {
   engine_options.max_model_len = config.max_position_embeddings;
   engine_options.record_first_logits = !o.logits_path.empty();
   engine_options.pipeline_steps = o.pipeline;
+  engine_options.speculative = o.speculative;
   std::string backend;
   ro.num_blocks = num_blocks;
   Engine engine(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);
@@ -261,6 +263,10 @@ int run_generate(const GenerateOptions& o) {
                static_cast<long long>(s.steps), static_cast<long long>(s.prefill_tokens),
                static_cast<long long>(s.decode_tokens), seconds,
                double(s.prefill_tokens + s.decode_tokens) / seconds, static_cast<long long>(s.preemptions));
+  if (s.draft_rounds > 0)
+    std::fprintf(info, "speculative: %lld tokens drafted, %lld kept (%.1f%%), %.2f kept a round of drafts\n",
+                 static_cast<long long>(s.drafted_tokens), static_cast<long long>(s.accepted_tokens),
+                 100.0 * double(s.accepted_tokens) / double(s.drafted_tokens), double(s.accepted_tokens) / double(s.draft_rounds));
   return 0;
 }
 

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/drafter.h"
+
 namespace asynct {
 
 struct GenerateOptions {
@@ -52,6 +54,7 @@ struct GenerateOptions {
   std::string quantization = "none";     // none or fp8 (RunnerOptions::quantization)
   bool cuda_graphs = true;               // replay decode steps as CUDA graphs (CUDA backend)
   bool pipeline = true;                  // queue greedy decode steps ahead (EngineOptions::pipeline_steps)
+  SpeculativeOptions speculative;        // drafts verified a step (engine/drafter.h); off by default
   std::string logits_path;               // write each request's first-token logits (JSON)
 };
 

@@ -74,6 +74,8 @@ struct Run {
   std::int64_t decode_steps = 0;
   double decode_step_ms = 0;
   std::int64_t pipelined_steps = 0;  // queued before the step they continue was read
+  // Speculative decoding (EngineStats): sequence-steps with drafts, tokens drafted and kept.
+  std::int64_t draft_rounds = 0, drafted_tokens = 0, accepted_tokens = 0;
   // Where the time went, in ms over the whole run: "host_*" phases are host wall-clock time
   // and split a step's wall time; the others are GPU time between events (CUDA backend), which
   // runs during host_launch and host_wait.
@@ -136,6 +138,13 @@ std::string breakdown(const char* scenario, const char* model, const Run& run) {
                   static_cast<long long>(run.decode_steps), run.decode_step_ms);
     line += part;
   }
+  if (run.draft_rounds > 0) {
+    std::snprintf(part, sizeof part, "\n  %s %s drafts: %lld drafted, %lld kept (%.1f%%), %.2f kept a round", scenario, model,
+                  static_cast<long long>(run.drafted_tokens), static_cast<long long>(run.accepted_tokens),
+                  100.0 * double(run.accepted_tokens) / double(run.drafted_tokens),
+                  double(run.accepted_tokens) / double(run.draft_rounds));
+    line += part;
+  }
   return line;
 }
 
@@ -162,6 +171,7 @@ Run run_scenario(const Scenario& s, const ModelWeights& weights, const char* lab
   eo.max_num_batched_tokens = o.max_batched_tokens;
   eo.max_model_len = longest;
   eo.pipeline_steps = o.pipeline;
+  eo.speculative = o.speculative;
   std::string backend;
   RunnerOptions ro;
   ro.device = o.device;
@@ -209,6 +219,9 @@ Run run_scenario(const Scenario& s, const ModelWeights& weights, const char* lab
   if (terminal) std::fprintf(stderr, "\n");
   run.steps = st.steps;
   run.pipelined_steps = st.pipelined_steps;
+  run.draft_rounds = st.draft_rounds;
+  run.drafted_tokens = st.drafted_tokens;
+  run.accepted_tokens = st.accepted_tokens;
   run.decode_steps = std::int64_t(decode_step_ms.size());
   if (!decode_step_ms.empty()) {
     const auto middle = decode_step_ms.begin() + std::ptrdiff_t(decode_step_ms.size() / 2);
@@ -290,6 +303,7 @@ int run_checkpoint_scenarios(const ScenarioOptions& o) {
     results.push_back({{"scenario", s.name}, {"seconds", m.seconds}, {"tokens", m.tokens},
                        {"output_tokens_per_second", output_tokens / m.seconds}, {"steps", m.steps},
                        {"decode_steps", m.decode_steps}, {"decode_step_ms", m.decode_step_ms},
+                       {"drafted_tokens", m.drafted_tokens}, {"accepted_tokens", m.accepted_tokens},
                        {"phase_ms", m.phase_ms}, {"seconds_each_run", seconds_of(runs)}});
   }
   for (const std::string& l : lines) std::printf("%s\n", l.c_str());
@@ -322,6 +336,7 @@ int run_scenarios(const ScenarioOptions& options) {
     options_check.kv_cache_dtype = o.kv_cache_dtype;
     options_check.quantization = o.quantization;
     check_runner_options(options_check, ModelConfig{}, o.device);  // before any weights are made
+    validate_speculative(o.speculative);
   }
   if (o.config == "auto") o.config = gpu ? "1.7b" : "tiny";
   if (o.scale == 0) o.scale = gpu ? 1 : 64;
@@ -378,6 +393,8 @@ int run_scenarios(const ScenarioOptions& options) {
                        {"asynct_decode_steps", a.decode_steps}, {"qwen3_decode_steps", q.decode_steps},
                        {"asynct_decode_step_ms", a.decode_step_ms}, {"qwen3_decode_step_ms", q.decode_step_ms},
                        {"asynct_pipelined_steps", a.pipelined_steps}, {"qwen3_pipelined_steps", q.pipelined_steps},
+                       {"asynct_drafted_tokens", a.drafted_tokens}, {"asynct_accepted_tokens", a.accepted_tokens},
+                       {"qwen3_drafted_tokens", q.drafted_tokens}, {"qwen3_accepted_tokens", q.accepted_tokens},
                        {"asynct_phase_ms", a.phase_ms}, {"qwen3_phase_ms", q.phase_ms},
                        {"asynct_seconds_each_run", seconds_of(asynct_runs)},
                        {"qwen3_seconds_each_run", seconds_of(qwen3_runs)}, {"ratio_each_run", ratios}});

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <string>
+
+#include "engine/drafter.h"
 #include <vector>
 
 namespace asynct {
@@ -27,6 +29,7 @@ struct ScenarioOptions {
   bool profile = false;
   bool cuda_graphs = true;      // replay decode steps as CUDA graphs (timed as "decode_graph")
   bool pipeline = true;         // queue greedy decode steps ahead (EngineOptions::pipeline_steps)
+  SpeculativeOptions speculative;  // drafts verified a step (engine/drafter.h); off by default
   bool warmup = true;           // an untimed short run on each engine before the timed one
   int repeat = 1;               // timed runs per scenario and model (median reported; the
                                 // order of the two models alternates between runs)

@@ -121,6 +121,7 @@ int run_serve(const ServeOptions& o) {
   RunnerOptions ro{.device = device, .block_size = o.block_size, .max_tokens_per_step = o.max_batched_tokens,
                    .cuda_graphs = o.cuda_graphs, .kv_cache_dtype = o.kv_cache_dtype, .quantization = o.quantization};
   const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
+  validate_speculative(o.speculative);
 
   const std::int64_t block_bytes = kv_cache_bytes_per_token(config, kv_dtype, device) * o.block_size;
   const std::int64_t per_request = (context + o.block_size - 1) / o.block_size;
@@ -139,6 +140,7 @@ int run_serve(const ServeOptions& o) {
   engine_options.max_num_batched_tokens = o.max_batched_tokens;
   engine_options.max_model_len = int(context);
   engine_options.prefix_caching = o.prefix_caching;
+  engine_options.speculative = o.speculative;
   ro.num_blocks = num_blocks;
   std::string backend;
   auto engine = std::make_unique<Engine>(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);

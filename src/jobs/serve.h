@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/drafter.h"
+
 namespace asynct {
 
 struct ServeOptions {
@@ -30,6 +32,7 @@ struct ServeOptions {
   std::int64_t max_body_mib = 8;    // larger request bodies get 413
   bool cuda_graphs = true;
   bool prefix_caching = true;       // EngineOptions::prefix_caching (off there by default)
+  SpeculativeOptions speculative;   // drafts verified a step (engine/drafter.h); off by default
 };
 
 int run_serve(const ServeOptions& options);

@@ -1,0 +1,33 @@
+// Drafts for speculative decoding: tokens a decoding sequence is likely to continue with,
+// proposed without running the model. The engine (engine.h) feeds a sequence's newest token and
+// its drafts to one step, takes the model's token at every position, and keeps the drafts up to
+// the first the model did not choose (that position's own token follows them): each token kept
+// is the one the model gives at its position, drawn with its own draw index, so the output is
+// the same, greedy or sampled, as without drafts wherever the arithmetic does not depend on the
+// batch (the CPU backend).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace asynct {
+
+struct SpeculativeOptions {
+  std::string method = "none";  // none, or ngram (prompt lookup)
+  int num_tokens = 4;           // drafted tokens a step at most (--speculative-tokens)
+  int ngram_min = 1, ngram_max = 4;  // prompt lookup's match lengths
+  bool enabled() const { return method != "none"; }
+};
+
+// Throws Error naming the option: an unknown method, num_tokens outside 1..64, ngram lengths
+// outside 1..64 or min over max.
+void validate_speculative(const SpeculativeOptions& options);
+
+// Prompt lookup over `tokens` (a sequence's prompt and output): for n from max_n down to min_n,
+// the most recent earlier occurrence of its last n tokens; the tokens that followed it there,
+// at most max_tokens of them (fewer where the sequence ends first). Empty when none occurs.
+std::vector<std::int32_t> ngram_draft(std::span<const std::int32_t> tokens, int min_n, int max_n, int max_tokens);
+
+}  // namespace asynct

@@ -1,0 +1,184 @@
+// Speculative decoding on the CPU backend: prompt lookup's drafts, and an engine that verifies
+// them gives every request the same tokens and logprobs as one that decodes a token a step,
+// greedy and seeded sampling alike (each kept token is drawn with its own draw index from the
+// same logits), with prefix caching, forks, preemption, end-of-sequence and stop tokens, and
+// on_token ending a request inside a run of kept drafts.
+#include <gtest/gtest.h>
+
+#include "engine/drafter.h"
+#include "engine/engine.h"
+#include "models/cpu/cpu_model_runner.h"
+#include "support/expect_error.h"
+
+namespace asynct {
+namespace {
+
+using testing::expect_error;
+
+TEST(NgramDraft, TakesWhatFollowedTheMostRecentLongestMatch) {
+  const std::vector<std::int32_t> t = {1, 2, 3, 4, 9, 2, 3, 5, 6, 7, 2, 3};
+  // "2 3" last occurred at 5..6, followed by 5 6 7 (the later match wins over 1..2's 4).
+  EXPECT_EQ(ngram_draft(t, 1, 4, 3), (std::vector<std::int32_t>{5, 6, 7}));
+  EXPECT_EQ(ngram_draft(t, 1, 4, 2), (std::vector<std::int32_t>{5, 6}));
+  // A longer match is preferred: "9 2 3" ... only "2 3" and "3" occur before; with min 3 nothing.
+  EXPECT_TRUE(ngram_draft(t, 3, 4, 3).empty());
+  // The draft stops where the sequence does.
+  EXPECT_EQ(ngram_draft(std::vector<std::int32_t>{4, 4, 4}, 1, 2, 5), (std::vector<std::int32_t>{4}));
+  EXPECT_TRUE(ngram_draft(std::vector<std::int32_t>{4}, 1, 2, 5).empty());
+  EXPECT_TRUE(ngram_draft(std::vector<std::int32_t>{}, 1, 2, 5).empty());
+  EXPECT_TRUE(ngram_draft(t, 1, 4, 0).empty());
+}
+
+TEST(NgramDraft, OptionsAreChecked) {
+  expect_error([] { validate_speculative({.method = "medusa"}); }, "--speculative must be none or ngram, got 'medusa'");
+  expect_error([] { validate_speculative({.method = "ngram", .num_tokens = 0}); }, "--speculative-tokens must be in 1..64");
+  expect_error([] { validate_speculative({.method = "ngram", .ngram_min = 3, .ngram_max = 2}); }, "1 <= min <= max <= 64");
+}
+
+struct Setup {
+  Architecture arch = Architecture::AsyncT;
+  int num_blocks = 64;
+  bool prefix_caching = false;
+  bool speculative = false;
+  int num_tokens = 4;
+};
+
+Engine make_engine(const Setup& s) {
+  ModelWeights w = random_weights(tiny_config(s.arch), 7);
+  const int vocab = w.config.vocab_size;
+  EngineOptions o;
+  o.max_model_len = 1024;
+  o.prefix_caching = s.prefix_caching;
+  if (s.speculative) o.speculative = {.method = "ngram", .num_tokens = s.num_tokens, .ngram_min = 1, .ngram_max = 3};
+  return Engine(std::make_unique<CpuModelRunner>(std::move(w), s.num_blocks, 16), vocab, o);
+}
+
+// Prompts that repeat themselves (prompt lookup finds them), greedy and sampled.
+std::vector<Request> requests() {
+  std::vector<Request> rs;
+  const std::vector<std::vector<std::int32_t>> prompts = {
+      {5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7}, {42, 43, 42, 43, 42}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17},
+      {100, 3, 100}};
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    for (const float temperature : {0.0f, 0.9f}) {
+      Request r;
+      r.prompt = prompts[i];
+      r.max_tokens = 20 + int(i);
+      r.sampling = {.temperature = temperature, .top_k = temperature > 0 ? 8 : 0, .seed = 500 + i, .logprobs = int(i % 3)};
+      rs.push_back(r);
+    }
+  }
+  return rs;
+}
+
+struct Outcome {
+  std::vector<RequestOutput> outputs;
+  EngineStats stats;
+  int blocks_left = 0;
+};
+
+Outcome run(const Setup& s, const std::vector<Request>& rs, bool grouped = false) {
+  Engine e = make_engine(s);
+  if (grouped)
+    e.add_request_group(rs);
+  else
+    for (const Request& r : rs) e.add_request(r);
+  Outcome out;
+  out.outputs = e.run_to_completion();
+  out.stats = e.stats();
+  out.blocks_left = e.kv_blocks_used();
+  return out;
+}
+
+void expect_same(const std::vector<RequestOutput>& a, const std::vector<RequestOutput>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << "request " << i;
+    EXPECT_EQ(a[i].finish_reason, b[i].finish_reason) << "request " << i;
+    EXPECT_EQ(a[i].logprobs, b[i].logprobs) << "request " << i;
+    ASSERT_EQ(a[i].top_logprobs.size(), b[i].top_logprobs.size()) << "request " << i;
+    for (std::size_t t = 0; t < a[i].top_logprobs.size(); ++t)
+      for (std::size_t k = 0; k < a[i].top_logprobs[t].size(); ++k)
+        EXPECT_EQ(a[i].top_logprobs[t][k].id, b[i].top_logprobs[t][k].id) << "request " << i;
+  }
+}
+
+TEST(Speculative, SameTokensAsOneTokenAStep) {
+  for (const Architecture arch : {Architecture::AsyncT, Architecture::Qwen3, Architecture::Llama})
+    for (const int num_blocks : {64, 6})  // 6 blocks: requests take turns (preemption)
+      for (const bool caching : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << tiny_config(arch).architecture_name() << ", " << num_blocks
+                                          << " blocks, prefix caching " << caching);
+        const std::vector<Request> rs = requests();
+        const Outcome plain = run({arch, num_blocks, caching, false}, rs);
+        const Outcome spec = run({arch, num_blocks, caching, true}, rs);
+        expect_same(spec.outputs, plain.outputs);
+        EXPECT_GT(spec.stats.drafted_tokens, 0);
+        EXPECT_GT(spec.stats.accepted_tokens, 0);
+        EXPECT_LE(spec.stats.accepted_tokens, spec.stats.drafted_tokens);
+        EXPECT_LE(spec.stats.steps, plain.stats.steps);
+        if (num_blocks == 64) {  // (with preemption the two runs recompute different tokens)
+          EXPECT_EQ(spec.stats.decode_tokens + spec.stats.accepted_tokens, plain.stats.decode_tokens);
+        }
+        EXPECT_EQ(plain.stats.drafted_tokens, 0);
+        EXPECT_EQ(spec.blocks_left, 0);
+      }
+}
+
+// Alone, a request takes a step fewer for every draft kept.
+TEST(Speculative, KeptDraftsSaveSteps) {
+  std::int64_t accepted = 0;
+  for (const Request& r : requests()) {
+    const Outcome plain = run({}, {r}), spec = run({.speculative = true}, {r});
+    expect_same(spec.outputs, plain.outputs);
+    EXPECT_EQ(spec.stats.steps + spec.stats.accepted_tokens, plain.stats.steps);
+    accepted += spec.stats.accepted_tokens;
+  }
+  EXPECT_GT(accepted, 0);
+}
+
+// A request's choices fork after the prompt and draft on their own.
+TEST(Speculative, ForkedChoicesDraftOnTheirOwn) {
+  std::vector<Request> choices(3, requests()[1]);
+  for (int i = 0; i < 3; ++i) choices[std::size_t(i)].sampling.seed = std::uint64_t(70 + i);
+  const Outcome plain = run({}, choices, true), spec = run({.speculative = true}, choices, true);
+  expect_same(spec.outputs, plain.outputs);
+  EXPECT_GT(spec.stats.accepted_tokens, 0);
+  EXPECT_EQ(spec.blocks_left, 0);
+}
+
+// Ends inside a run of kept drafts: at an end-of-sequence token, a stop token, max_tokens, and
+// on_token returning false; every token after the end is dropped.
+TEST(Speculative, RequestsEndInsideKeptDrafts) {
+  Request base = requests()[0];  // greedy, repeats 5 6 7 8
+  const std::vector<std::int32_t> full = run({}, {base}).outputs[0].tokens;
+  ASSERT_GE(full.size(), 12u);
+  for (int cut : {2, 5, 9}) {
+    SCOPED_TRACE(cut);
+    Request eos = base, stop = base, length = base, callback = base;
+    eos.eos_token_ids = {full[std::size_t(cut)]};
+    stop.stop_token_ids = {full[std::size_t(cut)]};
+    length.max_tokens = cut + 1;
+    int seen = 0;
+    callback.on_token = [&seen, cut](const GeneratedToken&) { return ++seen <= cut; };
+    for (const Request& r : {eos, stop, length}) expect_same(run({.speculative = true}, {r}).outputs, run({}, {r}).outputs);
+    const Outcome spec = run({.speculative = true}, {callback});
+    seen = 0;
+    const Outcome plain = run({}, {callback});
+    expect_same(spec.outputs, plain.outputs);
+    EXPECT_EQ(spec.outputs[0].tokens.size(), std::size_t(cut + 1));
+    EXPECT_EQ(spec.blocks_left, 0);
+  }
+}
+
+// Requests with penalties decode a token a step (and still the same tokens).
+TEST(Speculative, PenalisedRequestsAreNotDrafted) {
+  Request r = requests()[0];
+  r.sampling.repetition_penalty = 1.3f;
+  const Outcome spec = run({.speculative = true}, {r});
+  EXPECT_EQ(spec.stats.drafted_tokens, 0);
+  expect_same(spec.outputs, run({}, {r}).outputs);
+}
+
+}  // namespace
+}  // namespace asynct

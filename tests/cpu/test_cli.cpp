@@ -307,6 +307,27 @@ TEST(CliGenerate, Fp8WeightsAndKvCache) {
   }
 }
 
+// Speculative decoding from the command line: the same tokens, the drafts counted; bad values refused.
+TEST(CliGenerate, SpeculativeDecoding) {
+  Scratch s;
+  const std::vector<std::string> base = {"generate", "--prompt-ids", "5,6,7,8,5,6,7,8,5,6,7", "--max-tokens", "24"};
+  const Outcome plain = run_asynct(base, s.dir());
+  const Outcome spec = run_asynct(joined(base, {"--speculative", "ngram", "--speculative-tokens", "3"}), s.dir());
+  ASSERT_EQ(plain.code, 0) << plain.describe();
+  ASSERT_EQ(spec.code, 0) << spec.describe();
+  EXPECT_EQ(generated(spec.out).tokens, generated(plain.out).tokens);
+  EXPECT_TRUE(contains(spec.out, "speculative: ")) << spec.describe();
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"generate", "--speculative", "eagle"}, {"generate", "--speculative-tokens", "0"},
+        {"bench", "--ngram-min", "0"}, {"serve", "--model", ".", "--ngram-max", "65"}}) {
+    const Outcome bad = run_asynct(args, s.dir());
+    EXPECT_EQ(bad.code, 1) << bad.describe();
+  }
+  const Outcome reversed = run_asynct(joined(base, {"--speculative", "ngram", "--ngram-min", "3", "--ngram-max", "2"}), s.dir());
+  EXPECT_EQ(reversed.code, 2) << reversed.describe();
+  EXPECT_TRUE(contains(reversed.err, "1 <= min <= max <= 64")) << reversed.describe();
+}
+
 // A 1-token chunk of the prompt is prefill, not decode.
 TEST(CliGenerate, CountsPrefillAndDecodeTokensByPosition) {
   Scratch s;

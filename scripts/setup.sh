@@ -2,7 +2,7 @@
 # Installs the Debian packages asynct builds with, if any is missing. Safe to run repeatedly.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ libgtest-dev nlohmann-json3-dev libcli11-dev pkg-config libpcre2-dev libicu-dev libcpp-httplib-dev)
+packages=(cmake ninja-build g++ ccache libgtest-dev nlohmann-json3-dev libcli11-dev pkg-config libpcre2-dev libicu-dev libcpp-httplib-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -34,13 +34,21 @@ scripts/fetch_client_assets.sh >/dev/null || {
   exit 1
 }
 
+# Compilations are cached (ccache, keyed on paths relative to the checkout, so that another
+# clone on the same machine reuses them): a rebuild compiles only what changed.
+launcher=()
+if command -v ccache >/dev/null 2>&1; then
+  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+
 echo "== release build (CUDA when nvcc is found) =="
-cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DASYNCT_TEXT=ON >/dev/null
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release -DASYNCT_TEXT=ON "${launcher[@]}" >/dev/null
 cmake --build build/release -j "$jobs"
 ctest --test-dir build/release -LE 'gpu|torch' --output-on-failure -j "$jobs"
 
 echo "== debug build with AddressSanitizer + UBSan (CPU) =="
-cmake -S . -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DASYNCT_SANITIZE=ON -DASYNCT_CUDA=OFF -DASYNCT_TEXT=ON >/dev/null
+cmake -S . -B build/sanitize -DCMAKE_BUILD_TYPE=Debug -DASYNCT_SANITIZE=ON -DASYNCT_CUDA=OFF -DASYNCT_TEXT=ON "${launcher[@]}" >/dev/null
 cmake --build build/sanitize -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build/sanitize -LE 'gpu|torch' --output-on-failure -j "$jobs"

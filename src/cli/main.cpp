@@ -191,12 +191,15 @@ int main(int argc, char** argv) {
 
   asynct::PerplexityOptions ppl;
   CLI::App* ppl_cmd = app.add_subcommand(
-      "perplexity",
-      "A model's perplexity over a text file: the tokens are cut into windows of --context tokens that overlap by "
+      "perplexity", "A model's perplexity over a text file (lm-eval's rolling log-likelihood)");
+  ppl_cmd->footer(
+      "Scoring: the file is tokenized as a plain prompt is and cut into windows of --context tokens that overlap by "
       "one (window k starts at token k * (context - 1)); in each window every token after the first is scored by its "
       "log-probability given the tokens before it in the window, so every token of the text but the first is scored "
-      "once, with 1 to context - 1 tokens of context (lm-eval's rolling log-likelihood; llama-perplexity scores only "
-      "each window's second half). Perplexity = exp(mean negative log-likelihood)");
+      "exactly once, with 1 to context - 1 tokens of context (lm-eval's rolling log-likelihood; llama-perplexity "
+      "scores only each window's second half and so reads lower). Perplexity = exp(mean negative log-likelihood).\n\n"
+      "Exit codes: 0 done, 1 a bad command line, 2 an error (no tokenizer.json; a file missing, empty, not UTF-8 or "
+      "of fewer than 2 tokens; --context under 2 or over the model's), 3 an internal error.");
   ppl_cmd->add_option("--model", ppl.model_dir, "HuggingFace checkpoint directory with its tokenizer.json")->required();
   ppl_cmd->add_option("--file", ppl.file, "the text to score (UTF-8), tokenized as a plain prompt is")->required();
   ppl_cmd->add_option("--context", ppl.context,

@@ -57,9 +57,9 @@ def main():
     parser.add_argument("--asynct", required=True, help="the asynct binary")
     parser.add_argument("--model", required=True, help="a LlamaForCausalLM directory with its tokenizer.json")
     parser.add_argument("--file", default="/usr/share/common-licenses/GPL-3", help="the text")
-    parser.add_argument("--tokens", type=int, default=120, help="score the file's first N tokens")
-    parser.add_argument("--context", type=int, default=48)
-    parser.add_argument("--max-batched-tokens", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=96, help="score the file's first N tokens")
+    parser.add_argument("--context", type=int, default=40)
+    parser.add_argument("--max-batched-tokens", type=int, default=24)
     parser.add_argument("--tolerance", type=float, default=1e-4, help="relative, on each window's NLL and the perplexity")
     parser.add_argument("--cache", default=os.environ.get("ASYNCT_CACHE", os.path.expanduser("~/.cache/asynct")),
                         help="where python-gguf/ (numpy) and python/ (tokenizers) are")

@@ -1,5 +1,5 @@
-// The asynct command line: `generate` (the default job), `bench`, `init-checkpoint`, `demo` and
-// `tokenize`.
+// The asynct command line: `generate` (the default job), `bench`, `init-checkpoint`, `demo`,
+// `perplexity`, `serve` and `tokenize`.
 // It parses the arguments and calls the jobs (src/jobs/) and models/ (init-checkpoint).
 //
 // Exit codes: 0 done (or --help), 1 a bad command line (CLI11's parse errors, whose own codes
@@ -17,6 +17,7 @@
 
 #include "jobs/attention_demo.h"
 #include "jobs/generate.h"
+#include "jobs/perplexity.h"
 #include "cli/option_checks.h"
 #include "core/error.h"
 #include "core/sampling_params.h"
@@ -242,6 +243,31 @@ int main(int argc, char** argv) {
   serve_cmd->add_flag("!--no-prefix-caching", serve.prefix_caching,
                       "compute every prompt whole (default: reuse the cached K/V blocks of an earlier prompt's prefix)");
 
+  asynct::PerplexityOptions ppl;
+  CLI::App* ppl_cmd = app.add_subcommand(
+      "perplexity", "A model's perplexity over a text file (lm-eval's rolling log-likelihood)");
+  ppl_cmd->footer(
+      "Scoring: the file is tokenized as a plain prompt is and cut into windows of --context tokens that overlap by "
+      "one (window k starts at token k * (context - 1)); in each window every token after the first is scored by its "
+      "log-probability given the tokens before it in the window, so every token of the text but the first is scored "
+      "exactly once, with 1 to context - 1 tokens of context (lm-eval's rolling log-likelihood; llama-perplexity "
+      "scores only each window's second half and so reads lower). Perplexity = exp(mean negative log-likelihood).\n\n"
+      "Exit codes: 0 done, 1 a bad command line, 2 an error (no tokenizer.json; a file missing, empty, not UTF-8 or "
+      "of fewer than 2 tokens; --context under 2 or over the model's), 3 an internal error.");
+  ppl_cmd->add_option("--model", ppl.model_dir, "HuggingFace checkpoint directory with its tokenizer.json")->required();
+  ppl_cmd->add_option("--file", ppl.file, "the text to score (UTF-8), tokenized as a plain prompt is")->required();
+  ppl_cmd->add_option("--context", ppl.context,
+                      "window length in tokens, at least 2 and at most the model's context (0: 512, or the model's "
+                      "context when smaller)");
+  ppl_cmd->add_option("--max-tokens", ppl.max_tokens, "use only the file's first N tokens (0: all)")
+      ->check(integer_in(std::int64_t(0), std::numeric_limits<std::int64_t>::max()));
+  ppl_cmd->add_option("--max-batched-tokens", ppl.max_batched_tokens,
+                      "tokens in one model step: a longer window runs in several steps (as chunked prefill does)")
+      ->check(integer_in(1, 1 << 20));
+  ppl_cmd->add_option("--device", ppl.device, "auto (a GPU when there is one), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  ppl_cmd->add_option("--json", ppl.json_path, "write the results (with each window's) as JSON to this file too");
+
   asynct::TokenizeOptions tok;
   CLI::App* tok_cmd = app.add_subcommand(
       "tokenize", "Text on stdin to token ids (space-separated), or ids to text with --decode");
@@ -266,6 +292,7 @@ int main(int argc, char** argv) {
 #endif
     if (*demo_cmd) return asynct::run_attention_demo(demo);
     if (*tok_cmd) return asynct::run_tokenize(tok, std::cin, std::cout);
+    if (*ppl_cmd) return asynct::run_perplexity(ppl);
     if (*serve_cmd) return asynct::run_serve(serve);
     if (*bench_cmd) return asynct::run_scenarios(bench);
     if (*init_cmd) {

@@ -5,6 +5,7 @@
 // within a time limit.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -98,7 +99,7 @@ TEST(Cli, OutOfRangeAndMalformedNumbersGiveReadableErrors) {
 
 TEST(Cli, HelpShowsEveryDefault) {
   Scratch s;
-  for (const char* command : {"generate", "bench", "demo", "init-checkpoint", "serve"}) {
+  for (const char* command : {"generate", "bench", "demo", "init-checkpoint", "serve", "perplexity"}) {
     const Outcome o = run_asynct({command, "--help"}, s.dir());
     ASSERT_EQ(o.code, 0) << o.describe();
     std::istringstream lines(o.out);
@@ -112,7 +113,7 @@ TEST(Cli, HelpShowsEveryDefault) {
       // Options whose absence is the default: their descriptions say what that means.
       static const std::set<std::string> unset = {"--model", "--prompt", "--prompt-ids", "--system", "--logprobs", "--stop",
                                                    "--stop-token-id", "--logits", "--out", "--scenario", "--json", "--eos",
-                                                   "--served-model-name"};
+                                                   "--served-model-name", "--file"};
       if (unset.count(m[1])) continue;
       EXPECT_NE(m[2].str().find('='), std::string::npos) << command << ": no default shown in\n" << line;
     }
@@ -123,6 +124,9 @@ TEST(Cli, HelpShowsEveryDefault) {
   EXPECT_TRUE(std::regex_search(gen.out, std::regex("--max-cache-mib [^ \n]*=8192\\s"))) << gen.out;
   const Outcome bench = run_asynct({"bench", "--help"}, s.dir());
   EXPECT_TRUE(std::regex_search(bench.out, std::regex("--device [^ \n]*=auto\\s"))) << bench.out;
+  const Outcome ppl = run_asynct({"perplexity", "--help"}, s.dir());
+  EXPECT_TRUE(std::regex_search(ppl.out, std::regex("--max-batched-tokens [^ \n]*=512\\s"))) << ppl.out;
+  EXPECT_TRUE(contains(ppl.out, "every token of the text but the first is scored")) << ppl.out;
 }
 
 TEST(Cli, BenchWritesJsonOnlyWhereAskedAndPlainLinesToAPipe) {
@@ -527,6 +531,145 @@ TEST(CliBench, DecodeStepTimesArePipelinedStepsOwn) {
 // report or an internal error). Options that would start long jobs (the 1.7B size, full-length
 // scenarios, a million tokens) only get values that keep the job small; no GPU is visible to
 // the child. Bounded: at most kRuns runs or kBudget seconds, whichever comes first.
+// A byte-level BPE tokenizer.json whose ids are the 256 bytes (GPT-2's byte alphabet, no
+// merges), for the built-in-sized random models (vocabulary 256): one token a byte.
+std::string byte_tokenizer_json() {
+  const auto utf8 = [](unsigned cp) {
+    if (cp < 0x80) return std::string(1, char(cp));
+    const char two[] = {char(0xC0 | (cp >> 6)), char(0x80 | (cp & 0x3F))};  // every code point here is below 0x800
+    return std::string(two, 2);
+  };
+  nlohmann::json vocab = nlohmann::json::object();
+  unsigned shifted = 0;
+  for (unsigned b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    vocab[utf8(printable ? b : 256 + shifted++)] = b;
+  }
+  const nlohmann::json spec = {
+      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", nlohmann::json::array()},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", {{"type", "ByteLevel"}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", ""},
+        {"end_of_word_suffix", ""}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+        {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  return spec.dump();
+}
+
+void write_file(const fs::path& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// perplexity's bad input: each an error (exit 2) that says what is wrong, before the weights
+// are loaded; a bad command line exits 1.
+TEST(CliPerplexity, BadInputIsAClearError) {
+  Scratch s;
+  ASSERT_EQ(run_asynct({"init-checkpoint", "--arch", "llama", "--out", "ckpt"}, s.dir()).code, 0);
+  write_file(s.path() / "text.txt", "hello world, hello perplexity");
+  const auto ppl = [&](const std::vector<std::string>& more) {
+    return run_asynct(joined({"perplexity", "--model", "ckpt", "--device", "cpu"}, more), s.dir());
+  };
+  const auto expect_error = [&](const std::vector<std::string>& more, const std::string& message) {
+    const Outcome o = ppl(more);
+    EXPECT_EQ(o.code, 2) << o.describe();
+    EXPECT_TRUE(contains(o.err, message)) << "wanted: " << message << "\n" << o.describe();
+    EXPECT_TRUE(o.out.empty()) << o.describe();
+  };
+#ifdef ASYNCT_WITH_TEXT
+  expect_error({"--file", "text.txt"}, "tokenizer.json");  // the checkpoint has none
+  write_file(s.path() / "ckpt" / "tokenizer.json", byte_tokenizer_json());
+  write_file(s.path() / "empty.txt", "");
+  write_file(s.path() / "binary.txt", "ok \xff\xfe");
+  write_file(s.path() / "one.txt", "a");
+  expect_error({"--file", "missing.txt"}, "--file missing.txt: no such file");
+  expect_error({"--file", "."}, "is a directory");
+  expect_error({"--file", "empty.txt"}, "--file empty.txt is empty");
+  expect_error({"--file", "binary.txt"}, "--file binary.txt is not valid UTF-8 (byte 3)");
+  expect_error({"--file", "one.txt"}, "--file one.txt has 1 token: perplexity needs at least 2");
+  expect_error({"--file", "text.txt", "--max-tokens", "1"}, "has 1 token (--max-tokens): perplexity needs at least 2");
+  expect_error({"--file", "text.txt", "--context", "1"}, "--context must be at least 2 tokens");
+  expect_error({"--file", "text.txt", "--context", "-3"}, "--context must be at least 2 tokens");
+  expect_error({"--file", "text.txt", "--context", "4097"},
+               "--context 4097 is over the model's context of 4096 tokens (max_position_embeddings)");
+  expect_error({"--file", "text.txt", "--json", "nodir/out.json"}, "--json: cannot write nodir/out.json");
+  const Outcome cuda = run_asynct({"perplexity", "--model", "ckpt", "--file", "text.txt", "--device", "cuda"}, s.dir());
+  EXPECT_EQ(cuda.code, 2) << cuda.describe();  // no GPU is visible to the tests
+  EXPECT_TRUE(contains(cuda.err, "--device cuda")) << cuda.describe();
+#else
+  expect_error({"--file", "text.txt"}, "this build of asynct does not have");
+#endif
+  const Outcome nomodel = run_asynct({"perplexity", "--model", "nowhere", "--file", "text.txt"}, s.dir());
+  EXPECT_EQ(nomodel.code, 2) << nomodel.describe();
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--file"}, {"--file", "text.txt", "--context", "abc"},
+        {"--file", "text.txt", "--max-tokens", "-1"}, {"--file", "text.txt", "--max-batched-tokens", "0"}}) {
+    const Outcome o = ppl(args);
+    EXPECT_EQ(o.code, 1) << o.describe();
+  }
+  const Outcome nofile = run_asynct({"perplexity", "--model", "ckpt"}, s.dir());
+  EXPECT_EQ(nofile.code, 1) << nofile.describe();
+  EXPECT_TRUE(contains(nofile.err, "--file is required")) << nofile.describe();
+}
+
+#ifdef ASYNCT_WITH_TEXT
+// On a random tiny Llama, one token a byte: windows of --context tokens overlapping by one
+// score every token but the first exactly once, the report and the JSON agree, and cutting a
+// window into steps of any size gives the same log-likelihoods.
+TEST(CliPerplexity, ScoresEveryTokenButTheFirstOnceWhateverTheStepSize) {
+  Scratch s;
+  ASSERT_EQ(run_asynct({"init-checkpoint", "--arch", "llama", "--out", "ckpt"}, s.dir()).code, 0);
+  write_file(s.path() / "ckpt" / "tokenizer.json", byte_tokenizer_json());
+  const std::string text = "The quick brown fox jumps over the lazy dog; 0123456789.\n";  // 57 bytes
+  write_file(s.path() / "text.txt", text);
+  std::vector<nlohmann::json> results;
+  for (const char* step : {"512", "3"}) {
+    const std::string json = std::string("out") + step + ".json";
+    const Outcome o = run_asynct({"perplexity", "--model", "ckpt", "--file", "text.txt", "--context", "8",
+                                  "--max-batched-tokens", step, "--device", "cpu", "--json", json},
+                                 s.dir());
+    ASSERT_EQ(o.code, 0) << o.describe();
+    EXPECT_TRUE(contains(o.out, "56 tokens scored in 8 windows of up to 8 tokens (57 tokens of text.txt)"))
+        << o.describe();
+    EXPECT_TRUE(contains(o.err, "window 8 of 8: 7 tokens scored")) << o.describe();
+    std::ifstream f(s.path() / json);
+    results.push_back(nlohmann::json::parse(f));
+  }
+  const nlohmann::json& r = results[0];
+  EXPECT_EQ(r["file_tokens"], 57);
+  EXPECT_EQ(r["tokens"], 57);
+  EXPECT_EQ(r["context"], 8);
+  EXPECT_EQ(r["windows"], 8);
+  EXPECT_EQ(r["scored_tokens"], 56);
+  EXPECT_EQ(r["device"], "cpu");
+  ASSERT_EQ(r["window_results"].size(), 8u);
+  double sum = 0;
+  for (std::size_t w = 0; w < 8; ++w) {
+    EXPECT_EQ(r["window_results"][w]["start"], 7 * w);
+    EXPECT_EQ(r["window_results"][w]["tokens"], 8);
+    sum += r["window_results"][w]["nll_sum"].get<double>();
+  }
+  const double nll = r["nll_sum"].get<double>(), mean = r["mean_nll"].get<double>();
+  EXPECT_NEAR(sum, nll, 1e-9 * nll);
+  EXPECT_NEAR(mean, nll / 56, 1e-12 * mean);
+  EXPECT_NEAR(r["perplexity"].get<double>(), std::exp(mean), 1e-9 * std::exp(mean));
+  EXPECT_GT(r["perplexity"].get<double>(), 1.0);
+  EXPECT_EQ(results[1]["max_batched_tokens"], 3);
+  for (std::size_t w = 0; w < 8; ++w) {
+    const double a = r["window_results"][w]["nll_sum"], b = results[1]["window_results"][w]["nll_sum"];
+    EXPECT_NEAR(a, b, 1e-5 * a) << "window " << w;
+  }
+  // --max-tokens takes a prefix: 20 tokens in windows of 8 are 3 windows (7 + 7 + 5 scored).
+  const Outcome prefix = run_asynct({"perplexity", "--model", "ckpt", "--file", "text.txt", "--context", "8",
+                                     "--max-tokens", "20", "--device", "cpu"},
+                                    s.dir());
+  ASSERT_EQ(prefix.code, 0) << prefix.describe();
+  EXPECT_TRUE(contains(prefix.out, "19 tokens scored in 3 windows of up to 8 tokens (20 tokens of text.txt, the first of 57)"))
+      << prefix.describe();
+}
+#endif
+
 TEST(CliFuzz, RandomArgumentsExitWithZeroOneOrTwo) {
   constexpr int kRuns = 150;
   constexpr double kBudget = 20.0, kPerRun = 20.0;
@@ -588,6 +731,14 @@ TEST(CliFuzz, RandomArgumentsExitWithZeroOneOrTwo) {
         {"--max-waiting", counts},
         {"--max-model-len", counts},
         {"--max-body-mib", counts},
+        {"--device", {"auto", "cpu", "cuda", "gpu"}}}},
+      {"perplexity",  // never a loadable model: every run ends before the weights
+       {{"--model", {"", ".", "/dev/null", "nowhere"}},
+        {"--file", paths},
+        {"--context", counts},
+        {"--max-tokens", counts},
+        {"--max-batched-tokens", counts},
+        {"--json", paths},
         {"--device", {"auto", "cpu", "cuda", "gpu"}}}},
       {"init-checkpoint",
        {{"--arch", {"asynct", "qwen3", "llama"}},

@@ -107,8 +107,9 @@ class Llama:
         scores /= scores.sum(axis=-1, keepdims=True)
         return np.einsum("hts,shd->thd", scores, v)
 
-    def forward(self, ids, cache):
-        """Logits [vocab] after the last of `ids`, which follow the cache's tokens; appends to the cache."""
+    def forward(self, ids, cache, all_rows=False):
+        """Logits [vocab] after the last of `ids` (all_rows: [len(ids), vocab], after each), which follow the
+        cache's tokens; appends to the cache."""
         np, w = self.np, self.w
         start = cache[0][0].shape[0] if cache else 0
         positions = np.arange(start, start + len(ids))
@@ -129,7 +130,7 @@ class Llama:
             h = self.rms_norm(x, w[p + "post_attention_layernorm.weight"])
             gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
             x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
-        return self.rms_norm(x[-1], w["model.norm.weight"]) @ w["lm_head.weight"].T
+        return self.rms_norm(x if all_rows else x[-1], w["model.norm.weight"]) @ w["lm_head.weight"].T
 
 
 def add_cache_paths(cache):

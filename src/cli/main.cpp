@@ -19,6 +19,7 @@
 #include "jobs/generate.h"
 #include "jobs/perplexity.h"
 #include "cli/option_checks.h"
+#include "cli/shared_options.h"
 #include "core/error.h"
 #include "core/sampling_params.h"
 #include "models/weights.h"
@@ -124,24 +125,8 @@ int main(int argc, char** argv) {
   gen_cmd->add_flag("!--no-pipeline", gen.pipeline, "read each step's tokens before queuing the next step");
   gen_cmd->add_option("--device", gen.device, "auto (a GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  gen_cmd->add_option("--kv-cache-dtype", gen.kv_cache_dtype,
-                      "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
-                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
-      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
-  gen_cmd->add_option("--quantization", gen.quantization,
-                      "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
-                      "scale per 128 x 128 block)")
-      ->check(CLI::IsMember({"none", "fp8"}));
-  gen_cmd->add_option("--speculative", gen.speculative.method,
-                      "speculative decoding: none, or ngram (drafts from the request's own prompt and output, verified in one "
-                      "step: the same tokens, fewer steps where the output repeats its input)")
-      ->check(CLI::IsMember({"none", "ngram"}));
-  gen_cmd->add_option("--speculative-tokens", gen.speculative.num_tokens, "tokens drafted a step at most")
-      ->check(integer_in(1, 64));
-  gen_cmd->add_option("--ngram-min", gen.speculative.ngram_min, "the shortest match prompt lookup drafts from")
-      ->check(integer_in(1, 64));
-  gen_cmd->add_option("--ngram-max", gen.speculative.ngram_max, "the longest match prompt lookup tries first")
-      ->check(integer_in(1, 64));
+  asynct::cli::add_precision_options(gen_cmd, gen.kv_cache_dtype, gen.quantization);
+  asynct::cli::add_speculative_options(gen_cmd, gen.speculative);
   gen_cmd->add_option("--logits", gen.logits_path, "write the tokens and each request's first-token logits as JSON");
 
   std::string init_arch = "asynct", init_size = "tiny", init_out;
@@ -181,24 +166,8 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--repeat", bench.repeat, "timed runs per scenario and model; the median is reported")
       ->check(integer_in(1, 100));
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  bench_cmd->add_option("--speculative", bench.speculative.method,
-                      "speculative decoding: none, or ngram (drafts from the request's own prompt and output, verified in one "
-                      "step: the same tokens, fewer steps where the output repeats its input)")
-      ->check(CLI::IsMember({"none", "ngram"}));
-  bench_cmd->add_option("--speculative-tokens", bench.speculative.num_tokens, "tokens drafted a step at most")
-      ->check(integer_in(1, 64));
-  bench_cmd->add_option("--ngram-min", bench.speculative.ngram_min, "the shortest match prompt lookup drafts from")
-      ->check(integer_in(1, 64));
-  bench_cmd->add_option("--ngram-max", bench.speculative.ngram_max, "the longest match prompt lookup tries first")
-      ->check(integer_in(1, 64));
-  bench_cmd->add_option("--kv-cache-dtype", bench.kv_cache_dtype,
-                      "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
-                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
-      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
-  bench_cmd->add_option("--quantization", bench.quantization,
-                      "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
-                      "scale per 128 x 128 block)")
-      ->check(CLI::IsMember({"none", "fp8"}));
+  asynct::cli::add_speculative_options(bench_cmd, bench.speculative);
+  asynct::cli::add_precision_options(bench_cmd, bench.kv_cache_dtype, bench.quantization);
 
   asynct::ServeOptions serve;
   CLI::App* serve_cmd = app.add_subcommand(
@@ -208,24 +177,8 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--port", serve.port, "port to listen on (0: any free port)")->check(integer_in(0, 65535));
   serve_cmd->add_option("--served-model-name", serve.served_model_name, "the model name clients ask for (default: the directory's name)");
   serve_cmd->add_option("--device", serve.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  serve_cmd->add_option("--speculative", serve.speculative.method,
-                      "speculative decoding: none, or ngram (drafts from the request's own prompt and output, verified in one "
-                      "step: the same tokens, fewer steps where the output repeats its input)")
-      ->check(CLI::IsMember({"none", "ngram"}));
-  serve_cmd->add_option("--speculative-tokens", serve.speculative.num_tokens, "tokens drafted a step at most")
-      ->check(integer_in(1, 64));
-  serve_cmd->add_option("--ngram-min", serve.speculative.ngram_min, "the shortest match prompt lookup drafts from")
-      ->check(integer_in(1, 64));
-  serve_cmd->add_option("--ngram-max", serve.speculative.ngram_max, "the longest match prompt lookup tries first")
-      ->check(integer_in(1, 64));
-  serve_cmd->add_option("--kv-cache-dtype", serve.kv_cache_dtype,
-                      "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
-                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
-      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
-  serve_cmd->add_option("--quantization", serve.quantization,
-                      "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
-                      "scale per 128 x 128 block)")
-      ->check(CLI::IsMember({"none", "fp8"}));
+  asynct::cli::add_speculative_options(serve_cmd, serve.speculative);
+  asynct::cli::add_precision_options(serve_cmd, serve.kv_cache_dtype, serve.quantization);
   serve_cmd->add_option("--max-num-seqs", serve.max_num_seqs, "sequences in one step")->check(integer_in(1, 4096));
   serve_cmd->add_option("--max-waiting", serve.max_waiting, "requests accepted beyond --max-num-seqs (more get 429)")
       ->check(integer_in(0, 1 << 16));
@@ -266,6 +219,7 @@ int main(int argc, char** argv) {
       ->check(integer_in(1, 1 << 20));
   ppl_cmd->add_option("--device", ppl.device, "auto (a GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  asynct::cli::add_precision_options(ppl_cmd, ppl.kv_cache_dtype, ppl.quantization);
   ppl_cmd->add_option("--json", ppl.json_path, "write the results (with each window's) as JSON to this file too");
 
   asynct::TokenizeOptions tok;

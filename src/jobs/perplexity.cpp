@@ -92,6 +92,9 @@ int run_perplexity(const PerplexityOptions& o) {
   const std::string device = resolve_device(o.device);
   require_device(device);
   check_block_size(kBlockSize, device == "cuda" ? Backend::Cuda : Backend::Cpu);
+  RunnerOptions ro{.device = device, .block_size = kBlockSize, .cuda_graphs = false, .kv_cache_dtype = o.kv_cache_dtype,
+                   .quantization = o.quantization};
+  const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
 
   const std::string text = read_text_file(o.file);
   const std::unique_ptr<ModelText> tokenizer = ModelText::open(o.model_dir, ChatFormat{});
@@ -120,12 +123,13 @@ int run_perplexity(const PerplexityOptions& o) {
 
   ModelWeights weights = load_weights(o.model_dir);
   std::string backend;
-  const RunnerOptions ro{.device = device, .num_blocks = num_blocks, .block_size = kBlockSize,
-                         .max_tokens_per_step = step_tokens, .cuda_graphs = false};
+  ro.num_blocks = num_blocks;
+  ro.max_tokens_per_step = step_tokens;
   const std::unique_ptr<ModelRunner> runner = make_runner(std::move(weights), ro, &backend);
-  std::fprintf(stderr, "asynct perplexity: %s (%s), %lld parameters, %s backend, %s\n", config.architecture_name().c_str(),
-               o.model_dir.c_str(), static_cast<long long>(config.parameter_count()), backend.c_str(),
-               tokenizer->summary().c_str());
+  std::fprintf(stderr, "asynct perplexity: %s (%s), %lld parameters, %s backend%s, KV cache in %s, %s\n",
+               config.architecture_name().c_str(), o.model_dir.c_str(), static_cast<long long>(config.parameter_count()),
+               backend.c_str(), o.quantization == "fp8" || config.fp8_weights() ? ", FP8 weights" : "",
+               kv_cache_dtype_name(kv_dtype), tokenizer->summary().c_str());
   std::fprintf(stderr, "%s: %lld tokens%s, %zu windows of up to %d tokens, steps of up to %d tokens\n", o.file.c_str(),
                static_cast<long long>(n),
                n < file_tokens ? (" (the first of " + std::to_string(file_tokens) + ")").c_str() : "", windows.size(),
@@ -184,6 +188,8 @@ int run_perplexity(const PerplexityOptions& o) {
     nlohmann::json j = {{"model", o.model_dir},
                         {"file", o.file},
                         {"device", backend},
+                        {"kv_cache_dtype", kv_cache_dtype_name(kv_dtype)},
+                        {"weights", o.quantization == "fp8" || config.fp8_weights() ? "fp8" : "as loaded"},
                         {"file_tokens", file_tokens},
                         {"tokens", n},
                         {"context", context},

@@ -34,6 +34,8 @@ struct PerplexityOptions {
   int max_batched_tokens = 512;    // tokens in one step (a window's rows are cut into steps of this many)
   int block_size = 16;             // KV cache block size
   std::string device = "auto";     // auto, cpu or cuda
+  std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8 (models/kv_cache_format.h)
+  std::string quantization = "none";    // none or fp8 (RunnerOptions::quantization)
   std::string json_path;           // write the results as JSON here too; empty: none
 };
 

@@ -1,0 +1,37 @@
+// Option groups several subcommands share (generate, serve, bench, perplexity), each added by
+// one function so that their names, help and checks are written once.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/option_checks.h"
+#include "engine/drafter.h"
+
+namespace asynct::cli {
+
+// --kv-cache-dtype and --quantization (models/kv_cache_format.h, RunnerOptions::quantization).
+inline void add_precision_options(CLI::App* cmd, std::string& kv_cache_dtype, std::string& quantization) {
+  cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
+                  "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
+                  "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  cmd->add_option("--quantization", quantization,
+                  "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
+                  "scale per 128 x 128 block)")
+      ->check(CLI::IsMember({"none", "fp8"}));
+}
+
+// --speculative and its settings (engine/drafter.h).
+inline void add_speculative_options(CLI::App* cmd, SpeculativeOptions& o) {
+  cmd->add_option("--speculative", o.method,
+                  "speculative decoding: none, or ngram (drafts from the request's own prompt and output, verified in one "
+                  "step: the same tokens, fewer steps where the output repeats its input)")
+      ->check(CLI::IsMember({"none", "ngram"}));
+  cmd->add_option("--speculative-tokens", o.num_tokens, "tokens drafted a step at most")->check(integer_in(1, 64));
+  cmd->add_option("--ngram-min", o.ngram_min, "the shortest match prompt lookup drafts from")->check(integer_in(1, 64));
+  cmd->add_option("--ngram-max", o.ngram_max, "the longest match prompt lookup tries first")->check(integer_in(1, 64));
+}
+
+}  // namespace asynct::cli

@@ -1,7 +1,9 @@
 #include "serve/http_server.h"
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <exception>
 #include <functional>
@@ -119,7 +121,70 @@ struct WholeState {
   }
 };
 
+// Answers `body` and then closes the connection, leaving the rest of the request unread: the
+// provider writes it all and reports a failure, on which httplib drops the connection.
+void answer_and_close(httplib::Response& res, int status, const std::string& body) {
+  res.status = status;
+  res.set_header("Connection", "close");
+  auto text = std::make_shared<std::string>(body);
+  res.set_content_provider(text->size(), "application/json", [text](std::size_t, std::size_t, httplib::DataSink& sink) {
+    sink.write(text->data(), text->size());
+    return false;
+  });
+}
+
+// The methods a route takes (what a 405's Allow lists); nullptr for a path that is no route.
+const char* route_methods(const std::string& path) {
+  static const std::pair<const char*, const char*> routes[] = {
+      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
+      {"/health", "GET"},          {"/metrics", "GET"}};
+  for (const auto& [route, methods] : routes)
+    if (path == route) return methods;
+  return nullptr;
+}
+
+bool method_allowed(const std::string& method, const std::string& allow) {
+  return method == allow || (method == "HEAD" && allow == "GET");
+}
+
+// Whether httplib reads a body for this method: a refusal before it is read closes the connection.
+bool carries_body(const httplib::Request& req) {
+  return req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
+}
+
 }  // namespace
+
+bool HttpServer::read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                           std::string& body) {
+  const std::size_t limit = options_.max_body_bytes;
+  const auto refuse = [&](const ApiError& e) {
+    metrics_.http_error(e.status);
+    answer_and_close(res, e.status, text_of(error_body(e)));
+    return false;
+  };
+  const ApiError too_large(413, "the request body is over the server's limit of " + std::to_string(limit >> 20) + " MiB");
+  // httplib would hand a multipart body's parts to a receiver not given here.
+  if (req.is_multipart_form_data()) return refuse(ApiError(400, "the body must be JSON, not multipart/form-data"));
+  if (req.has_header("Content-Length")) {
+    const std::string length = req.get_header_value("Content-Length");
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(length.c_str(), &end, 10);
+    if (length.empty() || *end != '\0' || errno != 0 || length[0] == '-')
+      return refuse(ApiError(400, "Content-Length '" + length.substr(0, 32) + "' is not a number"));
+    if (n > limit) return refuse(too_large);  // before a byte is read
+  }
+  // Counted as they arrive, whatever the framing (a chunked body has no Content-Length).
+  bool over = false;
+  const bool read = reader([&](const char* data, std::size_t n) {
+    if (body.size() + n > limit) return !(over = true);
+    body.append(data, n);
+    return true;
+  });
+  if (over) return refuse(too_large);
+  if (!read) return refuse(ApiError(400, "the request body could not be read (a broken chunked encoding, or the client left)"));
+  return true;
+}
 
 void HttpServer::send_error(httplib::Response& res, const ApiError& e) {
   metrics_.http_error(e.status);
@@ -150,10 +215,27 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
   // write back until the one before is acknowledged.
   s.set_tcp_nodelay(true);
 
+  // Before a body is read: an unknown route is a 404, a known one asked with another method a
+  // 405 with Allow.
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const char* allow = route_methods(req.path);
+    if (allow && method_allowed(req.method, allow)) return httplib::Server::HandlerResponse::Unhandled;
+    const ApiError e = allow ? ApiError(405, "the route " + req.path + " takes " + allow + ", not " + req.method)
+                             : ApiError(404, "no route " + req.method + " " + req.path);
+    if (allow) res.set_header("Allow", allow);
+    metrics_.http_error(e.status);
+    if (carries_body(req))
+      answer_and_close(res, e.status, text_of(error_body(e)));
+    else
+      write_error(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  });
   const auto completion = [this](Endpoint endpoint) {
-    return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
+    return [this, endpoint](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      if (!read_body(req, res, reader, body)) return;
       try {
-        CompletionRequest r = parse_completion_request(endpoint, req.body, options_.model_name);
+        CompletionRequest r = parse_completion_request(endpoint, body, options_.model_name);
         std::vector<std::int32_t> ids;
         std::vector<std::unique_ptr<OutputText>> outs;  // each choice's text
         {
@@ -321,8 +403,12 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
                         {"owned_by", "asynct"}, {"max_model_len", options_.context}};
     res.set_content(text_of(json{{"object", "list"}, {"data", json::array({model})}}), "application/json");
   });
-  s.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(R"({"status":"ok"})", "application/json");
+  // 503 from the first moment of draining: a load balancer stops sending before the server closes.
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (worker_.draining())
+      write_error(res, ApiError(503, "the server is shutting down"));
+    else
+      res.set_content(R"({"status":"ok"})", "application/json");
   });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4");
@@ -339,7 +425,7 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
   });
   // httplib's own answers (no such route, a body over the limit) as OpenAI error objects.
   s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
+    if (!res.body.empty() || res.content_provider_) return;
     const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
                                 : res.status == 413 ? "the request body is over the server's limit"
                                                     : "the request failed (HTTP " + std::to_string(res.status) + ")";

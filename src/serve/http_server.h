@@ -2,13 +2,15 @@
 //
 //   POST /v1/completions, POST /v1/chat/completions   (stream: true as Server-Sent Events,
 //                                                       ending in "data: [DONE]")
-//   GET  /v1/models, GET /health, GET /metrics (Prometheus text: serve/metrics.h)
+//   GET  /v1/models, GET /metrics (Prometheus text: serve/metrics.h), GET /health (200, or 503
+//                                                       from the moment the worker drains)
 //
 // Each connection has a thread of a pool of `threads`; a streaming response holds its thread
 // until it ends, so the pool is sized above the requests the worker takes at once. Errors are
 // OpenAI's error object: 400 for a bad body or field, a prompt that does not fit the context,
 // or text the tokenizer refuses; 404 for another model or route; 413 for a body over
-// max_body_bytes; 429 (Retry-After: 1) when the worker is full, 503 while it drains; 500 for a
+// max_body_bytes (counted as the bytes arrive, chunked or not; the connection is then closed,
+// the rest unread); 429 (Retry-After: 1) when the worker is full, 503 while it drains; 500 for a
 // failure inside.
 #pragma once
 
@@ -26,7 +28,9 @@
 
 namespace httplib {
 class Server;
-class Response;
+struct Request;
+struct Response;
+class ContentReader;
 }
 
 namespace asynct::serve {
@@ -61,6 +65,11 @@ class HttpServer {
   int open_streams() const { return open_streams_; }
 
  private:
+  // Reads a POST body into `body`, at most max_body_bytes counted as they arrive (chunked or
+  // not). False when it answered instead: 413 past the limit (read no further), 400 for a
+  // broken body; either closes the connection after the answer.
+  bool read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                 std::string& body);
   // Answers with OpenAI's error object, and counts it.
   void send_error(httplib::Response& res, const ApiError& e);
   // Generated tokens' logprobs with their tokens' bytes.

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <random>
 
 namespace asynct::serve {
 namespace {
@@ -12,6 +13,12 @@ using json = nlohmann::ordered_json;
 constexpr int kMaxStopStrings = 4;  // OpenAI's limit
 
 ApiError bad(const std::string& param, const std::string& message) { return ApiError(400, message, param); }
+
+// 64 bits of fresh entropy (std::random_device gives 32 a call).
+std::uint64_t fresh_seed() {
+  thread_local std::random_device device;
+  return (std::uint64_t(device()) << 32) ^ std::uint64_t(device());
+}
 
 const char* type_name(const json& v) {
   switch (v.type()) {
@@ -319,6 +326,8 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   if (seed) {
     if (!seed->is_number_integer()) throw bad("seed", std::string("seed must be an integer, not ") + type_name(*seed));
     s.seed = seed->is_number_unsigned() ? seed->get<std::uint64_t>() : std::uint64_t(seed->get<std::int64_t>());
+  } else {
+    s.seed = fresh_seed();  // without a seed every request draws anew
   }
   r.stop = stop_strings(body);
   r.stream = boolean(body, "stream").value_or(false);
@@ -341,6 +350,17 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   refuse_unless_neutral(body, "best_of", json(1), "is not supported (one choice a request)");
   refuse_unless_neutral(body, "suffix", json(nullptr), "is not supported");
   if (chat && field(body, "tools") && !field(body, "tools")->empty()) throw bad("tools", "tools are not supported yet");
+  // Fields OpenAI honours that asynct does not implement yet: refused unless neutral, never ignored.
+  if (const json* v = field(body, "response_format"); v && *v != json{{"type", "text"}})
+    throw bad("response_format", "response_format " + v->dump().substr(0, 64) + " is not supported yet (only {\"type\": \"text\"})");
+  if (const json* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
+    throw bad("logit_bias", "logit_bias is not supported yet");
+  if (const json* v = field(body, "functions"); v && !(v->is_array() && v->empty()))
+    throw bad("functions", "functions are not supported yet");
+  if (const json* v = field(body, "function_call"); v && *v != json("none"))
+    throw bad("function_call", "function_call is not supported yet");
+  if (const json* v = field(body, "tool_choice"); v && *v != json("none"))
+    throw bad("tool_choice", "tool_choice is not supported yet (tools are not)");
   validate_sampling(s);  // the engine's own ranges (a backstop: the checks above are stricter)
   return r;
 }

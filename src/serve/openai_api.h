@@ -9,8 +9,10 @@
 // 4), stream, stream_options.include_usage, n, logprobs (completions: how many top ones, 0-20;
 // chat: true, with top_logprobs 0-20), and vLLM's ignore_eos (for benchmarks). A wrong type or a
 // value out of range is an ApiError 400 naming the field, with OpenAI's error object; so is a
-// field asynct does not implement yet (tools, echo, best_of, suffix), rather than a silent
-// approximation. n > 1 asks for n choices (seeds seed, seed + 1, ...).
+// field asynct does not implement yet (tools, echo, best_of, suffix, and unless neutral
+// response_format, logit_bias, functions, function_call, tool_choice), rather than a silent
+// approximation. n > 1 asks for n choices (seeds seed, seed + 1, ...). Without a seed, a request
+// draws its seed from std::random_device (64 bits): sampled answers differ from one to the next.
 //
 // Defaults as OpenAI's: temperature 1, top_p 1; max_tokens 16 for completions, for chat the
 // rest of the model's context.

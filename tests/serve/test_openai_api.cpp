@@ -63,6 +63,18 @@ TEST(OpenAiApi, ReadsEveryField) {
   EXPECT_EQ(parse(Endpoint::Completions, {{"model", "m"}, {"prompt", {{3, 4}}}}).prompt_ids, (std::vector<std::int32_t>{3, 4}));
 }
 
+TEST(OpenAiApi, SeedlessRequestsDrawFreshSeeds) {
+  const json body = {{"model", "m"}, {"prompt", "hi"}};
+  const std::uint64_t a = parse(Endpoint::Completions, body).sampling.seed;
+  const std::uint64_t b = parse(Endpoint::Completions, body).sampling.seed;
+  const std::uint64_t c = parse(Endpoint::Completions, body).sampling.seed;
+  EXPECT_FALSE(a == b && b == c);  // 64 random bits each: equal by chance once in 2^64
+  json seeded = body;
+  seeded["seed"] = 99;
+  EXPECT_EQ(parse(Endpoint::Completions, seeded).sampling.seed, 99u);
+  EXPECT_EQ(parse(Endpoint::Completions, seeded).sampling.seed, 99u);
+}
+
 TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
   const auto completions = [](const std::string& body) { return refusal(Endpoint::Completions, body); };
   const auto chat = [](const std::string& body) { return refusal(Endpoint::ChatCompletions, body); };
@@ -112,6 +124,35 @@ TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
   // Neutral values of what asynct does not implement are fine.
   EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": false, "n": 1, "tools": []})"),
             (std::pair<int, std::string>{0, "accepted"}));
+}
+
+// Fields OpenAI honours and asynct does not implement yet: a 400 naming the field unless neutral.
+TEST(OpenAiApi, RefusesUnimplementedFieldsUnlessNeutral) {
+  const std::string chat_head = R"({"model": "m", "messages": [{"role": "user", "content": "x"}], )";
+  const auto chat = [&](const std::string& rest) { return refusal(Endpoint::ChatCompletions, chat_head + rest + "}"); };
+  const auto completions = [](const std::string& rest) {
+    return refusal(Endpoint::Completions, R"({"model": "m", "prompt": "x", )" + rest + "}");
+  };
+  using R = std::pair<int, std::string>;
+  EXPECT_EQ(chat(R"("response_format": {"type": "json_object"})"), (R{400, "response_format"}));
+  EXPECT_EQ(chat(R"("response_format": {"type": "json_schema", "json_schema": {}})"), (R{400, "response_format"}));
+  EXPECT_EQ(chat(R"("response_format": "text")"), (R{400, "response_format"}));
+  EXPECT_EQ(chat(R"("logit_bias": {"50256": -100})"), (R{400, "logit_bias"}));
+  EXPECT_EQ(completions(R"("logit_bias": {"50256": -100})"), (R{400, "logit_bias"}));
+  EXPECT_EQ(chat(R"("logit_bias": [])"), (R{400, "logit_bias"}));
+  EXPECT_EQ(chat(R"("functions": [{"name": "f"}])"), (R{400, "functions"}));
+  EXPECT_EQ(chat(R"("function_call": "auto")"), (R{400, "function_call"}));
+  EXPECT_EQ(chat(R"("function_call": {"name": "f"})"), (R{400, "function_call"}));
+  EXPECT_EQ(chat(R"("tool_choice": "auto")"), (R{400, "tool_choice"}));
+  EXPECT_EQ(chat(R"("tool_choice": "required")"), (R{400, "tool_choice"}));
+  EXPECT_EQ(chat(R"("tool_choice": {"type": "function", "function": {"name": "f"}})"), (R{400, "tool_choice"}));
+  // Their neutral values (and null) are accepted.
+  EXPECT_EQ(chat(R"("response_format": {"type": "text"}, "logit_bias": {}, "functions": [], "function_call": "none",
+                  "tool_choice": "none")"),
+            (R{0, "accepted"}));
+  EXPECT_EQ(chat(R"("response_format": null, "logit_bias": null, "functions": null, "function_call": null, "tool_choice": null)"),
+            (R{0, "accepted"}));
+  EXPECT_EQ(completions(R"("logit_bias": {})"), (R{0, "accepted"}));
 }
 
 // A token-id prompt read apart from the rest of the body gives what nlohmann-json gives for the

@@ -150,6 +150,72 @@ def raw(port, method, path, body=b"", headers=None):
         return response.status, data.decode(errors="replace"), response
 
 
+def upload(port, path, pieces, chunked=True, length=None):
+    """(status, parsed JSON or text, whether the server closed the connection after it) of a POST
+    whose body goes out piece by piece on a thread (chunked, or with Content-Length `length`),
+    while the answer is read: a server that refuses it early may close before the rest is sent."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head += "Transfer-Encoding: chunked\r\n\r\n" if chunked else f"Content-Length: {length}\r\n\r\n"
+
+    def send():
+        try:
+            sock.sendall(head.encode())
+            for piece in pieces:
+                sock.sendall(b"%x\r\n%b\r\n" % (len(piece), piece) if chunked else piece)
+            if chunked:
+                sock.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass  # the server closed the connection: what a refusal does
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            got = sock.recv(65536)
+            if not got:
+                break
+            data += got
+        head_end = data.index(b"\r\n\r\n") + 4
+        lines = data[:head_end].decode().split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in lines[1:] if ":" in h)}
+        if headers.get("transfer-encoding") == "chunked":
+            while not data.endswith(b"0\r\n\r\n"):
+                got = sock.recv(65536)
+                if not got:
+                    break
+                data += got
+            body, rest = b"", data[head_end:]
+            while rest:
+                size_line, rest = rest.split(b"\r\n", 1)
+                size = int(size_line, 16)
+                body, rest = body + rest[:size], rest[size + 2:]
+        else:
+            size = int(headers.get("content-length", "0"))
+            while len(data) < head_end + size:
+                got = sock.recv(65536)
+                if not got:
+                    break
+                data += got
+            body = data[head_end:head_end + size]
+        closed = False
+        try:
+            sock.settimeout(5 if status >= 400 else 0.01)
+            closed = sock.recv(1) == b""
+        except ConnectionResetError:
+            closed = True
+        except socket.timeout:
+            closed = False
+    finally:
+        sock.close()
+    sender.join(TIMEOUT)
+    try:
+        return status, json.loads(body), closed
+    except ValueError:
+        return status, body.decode(errors="replace"), closed
+
+
 def generate(binary, model, prompt, max_tokens, chat=False, extra=()):
     """What `asynct generate` prints for one text prompt (the reference for the server's text)."""
     command = [binary, "generate", "--model", model, "--prompt", prompt, "--max-tokens", str(max_tokens), *extra]
@@ -247,6 +313,14 @@ def main():
             got = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0.9,
                                             extra_body={"top_k": 40}, seed=7)
             c.equal("seeded sampling = asynct generate's", got.choices[0].text, want_sampled)
+
+            # Without a seed every request draws anew: three sampled answers are not all one.
+            seedless = [client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=1.0)
+                        .choices[0].text for _ in range(3)]
+            c.equal("seedless sampling: three requests, not three equal answers", len(set(seedless)) > 1, True)
+            again = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0.9,
+                                              extra_body={"top_k": 40}, seed=7)
+            c.equal("a seeded request repeats", again.choices[0].text, want_sampled)
 
             # n choices: choice i draws with seed + i (as asynct generate's request i); greedy ones agree.
             got = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0.9,
@@ -349,7 +423,11 @@ def main():
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": []}', 400, "messages"),
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}', 400,
                  "messages[0].role"),
-                ("/v1/completions", b"x" * (100 << 20), 413, None),  # 100 MB, over --max-body-mib 1
+                ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+                                         b'"response_format": {"type": "json_object"}}', 400, "response_format"),
+                ("/v1/completions", b'{"model": "tiny", "prompt": "x", "logit_bias": {"17": 5}}', 400, "logit_bias"),
+                ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+                                         b'"tool_choice": "auto"}', 400, "tool_choice"),
             ]
             for path, body, status, param in bad:
                 got_status, payload, _ = raw(server.port, "POST", path, body)
@@ -357,7 +435,23 @@ def main():
                 c.equal(f"{body[:48]!r}... -> {status}", (got_status, error.get("param"), "message" in error),
                         (status, param, True))
 
-            # /metrics after all of it: 75 requests ended (n = 3 counts 3), nothing running or holding blocks.
+            # The body limit (--max-body-mib 1) counts bytes as they arrive, chunked or not: past it a
+            # 413 and the connection closed, the rest unread; under it, chunked works as usual.
+            status, payload, closed = upload(server.port, "/v1/completions", [b"x" * 65536] * 1024)  # 64 MiB chunked
+            c.equal("a chunked body over the limit -> 413, connection closed",
+                    (status, "message" in payload.get("error", {}) if isinstance(payload, dict) else payload, closed),
+                    (413, True, True))
+            status, payload, closed = upload(server.port, "/v1/completions", [b"x" * 65536] * 1600, chunked=False,
+                                             length=100 << 20)  # 100 MiB with Content-Length
+            c.equal("a Content-Length over the limit -> 413, connection closed",
+                    (status, "message" in payload.get("error", {}) if isinstance(payload, dict) else payload, closed),
+                    (413, True, True))
+            small = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}).encode()
+            status, payload, _ = upload(server.port, "/v1/completions", [small[:10], small[10:]])
+            c.equal("a chunked body under the limit works", (status, payload["choices"][0]["text"] if status == 200 else payload),
+                    (200, want))
+
+            # /metrics after all of it: 80 requests ended (n = 3 counts 3), nothing running or holding blocks.
             status, text, response = raw(server.port, "GET", "/metrics")
             metrics = {}
             for line in text.splitlines():
@@ -367,14 +461,25 @@ def main():
             ended = sum(v for k, v in metrics.items() if k.startswith("asynct_requests_total{"))
             c.equal("/metrics is Prometheus text", (status, response.getheader("Content-Type").split(";")[0]), (200, "text/plain"))
             c.equal("/metrics: requests ended, first tokens", (ended, metrics.get("asynct_time_to_first_token_seconds_count")),
-                    (75, 75))
+                    (80, 80))
             c.equal("/metrics: nothing running, waiting or holding KV blocks",
                     [metrics.get(k) for k in ("asynct_requests_running", "asynct_requests_waiting", "asynct_kv_blocks_used")],
                     [0, 0, 0])
             c.equal("/metrics: the chat template's shared prefix came from the prefix cache",
                     metrics.get("asynct_prefix_cache_hits_total", 0) > 0, True)
             c.equal("/metrics: errors by status", [metrics.get(f'asynct_http_errors_total{{status="{s}"}}') for s in (400, 404, 413)],
-                    [11, 1, 1])
+                    [14, 1, 2])
+
+            # A known route asked with another method: 405 with Allow (a body sent with it is left
+            # unread, the connection closed); an unknown route: 404.
+            for method, path, body, want in [("GET", "/v1/completions", b"", (405, "POST")),
+                                             ("POST", "/v1/models", b'{"x": 1}', (405, "GET")),
+                                             ("DELETE", "/health", b"", (405, "GET")),
+                                             ("GET", "/v1/nothing", b"", (404, None)),
+                                             ("POST", "/v1/nothing", b"{}", (404, None))]:
+                status, payload, response = raw(server.port, method, path, body)
+                c.equal(f"{method} {path} -> {want[0]}" + (f", Allow: {want[1]}" if want[1] else ""),
+                        (status, response.getheader("Allow"), "message" in payload.get("error", {})), (*want, True))
 
         # The queue bound: one sequence, none waiting; a second request while the first streams.
         with Server(args.asynct, model, "--max-num-seqs", "1", "--max-waiting", "0") as server:
@@ -387,9 +492,33 @@ def main():
             status, payload, response = raw(server.port, "POST", "/v1/completions",
                                             b'{"model": "tiny", "prompt": "x", "max_tokens": 2}')
             c.equal("past the queue bound -> 429 with Retry-After", (status, response.getheader("Retry-After")), (429, "1"))
-            # SIGTERM with the stream still open: it ends with "abort" and [DONE]; exit 0.
+            # SIGTERM with the stream still open: it ends with "abort" and [DONE]; exit 0. /health,
+            # asked over and over from before the signal, answers 503 from the moment draining begins.
+            health, polling = [], threading.Event()
+
+            def poll_health():
+                try:
+                    while True:  # a connection a request: httplib closes a kept-alive one after 5
+                        poller = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+                        poller.request("GET", "/health")
+                        response = poller.getresponse()
+                        response.read()
+                        poller.close()
+                        health.append(response.status)
+                        polling.set()
+                except (OSError, http.client.HTTPException):
+                    pass  # the server has closed
+                finally:
+                    polling.set()
+            poller = threading.Thread(target=poll_health, daemon=True)
+            poller.start()
+            polling.wait(TIMEOUT)
             server.process.send_signal(signal.SIGTERM)
             rest = first.read().decode()
+            poller.join(TIMEOUT)
+            c.equal("/health: 200 before SIGTERM, then 503 while draining",
+                    (health[:1], 503 in health, 200 not in health[health.index(503):] if 503 in health else None),
+                    ([200], True, True))
             c.equal("SIGTERM ends the open stream", ('"finish_reason":"abort"' in rest, rest.rstrip().endswith("data: [DONE]")),
                     (True, True))
             c.equal("the server exits 0 after SIGTERM", server.stop(), 0)

@@ -155,6 +155,7 @@ int run_serve(const ServeOptions& o) {
   http.context = context;
   http.eos_token_ids = config.eos_token_ids;
   http.vocab_size = config.vocab_size;
+  http.system_fingerprint = "fp_asynct_" + device;  // the backend: what changes answers to the same seed
   serve::HttpServer server(worker, *text, metrics, http);
   const int port = server.bind();
 

@@ -470,6 +470,64 @@ def main():
             c.equal("/metrics: errors by status", [metrics.get(f'asynct_http_errors_total{{status="{s}"}}') for s in (400, 404, 413)],
                     [14, 1, 2])
 
+            # Several prompts in one completion: choice j of prompt i is index i * n + j, each as the
+            # prompt alone would give it; usage adds up; streamed too; token-id lists the same.
+            pair = ["The quick brown fox", "Once upon a time"]
+            alone = [client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0) for p in pair]
+            many = client.completions.create(model="tiny", prompt=pair, max_tokens=8, temperature=0, n=2)
+            c.equal("a list of prompts, n = 2: choice i * n + j is prompt i's",
+                    [(ch.index, ch.text) for ch in many.choices],
+                    [(i * 2 + j, alone[i].choices[0].text) for i in range(2) for j in range(2)])
+            c.equal("a list of prompts: usage summed", (many.usage.prompt_tokens, many.usage.completion_tokens),
+                    (sum(a.usage.prompt_tokens for a in alone), 2 * sum(a.usage.completion_tokens for a in alone)))
+            by_index = {}
+            for ch in client.completions.create(model="tiny", prompt=pair, max_tokens=8, temperature=0, n=2, stream=True):
+                for choice in ch.choices:
+                    by_index[choice.index] = by_index.get(choice.index, "") + choice.text
+            c.equal("a list of prompts streamed: the same choices", [by_index.get(i) for i in range(4)],
+                    [ch.text for ch in many.choices])
+            id_lists = [[1000, 2000, 3000], [500, 501]]
+            want_ids = [client.completions.create(model="tiny", prompt=p, max_tokens=5, temperature=0).choices[0].text
+                        for p in id_lists]
+            got = client.completions.create(model="tiny", prompt=id_lists, max_tokens=5, temperature=0)
+            c.equal("a list of token-id lists", ([ch.text for ch in got.choices], got.usage.prompt_tokens), (want_ids, 5))
+
+            # system_fingerprint in bodies and chunks; models.retrieve.
+            fingerprints = {many.system_fingerprint} | {ch.system_fingerprint for ch in client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True)}
+            c.equal("system_fingerprint in bodies and chunks", (len(fingerprints), str(many.system_fingerprint)[:10]),
+                    (1, "fp_asynct_"))
+            c.equal("models.retrieve", (client.models.retrieve("tiny").id, client.models.retrieve("tiny").max_model_len),
+                    ("tiny", 4096))
+            try:
+                client.models.retrieve("gpt-4")
+                c.equal("models.retrieve of another model -> 404", "found", "NotFoundError")
+            except openai.NotFoundError:
+                c.equal("models.retrieve of another model -> 404", "NotFoundError", "NotFoundError")
+
+            # /tokenize and /detokenize in vLLM's shapes, against what the completions count.
+            status, tokens, _ = raw(server.port, "POST", "/tokenize", json.dumps({"model": "tiny", "prompt": prompt}).encode())
+            c.equal("/tokenize a prompt: its ids, as many as a completion counts",
+                    (status, tokens.get("count"), len(tokens.get("tokens", [])), tokens.get("max_model_len")),
+                    (200, alone[0].usage.prompt_tokens, alone[0].usage.prompt_tokens, 4096))
+            status, text, _ = raw(server.port, "POST", "/detokenize", json.dumps({"tokens": tokens["tokens"]}).encode())
+            c.equal("/detokenize gives the prompt back", (status, text), (200, {"prompt": prompt}))
+            chat_messages = [{"role": "user", "content": question}]
+            status, chat_tokens, _ = raw(server.port, "POST", "/tokenize", json.dumps({"messages": chat_messages}).encode())
+            chat_done = client.chat.completions.create(model="tiny", messages=chat_messages, max_tokens=1, temperature=0)
+            c.equal("/tokenize messages: as many as the chat counts", (status, chat_tokens.get("count")),
+                    (200, chat_done.usage.prompt_tokens))
+            status, bare, _ = raw(server.port, "POST", "/tokenize",
+                                  json.dumps({"messages": chat_messages, "add_generation_prompt": False}).encode())
+            c.equal("/tokenize messages without the generation prompt: fewer tokens",
+                    (status, 0 < bare.get("count", 0) < chat_tokens["count"]), (200, True))
+            for path, body, want in [("/detokenize", {"tokens": [5, 49152]}, (400, "tokens")),
+                                     ("/detokenize", {"tokens": "x"}, (400, "tokens")),
+                                     ("/tokenize", {"prompt": 5}, (400, "prompt")),
+                                     ("/tokenize", {"prompt": "x", "model": "gpt-4"}, (404, "model"))]:
+                status, payload, _ = raw(server.port, "POST", path, json.dumps(body).encode())
+                c.equal(f"{path} {body} -> {want[0]}", (status, payload.get("error", {}).get("param")), want)
+
             # A known route asked with another method: 405 with Allow (a body sent with it is left
             # unread, the connection closed); an unknown route: 404.
             for method, path, body, want in [("GET", "/v1/completions", b"", (405, "POST")),

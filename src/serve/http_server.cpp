@@ -1,8 +1,14 @@
 #include "serve/http_server.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
+#include <utility>
 
 #include <httplib.h>
 
@@ -15,12 +21,126 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
+using Clock = std::chrono::steady_clock;
+
 // Whether httplib reads a body for this method: a refusal before it is read closes the connection.
 bool carries_body(const httplib::Request& req) {
   return req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
 }
 
+// The request this thread serves, for its access-log line.
+struct AccessRecord {
+  Clock::time_point start{};                      // its headers read; epoch: not routed
+  std::optional<Clock::time_point> first_output;  // its first token out
+  std::int64_t prompt_tokens = -1, output_tokens = -1;
+  std::string request_id;
+};
+thread_local AccessRecord access;
+
+// At most 128 printable characters without spaces: safe to echo and to log.
+bool sane_request_id(const std::string& id) {
+  return !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
+// A path as the log shows it: printable, at most 200 bytes.
+std::string printable(const std::string& text) {
+  std::string out = text.substr(0, 200);
+  for (char& c : out)
+    if (c <= 0x20 || c >= 0x7f) c = '?';
+  return out;
+}
+
+// Whether `given` is "Bearer <key>", in time that depends on its length only.
+bool bearer_matches(const std::string& given, const std::string& key) {
+  const std::string prefix = "bearer ";
+  if (given.size() < prefix.size()) return false;
+  unsigned diff = given.size() - prefix.size() != key.size() ? 1u : 0u;
+  for (std::size_t i = 0; i < prefix.size(); ++i) diff |= unsigned(std::tolower(static_cast<unsigned char>(given[i])) ^ prefix[i]);
+  for (std::size_t i = prefix.size(); i < given.size(); ++i)
+    diff |= unsigned(static_cast<unsigned char>(given[i]) ^ static_cast<unsigned char>(key[(i - prefix.size()) % key.size()]));
+  return diff == 0;
+}
+
 }  // namespace
+
+void HttpServer::log_tokens(std::int64_t prompt_tokens, std::int64_t output_tokens) {
+  access.prompt_tokens = prompt_tokens;
+  access.output_tokens = output_tokens;
+}
+
+void HttpServer::log_first_output() {
+  if (!access.first_output) access.first_output = Clock::now();
+}
+
+void HttpServer::log_access(const httplib::Request& req, const httplib::Response& res) {
+  const AccessRecord a = std::exchange(access, AccessRecord{});
+  const auto ms = [&](const std::optional<Clock::time_point>& t) {
+    if (!t || a.start == Clock::time_point{}) return std::string("-");
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f", std::chrono::duration<double, std::milli>(*t - a.start).count());
+    return std::string(text);
+  };
+  const auto count = [](std::int64_t n) { return n < 0 ? std::string("-") : std::to_string(n); };
+  std::fprintf(stderr, "asynct serve: %s %s %d prompt_tokens=%s output_tokens=%s ttft_ms=%s total_ms=%s request_id=%s\n",
+               printable(req.method).c_str(), printable(req.path).c_str(), res.status, count(a.prompt_tokens).c_str(),
+               count(a.output_tokens).c_str(), ms(a.first_output).c_str(), ms(Clock::now()).c_str(),
+               a.request_id.empty() ? "-" : a.request_id.c_str());
+}
+
+void HttpServer::refuse(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+  metrics_.http_error(e.status);
+  if (carries_body(req))
+    answer_and_close(res, e.status, text_of(error_body(e)));
+  else
+    write_error(res, e);
+}
+
+bool HttpServer::check_request(const httplib::Request& req, httplib::Response& res) {
+  access = AccessRecord{};
+  access.start = Clock::now();
+  const std::string sent = req.get_header_value("X-Request-Id");
+  access.request_id = sane_request_id(sent) ? sent : next_id("req-");
+  res.set_header("X-Request-Id", access.request_id);
+
+  const Route* route = find_route(req.path);
+  const std::string origin = req.get_header_value("Origin");
+  if (!options_.allowed_origins.empty() && !origin.empty()) {
+    const auto& allowed = options_.allowed_origins;
+    const bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+    const bool preflight = req.method == "OPTIONS" && req.has_header("Access-Control-Request-Method");
+    if (any || std::find(allowed.begin(), allowed.end(), origin) != allowed.end()) {
+      res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+      res.set_header("Vary", "Origin");
+      res.set_header("Access-Control-Expose-Headers", "X-Request-Id");
+      if (preflight && route) {
+        res.status = 204;
+        res.set_header("Access-Control-Allow-Methods", route->method);
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Request-Id");
+        res.set_header("Access-Control-Max-Age", "600");
+        return true;
+      }
+    } else if (preflight) {
+      refuse(req, res, ApiError(403, "the origin " + origin.substr(0, 100) + " is not allowed (--allowed-origins)"));
+      return true;
+    }
+  }
+  if (!options_.api_key.empty() && !(route && route->open) &&
+      !bearer_matches(req.get_header_value("Authorization"), options_.api_key)) {
+    res.set_header("WWW-Authenticate", "Bearer");
+    refuse(req, res, ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer <key>'"));
+    return true;
+  }
+  if (!route) {
+    refuse(req, res, ApiError(404, "no route " + req.method + " " + req.path));
+    return true;
+  }
+  if (req.method != route->method && !(req.method == "HEAD" && std::string(route->method) == "GET")) {
+    res.set_header("Allow", route->method);
+    refuse(req, res, ApiError(405, "the route " + req.path + " takes " + route->method + ", not " + req.method));
+    return true;
+  }
+  return false;
+}
 
 // The routes: each path (a prefix ends in '/': the rest is the route's argument) with its method
 // and handler. One table serves routing, 405's Allow and the checks before a handler.
@@ -32,8 +152,8 @@ const std::vector<HttpServer::Route>& HttpServer::routes() {
       {"/v1/models/", "GET", &HttpServer::handle_model},
       {"/tokenize", "POST", &HttpServer::handle_tokenize},
       {"/detokenize", "POST", &HttpServer::handle_detokenize},
-      {"/health", "GET", &HttpServer::handle_health},
-      {"/metrics", "GET", &HttpServer::handle_metrics},
+      {"/health", "GET", &HttpServer::handle_health, true},
+      {"/metrics", "GET", &HttpServer::handle_metrics, true},
   };
   return table;
 }
@@ -107,22 +227,11 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
   // write back until the one before is acknowledged.
   s.set_tcp_nodelay(true);
 
-  // Before a body is read: an unknown route is a 404, a known one asked with another method a
-  // 405 with Allow.
+  // Before a body is read: every request's shared checks.
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    const Route* route = find_route(req.path);
-    const bool allowed = route && (req.method == route->method || (req.method == "HEAD" && std::string(route->method) == "GET"));
-    if (allowed) return httplib::Server::HandlerResponse::Unhandled;
-    const ApiError e = route ? ApiError(405, "the route " + req.path + " takes " + route->method + ", not " + req.method)
-                             : ApiError(404, "no route " + req.method + " " + req.path);
-    if (route) res.set_header("Allow", route->method);
-    metrics_.http_error(e.status);
-    if (carries_body(req))
-      answer_and_close(res, e.status, text_of(error_body(e)));
-    else
-      write_error(res, e);
-    return httplib::Server::HandlerResponse::Handled;
+    return check_request(req, res) ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
   });
+  s.set_logger([](const httplib::Request& req, const httplib::Response& res) { log_access(req, res); });
   for (const Route& route : routes()) {
     const std::string pattern = route.path[std::string(route.path).size() - 1] == '/' ? std::string(route.path) + "(.+)" : route.path;
     const Handler handle = route.handle;
@@ -227,9 +336,6 @@ void HttpServer::handle_health(const httplib::Request&, httplib::Response& res, 
 void HttpServer::handle_metrics(const httplib::Request&, httplib::Response& res, const std::string&) {
   res.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4");
 }
-
-void HttpServer::log_tokens(std::int64_t, std::int64_t) {}
-void HttpServer::log_first_output() {}
 
 int HttpServer::bind() {
   const int port = options_.port == 0 ? server_->bind_to_any_port(options_.host)

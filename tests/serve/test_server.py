@@ -539,6 +539,71 @@ def main():
                 c.equal(f"{method} {path} -> {want[0]}" + (f", Allow: {want[1]}" if want[1] else ""),
                         (status, response.getheader("Allow"), "message" in payload.get("error", {})), (*want, True))
 
+            # Without CORS configured: no CORS headers, and OPTIONS is a method no route takes.
+            status, _, response = raw(server.port, "OPTIONS", "/v1/chat/completions", b"",
+                                      {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
+            c.equal("CORS off by default: a preflight is a 405, no Allow-Origin",
+                    (status, response.getheader("Access-Control-Allow-Origin")), (405, None))
+
+        # An API key (and CORS for one origin): every route but /health and /metrics wants it.
+        with Server(args.asynct, model, "--api-key", "s3cret-key", "--allowed-origins", "https://app.example") as server:
+            keyed = openai.OpenAI(base_url=server.url(), api_key="s3cret-key", timeout=TIMEOUT, max_retries=0)
+            got = keyed.completions.create(model="tiny", prompt=pair[0], max_tokens=8, temperature=0)
+            c.equal("with the API key: served", got.choices[0].text, alone[0].choices[0].text)
+            try:
+                openai.OpenAI(base_url=server.url(), api_key="wrong", timeout=TIMEOUT, max_retries=0).models.list()
+                c.equal("a wrong API key -> 401", "served", "AuthenticationError")
+            except openai.AuthenticationError:
+                c.equal("a wrong API key -> 401", "AuthenticationError", "AuthenticationError")
+            body = json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 2}).encode()
+            for method, path, payload, headers, want_status in [
+                    ("POST", "/v1/completions", body, {}, 401),
+                    ("POST", "/v1/completions", body, {"Authorization": "Bearer s3cret-ke"}, 401),
+                    ("POST", "/v1/completions", body, {"Authorization": "Bearer s3cret-keyy"}, 401),
+                    ("POST", "/v1/completions", body, {"Authorization": "s3cret-key"}, 401),
+                    ("GET", "/v1/models", b"", {}, 401),
+                    ("GET", "/v1/nothing", b"", {}, 401),
+                    ("POST", "/tokenize", b'{"prompt": "x"}', {}, 401),
+                    ("POST", "/tokenize", b'{"prompt": "x"}', {"Authorization": "bearer s3cret-key"}, 200),
+                    ("GET", "/health", b"", {}, 200),
+                    ("GET", "/metrics", b"", {}, 200)]:
+                status, payload, response = raw(server.port, method, path, payload, headers)
+                error = payload.get("error", {}) if isinstance(payload, dict) else {}
+                c.equal(f"{method} {path} {headers or 'without a key'} -> {want_status}",
+                        (status, "message" in error if status == 401 else True), (want_status, True))
+
+            # X-Request-Id: the client's echoed when sane, else one made; the access log names it.
+            headers = {"Authorization": "Bearer s3cret-key"}
+            _, _, response = raw(server.port, "POST", "/v1/completions", body, {**headers, "X-Request-Id": "trace-42"})
+            c.equal("X-Request-Id echoed", response.getheader("X-Request-Id"), "trace-42")
+            made = [raw(server.port, "GET", "/v1/models", b"", {**headers, **extra})[2].getheader("X-Request-Id")
+                    for extra in ({}, {"X-Request-Id": "x" * 300}, {"X-Request-Id": "has space"})]
+            c.equal("X-Request-Id made when absent, too long or not printable",
+                    [bool(m) and m.startswith("req-") for m in made], [True, True, True])
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any("request_id=trace-42" in line for line in server.log):
+                time.sleep(0.1)
+            line = next((line for line in server.log if "request_id=trace-42" in line), "")
+            c.equal("the access log: method, route, status, tokens, times, request id",
+                    bool(re.search(r"POST /v1/completions 200 prompt_tokens=\d+ output_tokens=2 ttft_ms=[0-9.]+ "
+                                   r"total_ms=[0-9.]+ request_id=trace-42", line)), True)
+
+            # CORS: a preflight from the allowed origin answered without the key; another origin refused.
+            status, _, response = raw(server.port, "OPTIONS", "/v1/chat/completions", b"",
+                                      {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                                       "Access-Control-Request-Headers": "authorization, content-type"})
+            c.equal("CORS preflight from an allowed origin -> 204 with the allowed origin and method",
+                    (status, response.getheader("Access-Control-Allow-Origin"), response.getheader("Access-Control-Allow-Methods"),
+                     "Authorization" in (response.getheader("Access-Control-Allow-Headers") or "")),
+                    (204, "https://app.example", "POST", True))
+            status, _, response = raw(server.port, "OPTIONS", "/v1/chat/completions", b"",
+                                      {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+            c.equal("CORS preflight from another origin -> 403, no Allow-Origin",
+                    (status, response.getheader("Access-Control-Allow-Origin")), (403, None))
+            status, _, response = raw(server.port, "GET", "/v1/models", b"", {**headers, "Origin": "https://app.example"})
+            c.equal("a request from the allowed origin gets Access-Control-Allow-Origin",
+                    (status, response.getheader("Access-Control-Allow-Origin")), (200, "https://app.example"))
+
         # The queue bound: one sequence, none waiting; a second request while the first streams.
         with Server(args.asynct, model, "--max-num-seqs", "1", "--max-waiting", "0") as server:
             connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)

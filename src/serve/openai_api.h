@@ -1,5 +1,6 @@
-// The OpenAI API's completions and chat completions as asynct serves them: a request body in,
-// checked field by field; the response bodies and stream chunks out. No I/O: the HTTP server
+// The OpenAI API's completions and chat completions as asynct serves them (and vLLM's tokenize
+// and detokenize bodies): a request body in, checked field by field; the response bodies and
+// stream chunks out. No I/O: the HTTP server
 // (serve/http_server.h) moves the bytes, the engine worker (serve/engine_worker.h) the tokens.
 //
 // Fields read (others are ignored, as OpenAI ignores unknown ones): model, prompt (a string,

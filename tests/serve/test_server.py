@@ -12,9 +12,15 @@ Checked:
   prompt (greedy, and seeded sampling), usage counts, finish reasons, stop strings;
 - 32 concurrent streams, 8 closed mid-stream: every finished one complete and equal to its
   request alone, the server alive after; a whole response's client that leaves ends its request;
-- bad requests, each with its status and OpenAI's error object;
-- 429 past the queue bound, 413 past the body limit;
-- SIGTERM: an open stream ends with finish_reason "abort" and [DONE], the server exits 0.
+- seedless sampling differs from request to request, seeded sampling repeats;
+- lists of prompts, models.retrieve, /tokenize and /detokenize, system_fingerprint;
+- bad requests, each with its status and OpenAI's error object (unimplemented fields included);
+  405 with Allow for a known route's other methods, 404 for unknown routes;
+- 429 past the queue bound, 413 past the body limit (chunked or not, the connection closed);
+- a second server with --api-key and --allowed-origins: 401s, open routes, X-Request-Id, the
+  access log, CORS preflights;
+- SIGTERM: /health turns 503, an open stream ends with finish_reason "abort" and [DONE], the
+  server exits 0.
 Every request has a timeout; every server started is stopped. Exit 77 (skipped) without the
 client or the tokenizer files.
 """

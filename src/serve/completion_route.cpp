@@ -100,37 +100,6 @@ struct WholeState {
   }
 };
 
-// Answers `body` and then closes the connection, leaving the rest of the request unread: the
-// provider writes it all and reports a failure, on which httplib drops the connection.
-void answer_and_close(httplib::Response& res, int status, const std::string& body) {
-  res.status = status;
-  res.set_header("Connection", "close");
-  auto text = std::make_shared<std::string>(body);
-  res.set_content_provider(text->size(), "application/json", [text](std::size_t, std::size_t, httplib::DataSink& sink) {
-    sink.write(text->data(), text->size());
-    return false;
-  });
-}
-
-// The methods a route takes (what a 405's Allow lists); nullptr for a path that is no route.
-const char* route_methods(const std::string& path) {
-  static const std::pair<const char*, const char*> routes[] = {
-      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
-      {"/health", "GET"},          {"/metrics", "GET"}};
-  for (const auto& [route, methods] : routes)
-    if (path == route) return methods;
-  return nullptr;
-}
-
-bool method_allowed(const std::string& method, const std::string& allow) {
-  return method == allow || (method == "HEAD" && allow == "GET");
-}
-
-// Whether httplib reads a body for this method: a refusal before it is read closes the connection.
-bool carries_body(const httplib::Request& req) {
-  return req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
-}
-
 }  // namespace
 
 void HttpServer::complete(Endpoint endpoint, const std::string& body, httplib::Response& res) {

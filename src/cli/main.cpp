@@ -195,6 +195,23 @@ int main(int argc, char** argv) {
   serve_cmd->add_flag("!--no-cuda-graphs", serve.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
   serve_cmd->add_flag("!--no-prefix-caching", serve.prefix_caching,
                       "compute every prompt whole (default: reuse the cached K/V blocks of an earlier prompt's prefix)");
+  serve_cmd->add_option("--api-key", serve.api_key,
+                        "requests (but /health and /metrics) need 'Authorization: Bearer KEY' (default: the environment's "
+                        "ASYNCT_API_KEY; neither: none)")
+      ->check(CLI::Validator([](std::string& key) {
+        const std::string problem = asynct::api_key_problem(key);
+        return problem.empty() ? std::string() : "the key " + problem;
+      }, "KEY"));
+  serve_cmd->add_option("--allowed-origins", serve.allowed_origins,
+                        "CORS: comma-separated origins (https://example.com) or *, that browsers may call from (default: none)")
+      ->check(CLI::Validator([](std::string& list) {
+        try {
+          asynct::parse_allowed_origins(list);
+        } catch (const asynct::Error& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      }, "ORIGINS"));
 
   asynct::PerplexityOptions ppl;
   CLI::App* ppl_cmd = app.add_subcommand(
@@ -247,7 +264,16 @@ int main(int argc, char** argv) {
     if (*demo_cmd) return asynct::run_attention_demo(demo);
     if (*tok_cmd) return asynct::run_tokenize(tok, std::cin, std::cout);
     if (*ppl_cmd) return asynct::run_perplexity(ppl);
-    if (*serve_cmd) return asynct::run_serve(serve);
+    if (*serve_cmd) {
+      // The API key from the environment is read here, at the program's edge, and nowhere else.
+      const char* key = std::getenv("ASYNCT_API_KEY");
+      if (serve.api_key.empty() && key && *key) {
+        const std::string problem = asynct::api_key_problem(key);
+        asynct::check(problem.empty(), "ASYNCT_API_KEY ", problem);
+        serve.api_key = key;
+      }
+      return asynct::run_serve(serve);
+    }
     if (*bench_cmd) return asynct::run_scenarios(bench);
     if (*init_cmd) {
       const bool from_file = init_size != "tiny" && init_size != "1.7b";

@@ -135,7 +135,7 @@ class TokenizerFiles final : public ModelText {
     if (config_.is_null()) config_ = nlohmann::ordered_json::object();
   }
 
-  std::vector<std::int32_t> prompt_ids(const std::string& prompt, const std::string& what) const override {
+  std::vector<std::int32_t> prompt_ids(const std::string& prompt, const std::string& what, bool add_special) const override {
     const auto bad = text::find_invalid_utf8(prompt);
     check(!bad, what, " is not valid UTF-8 (byte ", bad.value_or(0), ")");
     if (template_ && chat_.enabled) {
@@ -144,24 +144,24 @@ class TokenizerFiles final : public ModelText {
       messages.push_back({{"role", "user"}, {"content", prompt}});
       nlohmann::ordered_json extra = nlohmann::ordered_json::object();
       if (!chat_.thinking) extra["enable_thinking"] = false;
-      return render_chat(messages, extra, what + ": ");
+      return render_chat(messages, extra, what + ": ", true);
     }
     std::vector<std::int32_t> ids;
-    if (bos_) ids.push_back(*bos_);
+    if (bos_ && add_special) ids.push_back(*bos_);
     tokenizer_.encode(prompt, ids);
-    if (eos_) ids.push_back(*eos_);
+    if (eos_ && add_special) ids.push_back(*eos_);
     return ids;
   }
 
   bool has_chat_template() const override { return template_.has_value(); }
 
-  std::vector<std::int32_t> chat_ids(const nlohmann::ordered_json& messages) const override {
+  std::vector<std::int32_t> chat_ids(const nlohmann::ordered_json& messages, bool add_generation_prompt) const override {
     check(template_.has_value(), "this model has no chat template (tokenizer_config.json's chat_template or chat_template.jinja)");
     for (const auto& m : messages) {
       const auto bad = text::find_invalid_utf8(m.value("content", std::string()));
       check(!bad, "a message's content is not valid UTF-8 (byte ", bad.value_or(0), ")");
     }
-    return render_chat(messages, nlohmann::ordered_json::object(), "");
+    return render_chat(messages, nlohmann::ordered_json::object(), "", add_generation_prompt);
   }
 
   std::unique_ptr<OutputText> output(const std::vector<std::string>& stop_strings) const override {
@@ -182,13 +182,13 @@ class TokenizerFiles final : public ModelText {
   }
 
  private:
-  // The chat through the template (add_generation_prompt), tokenized with nothing added; the
-  // template's errors are prefixed with `where` and the template's file.
+  // The chat through the template, tokenized with nothing added; the template's errors are
+  // prefixed with `where` and the template's file.
   std::vector<std::int32_t> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& extra,
-                                        const std::string& where) const {
+                                        const std::string& where, bool add_generation_prompt) const {
     std::string rendered;
     try {
-      rendered = template_->render(chat_template_variables(config_, messages, nullptr, true, extra));
+      rendered = template_->render(chat_template_variables(config_, messages, nullptr, add_generation_prompt, extra));
     } catch (const Error& e) {
       throw Error(where + "the chat template in " + template_path_ + ": " + e.what());
     }

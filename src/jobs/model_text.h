@@ -63,13 +63,16 @@ class ModelText {
 
   // The prompt's token ids (see the top of this file); `what` names the prompt in errors
   // ("--prompt 2"): text that is not valid UTF-8, a chat template that raises an error.
-  virtual std::vector<std::int32_t> prompt_ids(const std::string& prompt, const std::string& what) const = 0;
+  // add_special false: the tokenizer's ids alone, no BOS or EOS (HuggingFace's
+  // add_special_tokens=False; a chat-formatted prompt is rendered either way).
+  virtual std::vector<std::int32_t> prompt_ids(const std::string& prompt, const std::string& what,
+                                               bool add_special = true) const = 0;
   // Whether chat_ids() can render (the template loaded: ChatFormat enabled or load_if_present).
   virtual bool has_chat_template() const = 0;
   // A whole chat's ids: `messages` ([{"role", "content"}], contents UTF-8) through the chat
-  // template with add_generation_prompt, tokenized as prompt_ids() tokenizes a chat. Throws
-  // Error without a template, for content that is not valid UTF-8 or a template that raises.
-  virtual std::vector<std::int32_t> chat_ids(const nlohmann::ordered_json& messages) const = 0;
+  // template with add_generation_prompt (as given), tokenized as prompt_ids() tokenizes a chat.
+  // Throws Error without a template, for content that is not valid UTF-8 or a template that raises.
+  virtual std::vector<std::int32_t> chat_ids(const nlohmann::ordered_json& messages, bool add_generation_prompt = true) const = 0;
   // A new request's output text, ending before the first of the stop strings (each non-empty
   // UTF-8, else Error). Special tokens and ids the tokenizer lacks add no text.
   virtual std::unique_ptr<OutputText> output(const std::vector<std::string>& stop_strings) const = 0;

@@ -12,6 +12,8 @@
 #include <mutex>
 #include <thread>
 
+#include <regex>
+
 #include <pthread.h>
 
 #include "core/error.h"
@@ -27,6 +29,30 @@
 #endif
 
 namespace asynct {
+
+std::string api_key_problem(const std::string& key) {
+  if (key.empty()) return "is empty";
+  if (key.size() > 256) return "is over 256 characters";
+  for (const char c : key)
+    if (c <= 0x20 || c >= 0x7f) return "holds a space or a character that is not printable ASCII";
+  return "";
+}
+
+std::vector<std::string> parse_allowed_origins(const std::string& list) {
+  std::vector<std::string> origins;
+  if (list.empty()) return origins;
+  static const std::regex origin(R"((https?)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?)");
+  std::size_t begin = 0;
+  for (;;) {
+    const std::size_t end = list.find(',', begin);
+    const std::string entry = list.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    check(entry == "*" || std::regex_match(entry, origin), "'", entry.substr(0, 100),
+          "' is neither * nor an origin such as https://example.com or http://localhost:3000 (no path, no trailing /)");
+    origins.push_back(entry);
+    if (end == std::string::npos) return origins;
+    begin = end + 1;
+  }
+}
 
 #ifndef ASYNCT_WITH_SERVER
 
@@ -108,6 +134,13 @@ int run_serve(const ServeOptions& o) {
   check(o.max_body_mib >= 1 && o.max_body_mib <= 1024, "--max-body-mib must be in [1, 1024], got ", o.max_body_mib);
   check(o.num_blocks >= 0, "--num-blocks must be >= 0, got ", o.num_blocks);
   check(o.max_cache_mib >= 1, "--max-cache-mib must be >= 1, got ", o.max_cache_mib);
+  check(o.api_key.empty() || api_key_problem(o.api_key).empty(), "the API key ", api_key_problem(o.api_key));
+  std::vector<std::string> allowed_origins;
+  try {
+    allowed_origins = parse_allowed_origins(o.allowed_origins);
+  } catch (const Error& e) {
+    throw Error(std::string("--allowed-origins: ") + e.what());
+  }
   const ModelConfig config = load_checkpoint_config(o.model_dir);
   ChatFormat chat;
   chat.load_if_present = true;
@@ -159,6 +192,9 @@ int run_serve(const ServeOptions& o) {
   http.context = context;
   http.eos_token_ids = config.eos_token_ids;
   http.vocab_size = config.vocab_size;
+  http.api_key = o.api_key;
+  http.allowed_origins = allowed_origins;
+  http.system_fingerprint = "fp_asynct_" + device;  // the backend: what changes answers to the same seed
   serve::HttpServer server(worker, *text, metrics, http);
   const int port = server.bind();
 
@@ -174,14 +210,16 @@ int run_serve(const ServeOptions& o) {
     server.stop();
   });
   std::fprintf(stderr,
-               "asynct serve: %s (%s), %s backend%s, KV cache %d blocks of %d tokens (%s, %.1f MiB: %lld tokens), context %lld, up to %d sequences "
-               "a step and %d waiting, prefix caching %s; %s, chat %s\n"
+               "asynct serve: %s (%s), %s backend%s, KV cache %d blocks of %d tokens (%s, %.1f MiB: %lld tokens), context %lld, "
+               "up to %d sequences a step and %d waiting, prefix caching %s; %s, chat %s; API key %s, CORS %s\n"
                "asynct serve: listening on http://%s:%d/v1 (model '%s')\n",
                config.architecture_name().c_str(), o.model_dir.c_str(), backend.c_str(),
                o.quantization == "fp8" || config.fp8_weights() ? ", FP8 weights" : "", num_blocks, o.block_size,
                kv_cache_dtype_name(kv_dtype), double(num_blocks) * double(block_bytes) / double(1 << 20),
-               static_cast<long long>(std::int64_t(num_blocks) * o.block_size), static_cast<long long>(context), o.max_num_seqs, o.max_waiting, o.prefix_caching ? "on" : "off", text->summary().c_str(),
-               text->has_chat_template() ? "on" : "off (no chat template)", o.host.c_str(), port, http.model_name.c_str());
+               static_cast<long long>(std::int64_t(num_blocks) * o.block_size), static_cast<long long>(context),
+               o.max_num_seqs, o.max_waiting, o.prefix_caching ? "on" : "off", text->summary().c_str(),
+               text->has_chat_template() ? "on" : "off (no chat template)", o.api_key.empty() ? "off" : "on",
+               o.allowed_origins.empty() ? "off" : o.allowed_origins.c_str(), o.host.c_str(), port, http.model_name.c_str());
   std::fflush(stderr);
   try {
     server.listen();

@@ -4,11 +4,13 @@
 //
 // The KV cache holds max_num_seqs requests of the whole context unless --num-blocks or
 // --max-cache-mib say less (requests then take turns); requests beyond max_num_seqs +
-// max_waiting at once are refused with 429.
+// max_waiting at once are refused with 429. The API key comes from --api-key or, read at the
+// command line's edge (cli/main.cpp), ASYNCT_API_KEY.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/drafter.h"
 
@@ -33,8 +35,16 @@ struct ServeOptions {
   bool cuda_graphs = true;
   bool prefix_caching = true;       // EngineOptions::prefix_caching (off there by default)
   SpeculativeOptions speculative;   // drafts verified a step (engine/drafter.h); off by default
+  std::string api_key;              // non-empty: requests need "Authorization: Bearer <api_key>"
+  std::string allowed_origins;      // CORS: comma-separated origins or "*"; empty: off
 };
 
 int run_serve(const ServeOptions& options);
+
+// What is wrong with an API key (empty: nothing): 1-256 printable characters without spaces.
+std::string api_key_problem(const std::string& key);
+// --allowed-origins split at commas; throws Error for an entry that is neither "*" nor an origin
+// (http[s]://host[:port], no path).
+std::vector<std::string> parse_allowed_origins(const std::string& list);
 
 }  // namespace asynct

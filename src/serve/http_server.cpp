@@ -1,125 +1,202 @@
 #include "serve/http_server.h"
 
-#include <atomic>
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
-#include <ctime>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
-#include <functional>
 #include <optional>
+#include <utility>
 
 #include <httplib.h>
 
 #include "core/error.h"
+#include "serve/http_util.h"
 #include "serve/openai_api.h"
 
 namespace asynct::serve {
 namespace {
 
 using json = nlohmann::ordered_json;
-using namespace std::chrono_literals;
 
-// A body's text; bytes that are not UTF-8 (an error message can quote the client's) become U+FFFD.
-std::string text_of(const json& body) { return body.dump(-1, ' ', false, json::error_handler_t::replace); }
+using Clock = std::chrono::steady_clock;
 
-void write_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  if (e.status == 429 || e.status == 503) res.set_header("Retry-After", "1");
-  res.set_content(text_of(error_body(e)), "application/json");
+// Whether httplib reads a body for this method: a refusal before it is read closes the connection.
+bool carries_body(const httplib::Request& req) {
+  return req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
 }
 
-std::int64_t now_seconds() { return std::int64_t(std::time(nullptr)); }
+// The request this thread serves, for its access-log line.
+struct AccessRecord {
+  Clock::time_point start{};                      // its headers read; epoch: not routed
+  std::optional<Clock::time_point> first_output;  // its first token out
+  std::int64_t prompt_tokens = -1, output_tokens = -1;
+  std::string request_id;
+};
+thread_local AccessRecord access;
 
-// A response id unique in this server's life.
-std::string next_id(const char* prefix) {
-  static std::atomic<std::uint64_t> counter{0};
-  return std::string(prefix) + std::to_string(now_seconds()) + "-" + std::to_string(++counter);
+// At most 128 printable characters without spaces: safe to echo and to log.
+bool sane_request_id(const std::string& id) {
+  return !id.empty() && id.size() <= 128 && std::all_of(id.begin(), id.end(), [](char c) { return c > 0x20 && c < 0x7f; });
 }
 
-std::string sse(const json& data) { return "data: " + text_of(data) + "\n\n"; }
+// A path as the log shows it: printable, at most 200 bytes.
+std::string printable(const std::string& text) {
+  std::string out = text.substr(0, 200);
+  for (char& c : out)
+    if (c <= 0x20 || c >= 0x7f) c = '?';
+  return out;
+}
 
-// A streaming response's state, shared by its content provider and its releaser.
-struct ChoiceState {
-  bool first = true;             // no chunk sent yet
-  bool done = false;             // its last chunk sent
-  std::int64_t token_bytes = 0;  // the bytes of the tokens whose logprobs were sent
-};
-struct StreamState {
-  CompletionRequest request;
-  std::vector<std::shared_ptr<RequestStream>> streams;  // one a choice
-  std::vector<ChoiceState> choices;
-  std::string id;
-  std::int64_t created = 0;
-  Usage usage;
-};
-
-// A whole (not streamed) response's choices, read as they run.
-struct WholeState {
-  CompletionRequest request;
-  std::vector<std::shared_ptr<RequestStream>> streams;  // one a choice
-  std::vector<Choice> choices;
-  std::vector<std::vector<GeneratedToken>> tokens;      // each choice's, for its logprobs
-  std::vector<char> ended;                              // each choice's: its last event came
-  std::size_t done = 0;                                 // choices ended
-  std::function<std::vector<TokenLogprob>(const std::vector<GeneratedToken>&)> logprobs_of;
-  std::optional<ApiError> failed;                       // a choice's error: the body
-  std::string id;
-  std::int64_t created = 0;
-  Usage usage;
-  std::chrono::steady_clock::time_point last_write;
-
-  void cancel() {
-    for (const auto& stream : streams) stream->cancel();
-  }
-  void take(std::size_t i, StreamEvent& event) {
-    Choice& choice = choices[i];
-    choice.text += event.text;
-    tokens[i].insert(tokens[i].end(), event.tokens.begin(), event.tokens.end());
-    if (!event.done) return;
-    ended[i] = 1;
-    ++done;
-    if (!event.error.empty()) {
-      if (!failed) failed = ApiError(event.engine_failed ? 500 : 400, event.error);
-      cancel();  // the other choices end too
-      return;
-    }
-    choice.finish_reason = openai_finish_reason(event.finish_reason);
-    choice.logprobs = logprobs_of(tokens[i]);
-    usage.completion_tokens += event.completion_tokens;
-    if (i == 0) usage.cached_tokens = event.cached_tokens;  // the prompt's, once: the first choice's
-  }
-  // One call of the content provider: the events that are ready (waiting a little for one),
-  // the body once every choice has ended, a space when a second has passed without a write.
-  bool provide(httplib::DataSink& sink) {
-    using namespace std::chrono_literals;
-    bool any = false;
-    for (std::size_t i = 0; i < streams.size(); ++i) {
-      StreamEvent event;
-      while (!ended[i] && streams[i]->next(event, 0ms)) take(i, event), any = true;
-    }
-    if (!any && done < streams.size())
-      for (std::size_t i = 0; i < streams.size(); ++i) {
-        if (ended[i]) continue;
-        StreamEvent event;
-        if (streams[i]->next(event, 200ms)) take(i, event);
-        break;
-      }
-    const auto now = std::chrono::steady_clock::now();
-    if (done == streams.size()) {
-      const std::string body =
-          failed ? text_of(error_body(*failed)) : text_of(completion_response(request, id, created, choices, usage));
-      if (!sink.write(body.data(), body.size())) return false;
-      sink.done();
-      return true;
-    }
-    if (now - last_write >= 1s) {
-      if (!sink.write(" ", 1)) return false;
-      last_write = now;
-    }
-    return true;
-  }
-};
+// Whether `given` is "Bearer <key>", in time that depends on its length only.
+bool bearer_matches(const std::string& given, const std::string& key) {
+  const std::string prefix = "bearer ";
+  if (given.size() < prefix.size()) return false;
+  unsigned diff = given.size() - prefix.size() != key.size() ? 1u : 0u;
+  for (std::size_t i = 0; i < prefix.size(); ++i) diff |= unsigned(std::tolower(static_cast<unsigned char>(given[i])) ^ prefix[i]);
+  for (std::size_t i = prefix.size(); i < given.size(); ++i)
+    diff |= unsigned(static_cast<unsigned char>(given[i]) ^ static_cast<unsigned char>(key[(i - prefix.size()) % key.size()]));
+  return diff == 0;
+}
 
 }  // namespace
+
+void HttpServer::log_tokens(std::int64_t prompt_tokens, std::int64_t output_tokens) {
+  access.prompt_tokens = prompt_tokens;
+  access.output_tokens = output_tokens;
+}
+
+void HttpServer::log_first_output() {
+  if (!access.first_output) access.first_output = Clock::now();
+}
+
+void HttpServer::log_access(const httplib::Request& req, const httplib::Response& res) {
+  const AccessRecord a = std::exchange(access, AccessRecord{});
+  const auto ms = [&](const std::optional<Clock::time_point>& t) {
+    if (!t || a.start == Clock::time_point{}) return std::string("-");
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f", std::chrono::duration<double, std::milli>(*t - a.start).count());
+    return std::string(text);
+  };
+  const auto count = [](std::int64_t n) { return n < 0 ? std::string("-") : std::to_string(n); };
+  std::fprintf(stderr, "asynct serve: %s %s %d prompt_tokens=%s output_tokens=%s ttft_ms=%s total_ms=%s request_id=%s\n",
+               printable(req.method).c_str(), printable(req.path).c_str(), res.status, count(a.prompt_tokens).c_str(),
+               count(a.output_tokens).c_str(), ms(a.first_output).c_str(), ms(Clock::now()).c_str(),
+               a.request_id.empty() ? "-" : a.request_id.c_str());
+}
+
+void HttpServer::refuse(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+  metrics_.http_error(e.status);
+  if (carries_body(req))
+    answer_and_close(res, e.status, text_of(error_body(e)));
+  else
+    write_error(res, e);
+}
+
+bool HttpServer::check_request(const httplib::Request& req, httplib::Response& res) {
+  access = AccessRecord{};
+  access.start = Clock::now();
+  const std::string sent = req.get_header_value("X-Request-Id");
+  access.request_id = sane_request_id(sent) ? sent : next_id("req-");
+  res.set_header("X-Request-Id", access.request_id);
+
+  const Route* route = find_route(req.path);
+  const std::string origin = req.get_header_value("Origin");
+  if (!options_.allowed_origins.empty() && !origin.empty()) {
+    const auto& allowed = options_.allowed_origins;
+    const bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+    const bool preflight = req.method == "OPTIONS" && req.has_header("Access-Control-Request-Method");
+    if (any || std::find(allowed.begin(), allowed.end(), origin) != allowed.end()) {
+      res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+      res.set_header("Vary", "Origin");
+      res.set_header("Access-Control-Expose-Headers", "X-Request-Id");
+      if (preflight && route) {
+        res.status = 204;
+        res.set_header("Access-Control-Allow-Methods", route->method);
+        res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type, X-Request-Id");
+        res.set_header("Access-Control-Max-Age", "600");
+        return true;
+      }
+    } else if (preflight) {
+      refuse(req, res, ApiError(403, "the origin " + origin.substr(0, 100) + " is not allowed (--allowed-origins)"));
+      return true;
+    }
+  }
+  if (!options_.api_key.empty() && !(route && route->open) &&
+      !bearer_matches(req.get_header_value("Authorization"), options_.api_key)) {
+    res.set_header("WWW-Authenticate", "Bearer");
+    refuse(req, res, ApiError(401, "a valid API key is needed: send the header 'Authorization: Bearer <key>'"));
+    return true;
+  }
+  if (!route) {
+    refuse(req, res, ApiError(404, "no route " + req.method + " " + req.path));
+    return true;
+  }
+  if (req.method != route->method && !(req.method == "HEAD" && std::string(route->method) == "GET")) {
+    res.set_header("Allow", route->method);
+    refuse(req, res, ApiError(405, "the route " + req.path + " takes " + route->method + ", not " + req.method));
+    return true;
+  }
+  return false;
+}
+
+// The routes: each path (a prefix ends in '/': the rest is the route's argument) with its method
+// and handler. One table serves routing, 405's Allow and the checks before a handler.
+const std::vector<HttpServer::Route>& HttpServer::routes() {
+  static const std::vector<Route> table = {
+      {"/v1/completions", "POST", &HttpServer::handle_completions},
+      {"/v1/chat/completions", "POST", &HttpServer::handle_chat_completions},
+      {"/v1/models", "GET", &HttpServer::handle_models},
+      {"/v1/models/", "GET", &HttpServer::handle_model},
+      {"/tokenize", "POST", &HttpServer::handle_tokenize},
+      {"/detokenize", "POST", &HttpServer::handle_detokenize},
+      {"/health", "GET", &HttpServer::handle_health, true},
+      {"/metrics", "GET", &HttpServer::handle_metrics, true},
+  };
+  return table;
+}
+
+const HttpServer::Route* HttpServer::find_route(const std::string& path) {
+  for (const Route& route : routes()) {
+    const std::string p = route.path;
+    if (p.back() == '/' ? path.size() > p.size() && path.compare(0, p.size(), p) == 0 : path == p) return &route;
+  }
+  return nullptr;
+}
+
+bool HttpServer::read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader,
+                           std::string& body) {
+  const std::size_t limit = options_.max_body_bytes;
+  const auto refuse = [&](const ApiError& e) {
+    metrics_.http_error(e.status);
+    answer_and_close(res, e.status, text_of(error_body(e)));
+    return false;
+  };
+  const ApiError too_large(413, "the request body is over the server's limit of " + std::to_string(limit >> 20) + " MiB");
+  // httplib would hand a multipart body's parts to a receiver not given here.
+  if (req.is_multipart_form_data()) return refuse(ApiError(400, "the body must be JSON, not multipart/form-data"));
+  if (req.has_header("Content-Length")) {
+    const std::string length = req.get_header_value("Content-Length");
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(length.c_str(), &end, 10);
+    if (length.empty() || *end != '\0' || errno != 0 || length[0] == '-')
+      return refuse(ApiError(400, "Content-Length '" + length.substr(0, 32) + "' is not a number"));
+    if (n > limit) return refuse(too_large);  // before a byte is read
+  }
+  // Counted as they arrive, whatever the framing (a chunked body has no Content-Length).
+  bool over = false;
+  const bool read = reader([&](const char* data, std::size_t n) {
+    if (body.size() + n > limit) return !(over = true);
+    body.append(data, n);
+    return true;
+  });
+  if (over) return refuse(too_large);
+  if (!read) return refuse(ApiError(400, "the request body could not be read (a broken chunked encoding, or the client left)"));
+  return true;
+}
 
 void HttpServer::send_error(httplib::Response& res, const ApiError& e) {
   metrics_.http_error(e.status);
@@ -145,188 +222,28 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
   httplib::Server& s = *server_;
   const int threads = options_.threads;
   s.new_task_queue = [threads] { return new httplib::ThreadPool(std::size_t(threads)); };
-  s.set_payload_max_length(options_.max_body_bytes);
+  s.set_payload_max_length(options_.max_body_bytes);  // POST bodies are counted by read_body
   // Each token goes out as its own small write: without TCP_NODELAY, Nagle's algorithm holds a
   // write back until the one before is acknowledged.
   s.set_tcp_nodelay(true);
 
-  const auto completion = [this](Endpoint endpoint) {
-    return [this, endpoint](const httplib::Request& req, httplib::Response& res) {
-      try {
-        CompletionRequest r = parse_completion_request(endpoint, req.body, options_.model_name);
-        std::vector<std::int32_t> ids;
-        std::vector<std::unique_ptr<OutputText>> outs;  // each choice's text
-        {
-          const std::lock_guard<std::mutex> lock(text_mutex_);
-          try {
-            if (endpoint == Endpoint::ChatCompletions) {
-              if (!text_.has_chat_template()) throw ApiError(400, "this model has no chat template: use /v1/completions", "messages");
-              ids = text_.chat_ids(r.messages);
-            } else if (!r.prompt_ids.empty()) {
-              ids = r.prompt_ids;
-            } else {
-              ids = text_.prompt_ids(r.prompt, "prompt");
-            }
-            for (int i = 0; i < r.n; ++i) outs.push_back(text_.output(r.stop));
-          } catch (const Error& e) {
-            throw ApiError(400, e.what(), endpoint == Endpoint::ChatCompletions ? "messages" : "prompt");
-          }
-        }
-        if (ids.empty()) throw ApiError(400, "the prompt is empty", "prompt");
-        for (const std::int32_t id : ids)
-          if (id >= options_.vocab_size)
-            throw ApiError(400, "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                    std::to_string(options_.vocab_size) + ")", "prompt");
-        const std::int64_t prompt = std::int64_t(ids.size());
-        if (prompt >= options_.context)
-          throw ApiError(400, "the prompt is " + std::to_string(prompt) + " tokens; the model's context is " +
-                                  std::to_string(options_.context) + " tokens (prompt and output together)",
-                         endpoint == Endpoint::ChatCompletions ? "messages" : "prompt");
-        const std::int64_t max_tokens = r.max_tokens > 0 ? r.max_tokens : options_.context - prompt;
-        if (prompt + max_tokens > options_.context)
-          throw ApiError(400, "the prompt (" + std::to_string(prompt) + " tokens) and max_tokens (" +
-                                  std::to_string(max_tokens) + ") are over the model's context of " +
-                                  std::to_string(options_.context) + " tokens",
-                         "max_tokens");
-        // n choices: n requests of one prompt, seeds seed, seed + 1, ...
-        if (r.n > worker_.max_in_flight())
-          throw ApiError(400, "n is " + std::to_string(r.n) + "; this server takes " + std::to_string(worker_.max_in_flight()) +
-                                  " requests at once", "n");
-        std::vector<Request> requests(std::size_t(r.n));
-        for (int i = 0; i < r.n; ++i) {
-          Request& er = requests[std::size_t(i)];
-          er.prompt = ids;
-          er.max_tokens = int(max_tokens);
-          er.sampling = r.sampling;
-          er.sampling.seed = r.sampling.seed + std::uint64_t(i);
-          if (!r.ignore_eos) er.eos_token_ids = options_.eos_token_ids;
-        }
-        std::vector<std::shared_ptr<RequestStream>> streams = worker_.submit_group(std::move(requests), std::move(outs));
-        if (streams.empty() && worker_.draining()) throw ApiError(503, "the server is shutting down");
-        if (streams.empty()) throw ApiError(429, "the server is busy: too many requests at once; try again");
-
-        const std::string id = next_id(endpoint == Endpoint::ChatCompletions ? "chatcmpl-" : "cmpl-");
-        const std::int64_t created = now_seconds();
-        if (!r.stream) {
-          // Refused by the engine: an error status. Taken: the response comes through a content
-          // provider that also sends a space (JSON allows leading whitespace) every second while
-          // the choices run: a write that fails means the client has left, and its choices end.
-          for (const auto& stream : streams) {
-            StreamEvent refused;
-            if (!stream->wait_taken(refused)) {
-              for (const auto& other : streams) other->cancel();
-              throw ApiError(refused.engine_failed ? 500 : 400, refused.error);
-            }
-          }
-          auto whole = std::make_shared<WholeState>();
-          whole->streams = streams;
-          whole->choices.resize(streams.size());
-          whole->tokens.resize(streams.size());
-          whole->ended.resize(streams.size(), 0);
-          whole->logprobs_of = [this](const std::vector<GeneratedToken>& tokens) { return logprobs_of(tokens); };
-          whole->usage.prompt_tokens = prompt;
-          whole->id = id;
-          whole->created = created;
-          whole->request = std::move(r);
-          whole->last_write = std::chrono::steady_clock::now();
-          ++open_streams_;
-          res.set_chunked_content_provider(
-              "application/json", [whole](std::size_t, httplib::DataSink& sink) { return whole->provide(sink); },
-              [this, whole](bool success) {
-                if (!success) whole->cancel();  // the client left
-                --open_streams_;
-              });
-          return;
-        }
-        auto state = std::make_shared<StreamState>();
-        state->request = std::move(r);
-        state->streams = streams;
-        state->choices.resize(streams.size());
-        state->id = id;
-        state->created = created;
-        state->usage.prompt_tokens = prompt;
-        // One event of choice i as SSE: a text chunk, or its last chunk (an error object when it failed).
-        const auto chunk_text = [this](StreamState& st, std::size_t i, const StreamEvent& event) {
-          ChoiceState& c = st.choices[i];
-          std::string text;
-          if (!event.done) {
-            const std::vector<TokenLogprob> logprobs = logprobs_of(event.tokens);
-            text = sse(completion_chunk(st.request, st.id, st.created, event.text, "", c.first, logprobs, c.token_bytes, int(i)));
-            for (const TokenLogprob& t : logprobs) c.token_bytes += std::int64_t(t.token.size());
-            c.first = false;
-          } else if (!event.error.empty()) {
-            text = sse(error_body(ApiError(500, event.error)));
-            c.done = true;
-          } else {
-            st.usage.completion_tokens += event.completion_tokens;
-            if (i == 0) st.usage.cached_tokens = event.cached_tokens;  // the prompt's, once: the first choice's
-            text = sse(completion_chunk(st.request, st.id, st.created, event.text, openai_finish_reason(event.finish_reason),
-                                        c.first, {}, c.token_bytes, int(i)));
-            c.done = true;
-          }
-          return text;
-        };
-        res.set_header("Cache-Control", "no-cache");
-        ++open_streams_;
-        res.set_chunked_content_provider(
-            "text/event-stream",
-            [state, chunk_text](std::size_t, httplib::DataSink& sink) {
-              // Every choice's events that are ready, in choice order; when none is, a short wait
-              // on the first unfinished one.
-              std::string out;
-              for (std::size_t i = 0; i < state->streams.size(); ++i) {
-                ChoiceState& choice = state->choices[i];
-                StreamEvent event;
-                while (!choice.done && state->streams[i]->next(event, 0ms)) out += chunk_text(*state, i, event);
-              }
-              if (out.empty()) {
-                for (std::size_t i = 0; i < state->streams.size(); ++i) {
-                  if (state->choices[i].done) continue;
-                  StreamEvent event;
-                  if (state->streams[i]->next(event, 20ms)) out += chunk_text(*state, i, event);
-                  break;
-                }
-              }
-              const bool all_done = std::all_of(state->choices.begin(), state->choices.end(), [](const ChoiceState& c) { return c.done; });
-              if (all_done) {
-                if (state->request.include_usage) out += sse(usage_chunk(state->request, state->id, state->created, state->usage));
-                out += "data: [DONE]\n\n";
-              }
-              if (out.empty()) {
-                if (sink.is_writable()) return true;  // nothing yet; asked again
-                for (const auto& stream : state->streams) stream->cancel();
-                return false;
-              }
-              if (!sink.write(out.data(), out.size())) {
-                for (const auto& stream : state->streams) stream->cancel();
-                return false;
-              }
-              if (all_done) sink.done();
-              return true;
-            },
-            [this, state](bool success) {
-              if (!success)
-                for (const auto& stream : state->streams) stream->cancel();  // the client left
-              --open_streams_;
-            });
-      } catch (const ApiError& e) {
-        send_error(res, e);
-      }
-    };
-  };
-  s.Post("/v1/completions", completion(Endpoint::Completions));
-  s.Post("/v1/chat/completions", completion(Endpoint::ChatCompletions));
-  s.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    const json model = {{"id", options_.model_name}, {"object", "model"}, {"created", now_seconds()},
-                        {"owned_by", "asynct"}, {"max_model_len", options_.context}};
-    res.set_content(text_of(json{{"object", "list"}, {"data", json::array({model})}}), "application/json");
+  // Before a body is read: every request's shared checks.
+  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return check_request(req, res) ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
   });
-  s.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content(R"({"status":"ok"})", "application/json");
-  });
-  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4");
-  });
+  s.set_logger([](const httplib::Request& req, const httplib::Response& res) { log_access(req, res); });
+  for (const Route& route : routes()) {
+    const std::string pattern = route.path[std::string(route.path).size() - 1] == '/' ? std::string(route.path) + "(.+)" : route.path;
+    const Handler handle = route.handle;
+    if (std::string(route.method) == "POST") {
+      s.Post(pattern, [this, handle](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+        std::string body;
+        if (read_body(req, res, reader, body)) run(handle, req, res, body);
+      });
+    } else {
+      s.Get(pattern, [this, handle](const httplib::Request& req, httplib::Response& res) { run(handle, req, res, ""); });
+    }
+  }
   s.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown error";
     try {
@@ -337,9 +254,9 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
     }
     send_error(res, ApiError(500, "internal error: " + what));
   });
-  // httplib's own answers (no such route, a body over the limit) as OpenAI error objects.
+  // httplib's own answers (a request it cannot parse) as OpenAI error objects.
   s.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
+    if (!res.body.empty() || res.content_provider_) return;
     const std::string message = res.status == 404   ? "no route " + req.method + " " + req.path
                                 : res.status == 413 ? "the request body is over the server's limit"
                                                     : "the request failed (HTTP " + std::to_string(res.status) + ")";
@@ -348,6 +265,77 @@ HttpServer::HttpServer(EngineWorker& worker, const ModelText& text, ServerMetric
 }
 
 HttpServer::~HttpServer() = default;
+
+void HttpServer::run(Handler handle, const httplib::Request& req, httplib::Response& res, const std::string& body) {
+  try {
+    (this->*handle)(req, res, body);
+  } catch (const ApiError& e) {
+    send_error(res, e);
+  }
+}
+
+void HttpServer::handle_completions(const httplib::Request&, httplib::Response& res, const std::string& body) {
+  complete(Endpoint::Completions, body, res);
+}
+
+void HttpServer::handle_chat_completions(const httplib::Request&, httplib::Response& res, const std::string& body) {
+  complete(Endpoint::ChatCompletions, body, res);
+}
+
+json HttpServer::model_object() const {
+  return {{"id", options_.model_name}, {"object", "model"}, {"created", now_seconds()},
+          {"owned_by", "asynct"}, {"max_model_len", options_.context}};
+}
+
+void HttpServer::handle_models(const httplib::Request&, httplib::Response& res, const std::string&) {
+  res.set_content(text_of(json{{"object", "list"}, {"data", json::array({model_object()})}}), "application/json");
+}
+
+void HttpServer::handle_model(const httplib::Request& req, httplib::Response& res, const std::string&) {
+  const std::string id = req.matches.size() > 1 ? req.matches[1].str() : "";
+  if (id != options_.model_name)
+    throw ApiError(404, "The model '" + id + "' does not exist; this server serves '" + options_.model_name + "'", "model");
+  res.set_content(text_of(model_object()), "application/json");
+}
+
+void HttpServer::handle_tokenize(const httplib::Request&, httplib::Response& res, const std::string& body) {
+  const TokenizeRequest r = parse_tokenize_request(body, options_.model_name);
+  std::vector<std::int32_t> ids;
+  {
+    const std::lock_guard<std::mutex> lock(text_mutex_);
+    try {
+      if (r.chat) {
+        if (!text_.has_chat_template()) throw ApiError(400, "this model has no chat template: tokenize a prompt", "messages");
+        ids = text_.chat_ids(r.messages, r.add_generation_prompt);
+      } else {
+        ids = text_.prompt_ids(r.prompt, "prompt", r.add_special_tokens);
+      }
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), r.chat ? "messages" : "prompt");
+    }
+  }
+  res.set_content(text_of(json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", options_.context}}), "application/json");
+}
+
+void HttpServer::handle_detokenize(const httplib::Request&, httplib::Response& res, const std::string& body) {
+  const std::int32_t vocab = std::min(options_.vocab_size, text_.vocab_size());
+  const std::vector<std::int32_t> ids = parse_detokenize_request(body, options_.model_name, vocab);
+  std::string text;
+  for (const std::int32_t id : ids) text += text_.token_bytes(id);
+  res.set_content(text_of(json{{"prompt", text}}), "application/json");
+}
+
+void HttpServer::handle_health(const httplib::Request&, httplib::Response& res, const std::string&) {
+  // 503 from the first moment of draining: a load balancer stops sending before the server closes.
+  if (worker_.draining())
+    write_error(res, ApiError(503, "the server is shutting down"));
+  else
+    res.set_content(R"({"status":"ok"})", "application/json");
+}
+
+void HttpServer::handle_metrics(const httplib::Request&, httplib::Response& res, const std::string&) {
+  res.set_content(metrics_.prometheus_text(), "text/plain; version=0.0.4");
+}
 
 int HttpServer::bind() {
   const int port = options_.port == 0 ? server_->bind_to_any_port(options_.host)

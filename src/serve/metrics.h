@@ -3,7 +3,7 @@
 // method is thread-safe.
 //
 //   asynct_requests_total{finish_reason}       requests that ended: stop, length, abort, error
-//   asynct_http_errors_total{status}           requests answered with an error status (400, 404, 413, 429, 503, 500)
+//   asynct_http_errors_total{status}           requests answered with an error status (400, 401, 404, 405, 413, 429, 503, 500)
 //   asynct_prompt_tokens_total, asynct_generation_tokens_total
 //   asynct_requests_running, asynct_requests_waiting     sequences in the engine after its last step
 //   asynct_kv_blocks_used, asynct_kv_blocks              KV cache blocks held by requests, and in all

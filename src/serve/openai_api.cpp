@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <random>
 
 namespace asynct::serve {
 namespace {
@@ -12,6 +13,12 @@ using json = nlohmann::ordered_json;
 constexpr int kMaxStopStrings = 4;  // OpenAI's limit
 
 ApiError bad(const std::string& param, const std::string& message) { return ApiError(400, message, param); }
+
+// 64 bits of fresh entropy (std::random_device gives 32 a call).
+std::uint64_t fresh_seed() {
+  thread_local std::random_device device;
+  return (std::uint64_t(device()) << 32) ^ std::uint64_t(device());
+}
 
 const char* type_name(const json& v) {
   switch (v.type()) {
@@ -125,6 +132,19 @@ std::vector<std::string> stop_strings(const json& body) {
   return out;
 }
 
+// A prompt's token ids: a non-empty list of integers in [0, 2^31).
+std::vector<std::int32_t> token_ids(const json& list, const std::string& param) {
+  if (list.empty()) throw bad("prompt", param + " is empty");
+  std::vector<std::int32_t> ids;
+  ids.reserve(list.size());
+  for (const json& id : list) {
+    if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
+      throw bad("prompt", param + " must be a string or a list of token ids (integers >= 0), and holds " + id.dump().substr(0, 32));
+    ids.push_back(std::int32_t(id.get<std::int64_t>()));
+  }
+  return ids;
+}
+
 // A field asynct reads but does not implement yet: an error unless it has its neutral value.
 void refuse_unless_neutral(const json& body, const char* name, const json& neutral, const std::string& why) {
   const json* v = field(body, name);
@@ -136,7 +156,8 @@ json base_object(const CompletionRequest& r, const std::string& id, std::int64_t
   return json{{"id", id},
               {"object", chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
               {"created", created},
-              {"model", r.model}};
+              {"model", r.model},
+              {"system_fingerprint", r.system_fingerprint.empty() ? json(nullptr) : json(r.system_fingerprint)}};
 }
 
 json usage_json(const Usage& u) {
@@ -191,6 +212,59 @@ ApiError::ApiError(int status_, std::string message, std::string param_, std::st
 json error_body(const ApiError& e) {
   return {{"error", {{"message", e.what()}, {"type", e.type}, {"param", e.param.empty() ? json(nullptr) : json(e.param)},
                      {"code", nullptr}}}};
+}
+
+json parse_messages(const json& body) { return chat_messages(body); }
+
+namespace {
+
+// A tokenize / detokenize body: a JSON object whose model, when named, is the one served.
+json tool_body(const std::string& text, const std::string& served_model) {
+  json body;
+  try {
+    body = json::parse(text);
+  } catch (const json::exception& e) {
+    throw ApiError(400, std::string("the body is not valid JSON: ") + e.what());
+  }
+  if (!body.is_object()) throw ApiError(400, std::string("the body must be a JSON object, not ") + type_name(body));
+  const std::string model = string_field(body, "model");
+  if (!model.empty() && model != served_model)
+    throw ApiError(404, "The model '" + model + "' does not exist; this server serves '" + served_model + "'", "model");
+  return body;
+}
+
+}  // namespace
+
+TokenizeRequest parse_tokenize_request(const std::string& text, const std::string& served_model) {
+  const json body = tool_body(text, served_model);
+  TokenizeRequest r;
+  r.chat = field(body, "messages") != nullptr;
+  if (r.chat == (field(body, "prompt") != nullptr)) throw bad("prompt", "give either prompt (a string) or messages");
+  if (r.chat) {
+    r.messages = chat_messages(body);
+    r.add_generation_prompt = boolean(body, "add_generation_prompt").value_or(true);
+  } else {
+    const json* p = field(body, "prompt");
+    if (!p->is_string()) throw bad("prompt", std::string("prompt must be a string, not ") + type_name(*p));
+    r.prompt = p->get<std::string>();
+    r.add_special_tokens = boolean(body, "add_special_tokens").value_or(true);
+  }
+  return r;
+}
+
+std::vector<std::int32_t> parse_detokenize_request(const std::string& text, const std::string& served_model,
+                                                   std::int32_t vocab_size) {
+  const json body = tool_body(text, served_model);
+  const json* tokens = field(body, "tokens");
+  if (!tokens) throw bad("tokens", "tokens is missing");
+  if (!tokens->is_array()) throw bad("tokens", std::string("tokens must be a list of token ids, not ") + type_name(*tokens));
+  std::vector<std::int32_t> ids;
+  for (const json& id : *tokens) {
+    if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() >= vocab_size)
+      throw bad("tokens", "tokens must hold token ids in [0, " + std::to_string(vocab_size) + "), and holds " + id.dump().substr(0, 32));
+    ids.push_back(std::int32_t(id.get<std::int64_t>()));
+  }
+  return ids;
 }
 
 std::optional<PromptIdsApart> prompt_ids_apart(const std::string& body) {
@@ -281,21 +355,26 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
     if (!p) throw bad("prompt", "prompt is missing");
     if (apart && p->is_array() && p->empty()) {
       // The ids read apart (unless a later "prompt" spelled with escapes replaced the [] left for them).
-      r.prompt_ids = std::move(apart->ids);
-    } else {
-      if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
-      if (p->is_array()) {  // token ids
-        if (p->empty()) throw bad("prompt", "prompt is empty");
-        for (const json& id : *p) {
-          if (!id.is_number_integer() || id.get<std::int64_t>() < 0 || id.get<std::int64_t>() > std::numeric_limits<std::int32_t>::max())
-            throw bad("prompt", "prompt must be a string or a list of token ids (integers >= 0), and holds " + id.dump());
-          r.prompt_ids.push_back(std::int32_t(id.get<std::int64_t>()));
-        }
-      } else if (p->is_string()) {
-        r.prompt = p->get<std::string>();
-      } else {
-        throw bad("prompt", std::string("prompt must be a string or a list of token ids (one prompt a request), not ") + type_name(*p));
+      r.prompts.push_back({"", std::move(apart->ids)});
+    } else if (p->is_string()) {
+      r.prompts.push_back({p->get<std::string>(), {}});
+    } else if (!p->is_array()) {
+      throw bad("prompt", std::string("prompt must be a string, token ids or a list of either, not ") + type_name(*p));
+    } else if (p->empty()) {
+      throw bad("prompt", "prompt is empty");
+    } else if (p->front().is_string() || p->front().is_array()) {  // several prompts
+      for (std::size_t i = 0; i < p->size(); ++i) {
+        const json& one = (*p)[i];
+        const std::string param = "prompt[" + std::to_string(i) + "]";
+        if (one.is_string() && p->front().is_string())
+          r.prompts.push_back({one.get<std::string>(), {}});
+        else if (one.is_array() && p->front().is_array())
+          r.prompts.push_back({"", token_ids(one, param)});
+        else
+          throw bad("prompt", "prompt must be a list of strings or a list of token-id lists, and " + param + " is " + type_name(one));
       }
+    } else {
+      r.prompts.push_back({"", token_ids(*p, "prompt")});
     }
   }
 
@@ -319,6 +398,8 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   if (seed) {
     if (!seed->is_number_integer()) throw bad("seed", std::string("seed must be an integer, not ") + type_name(*seed));
     s.seed = seed->is_number_unsigned() ? seed->get<std::uint64_t>() : std::uint64_t(seed->get<std::int64_t>());
+  } else {
+    s.seed = fresh_seed();  // without a seed every request draws anew
   }
   r.stop = stop_strings(body);
   r.stream = boolean(body, "stream").value_or(false);
@@ -341,6 +422,17 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   refuse_unless_neutral(body, "best_of", json(1), "is not supported (one choice a request)");
   refuse_unless_neutral(body, "suffix", json(nullptr), "is not supported");
   if (chat && field(body, "tools") && !field(body, "tools")->empty()) throw bad("tools", "tools are not supported yet");
+  // Fields OpenAI honours that asynct does not implement yet: refused unless neutral, never ignored.
+  if (const json* v = field(body, "response_format"); v && *v != json{{"type", "text"}})
+    throw bad("response_format", "response_format " + v->dump().substr(0, 64) + " is not supported yet (only {\"type\": \"text\"})");
+  if (const json* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
+    throw bad("logit_bias", "logit_bias is not supported yet");
+  if (const json* v = field(body, "functions"); v && !(v->is_array() && v->empty()))
+    throw bad("functions", "functions are not supported yet");
+  if (const json* v = field(body, "function_call"); v && *v != json("none"))
+    throw bad("function_call", "function_call is not supported yet");
+  if (const json* v = field(body, "tool_choice"); v && *v != json("none"))
+    throw bad("tool_choice", "tool_choice is not supported yet (tools are not)");
   validate_sampling(s);  // the engine's own ranges (a backstop: the checks above are stricter)
   return r;
 }

@@ -1,16 +1,20 @@
-// The OpenAI API's completions and chat completions as asynct serves them: a request body in,
-// checked field by field; the response bodies and stream chunks out. No I/O: the HTTP server
+// The OpenAI API's completions and chat completions as asynct serves them (and vLLM's tokenize
+// and detokenize bodies): a request body in, checked field by field; the response bodies and
+// stream chunks out. No I/O: the HTTP server
 // (serve/http_server.h) moves the bytes, the engine worker (serve/engine_worker.h) the tokens.
 //
-// Fields read (others are ignored, as OpenAI ignores unknown ones): model, prompt (a string, or
-// token ids as OpenAI also takes them) or messages (role system / user / assistant, content a
+// Fields read (others are ignored, as OpenAI ignores unknown ones): model, prompt (a string,
+// token ids, or a list of either: several prompts, whose choices are indexed prompt * n + j and
+// whose usage adds up) or messages (role system / user / assistant, content a
 // string or a list of text parts), max_tokens (chat also max_completion_tokens), temperature,
 // top_p, top_k, min_p, presence / frequency / repetition penalty, seed, stop (a string or up to
 // 4), stream, stream_options.include_usage, n, logprobs (completions: how many top ones, 0-20;
 // chat: true, with top_logprobs 0-20), and vLLM's ignore_eos (for benchmarks). A wrong type or a
 // value out of range is an ApiError 400 naming the field, with OpenAI's error object; so is a
-// field asynct does not implement yet (tools, echo, best_of, suffix), rather than a silent
-// approximation. n > 1 asks for n choices (seeds seed, seed + 1, ...).
+// field asynct does not implement yet (tools, echo, best_of, suffix, and unless neutral
+// response_format, logit_bias, functions, function_call, tool_choice), rather than a silent
+// approximation. n > 1 asks for n choices (seeds seed, seed + 1, ...). Without a seed, a request
+// draws its seed from std::random_device (64 bits): sampled answers differ from one to the next.
 //
 // Defaults as OpenAI's: temperature 1, top_p 1; max_tokens 16 for completions, for chat the
 // rest of the model's context.
@@ -43,8 +47,12 @@ enum class Endpoint { Completions, ChatCompletions };
 struct CompletionRequest {
   Endpoint endpoint = Endpoint::Completions;
   std::string model;
-  std::string prompt;                        // completions: text ...
-  std::vector<std::int32_t> prompt_ids;      // ... or token ids (then prompt is empty)
+  // Completions: one or more prompts, each text or token ids (then its text is empty).
+  struct Prompt {
+    std::string text;
+    std::vector<std::int32_t> ids;
+  };
+  std::vector<Prompt> prompts;
   nlohmann::ordered_json messages;           // chat: [{role, content (a string)}]
   int max_tokens = 0;                        // 0: not given (the endpoint's default)
   SamplingParams sampling;
@@ -52,12 +60,31 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;
   bool ignore_eos = false;                   // generate max_tokens whatever the model says
-  int n = 1;                                 // choices
+  int n = 1;                                 // choices a prompt: choice j of prompt i is index i * n + j
+  std::string system_fingerprint;            // the server's (set by it), in every body and chunk
 };
 
 // Parses and checks a request body (served_model: the name /v1/models lists; a request for
 // another model is a 404). Throws ApiError.
 CompletionRequest parse_completion_request(Endpoint endpoint, const std::string& body, const std::string& served_model);
+
+// A chat body's "messages", checked as the chat route checks them: [{role, content (a string)}].
+// Throws ApiError.
+nlohmann::ordered_json parse_messages(const nlohmann::ordered_json& body);
+
+// POST /tokenize (vLLM's): {"model"?, "prompt": text, "add_special_tokens"? (true)} or
+// {"model"?, "messages": [...], "add_generation_prompt"? (true)}. Throws ApiError.
+struct TokenizeRequest {
+  bool chat = false;  // messages, not a prompt
+  std::string prompt;
+  nlohmann::ordered_json messages;
+  bool add_special_tokens = true;
+  bool add_generation_prompt = true;
+};
+TokenizeRequest parse_tokenize_request(const std::string& body, const std::string& served_model);
+// POST /detokenize (vLLM's): {"model"?, "tokens": [ids]}, each id in [0, vocab_size). Throws ApiError.
+std::vector<std::int32_t> parse_detokenize_request(const std::string& body, const std::string& served_model,
+                                                   std::int32_t vocab_size);
 
 // A completions body whose token-id prompt was read apart: `body` with that array replaced by
 // [], and its ids. nlohmann-json takes ~0.1 us an id (a 4160-id body ~0.45 ms on the

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -97,6 +98,38 @@ TEST(Cli, OutOfRangeAndMalformedNumbersGiveReadableErrors) {
   EXPECT_TRUE(contains(abc.err, "integer")) << abc.describe();
 }
 
+// serve's API key (--api-key, or ASYNCT_API_KEY read at the command line's edge) and CORS
+// origins are checked before anything loads; the error names the option, never echoes a key.
+TEST(Cli, ServeApiKeyAndAllowedOriginsAreChecked) {
+  Scratch s;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"serve", "--model", "m", "--api-key", ""}, "--api-key"},
+      {{"serve", "--model", "m", "--api-key", "two words"}, "--api-key"},
+      {{"serve", "--model", "m", "--api-key", std::string(300, 'k')}, "--api-key"},
+      {{"serve", "--model", "m", "--allowed-origins", "example.com"}, "--allowed-origins"},
+      {{"serve", "--model", "m", "--allowed-origins", "https://a.example/"}, "--allowed-origins"},
+      {{"serve", "--model", "m", "--allowed-origins", "https://a.example,,*"}, "--allowed-origins"}};
+  for (const auto& [args, option] : cases) {
+    const Outcome o = run_asynct(args, s.dir());
+    SCOPED_TRACE(args[3] + " '" + args[4] + "'");
+    EXPECT_EQ(o.code, 1) << o.describe();
+    EXPECT_TRUE(contains(o.err, option)) << o.describe();
+    EXPECT_LT(o.err.size(), 600u) << o.describe();
+  }
+  // Good values pass the checks: the run ends at the model, which does not exist.
+  const Outcome good = run_asynct({"serve", "--model", "nowhere", "--api-key", "k-1", "--allowed-origins",
+                                   "https://a.example,http://localhost:3000,*"}, s.dir());
+  EXPECT_EQ(good.code, 2) << good.describe();
+  EXPECT_TRUE(contains(good.err, "nowhere")) << good.describe();
+  // The environment's key, checked the same way.
+  setenv("ASYNCT_API_KEY", "has space", 1);
+  const Outcome env = run_asynct({"serve", "--model", "nowhere"}, s.dir());
+  unsetenv("ASYNCT_API_KEY");
+  EXPECT_EQ(env.code, 2) << env.describe();
+  EXPECT_TRUE(contains(env.err, "ASYNCT_API_KEY")) << env.describe();
+  EXPECT_FALSE(contains(env.err, "has space")) << env.describe();
+}
+
 TEST(Cli, HelpShowsEveryDefault) {
   Scratch s;
   for (const char* command : {"generate", "bench", "demo", "init-checkpoint", "serve", "perplexity"}) {
@@ -113,7 +146,7 @@ TEST(Cli, HelpShowsEveryDefault) {
       // Options whose absence is the default: their descriptions say what that means.
       static const std::set<std::string> unset = {"--model", "--prompt", "--prompt-ids", "--system", "--logprobs", "--stop",
                                                    "--stop-token-id", "--logits", "--out", "--scenario", "--json", "--eos",
-                                                   "--served-model-name", "--file"};
+                                                   "--served-model-name", "--api-key", "--allowed-origins", "--file"};
       if (unset.count(m[1])) continue;
       EXPECT_NE(m[2].str().find('='), std::string::npos) << command << ": no default shown in\n" << line;
     }

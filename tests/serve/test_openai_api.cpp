@@ -29,7 +29,8 @@ std::pair<int, std::string> refusal(Endpoint e, const std::string& body) {
 
 TEST(OpenAiApi, DefaultsAreOpenAis) {
   const CompletionRequest c = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", "hi"}});
-  EXPECT_EQ(c.prompt, "hi");
+  ASSERT_EQ(c.prompts.size(), 1u);
+  EXPECT_EQ(c.prompts[0].text, "hi");
   EXPECT_EQ(c.max_tokens, 16);
   EXPECT_EQ(c.sampling.temperature, 1.0f);
   EXPECT_EQ(c.sampling.top_p, 1.0f);
@@ -58,9 +59,29 @@ TEST(OpenAiApi, ReadsEveryField) {
   EXPECT_TRUE(r.stream && r.include_usage);
   EXPECT_EQ(parse(Endpoint::Completions, {{"model", "m"}, {"prompt", {"one"}}, {"top_k", -1}}).sampling.top_k, 0);
   const CompletionRequest ids = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", {5, 0, 7}}, {"ignore_eos", true}});
-  EXPECT_EQ(ids.prompt_ids, (std::vector<std::int32_t>{5, 0, 7}));
-  EXPECT_TRUE(ids.prompt.empty() && ids.ignore_eos);
-  EXPECT_EQ(parse(Endpoint::Completions, {{"model", "m"}, {"prompt", {{3, 4}}}}).prompt_ids, (std::vector<std::int32_t>{3, 4}));
+  EXPECT_EQ(ids.prompts.at(0).ids, (std::vector<std::int32_t>{5, 0, 7}));
+  EXPECT_TRUE(ids.prompts[0].text.empty() && ids.ignore_eos);
+  EXPECT_EQ(parse(Endpoint::Completions, {{"model", "m"}, {"prompt", {{3, 4}}}}).prompts.at(0).ids, (std::vector<std::int32_t>{3, 4}));
+  // Several prompts: a list of strings, or of token-id lists.
+  const CompletionRequest texts = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", {"a", "b", "c"}}, {"n", 2}});
+  ASSERT_EQ(texts.prompts.size(), 3u);
+  EXPECT_EQ(texts.prompts[2].text, "c");
+  EXPECT_EQ(texts.n, 2);
+  const CompletionRequest lists = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", {{1, 2}, {3}}}});
+  ASSERT_EQ(lists.prompts.size(), 2u);
+  EXPECT_EQ(lists.prompts[1].ids, (std::vector<std::int32_t>{3}));
+}
+
+TEST(OpenAiApi, SeedlessRequestsDrawFreshSeeds) {
+  const json body = {{"model", "m"}, {"prompt", "hi"}};
+  const std::uint64_t a = parse(Endpoint::Completions, body).sampling.seed;
+  const std::uint64_t b = parse(Endpoint::Completions, body).sampling.seed;
+  const std::uint64_t c = parse(Endpoint::Completions, body).sampling.seed;
+  EXPECT_FALSE(a == b && b == c);  // 64 random bits each: equal by chance once in 2^64
+  json seeded = body;
+  seeded["seed"] = 99;
+  EXPECT_EQ(parse(Endpoint::Completions, seeded).sampling.seed, 99u);
+  EXPECT_EQ(parse(Endpoint::Completions, seeded).sampling.seed, 99u);
 }
 
 TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
@@ -72,7 +93,10 @@ TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
   EXPECT_EQ(completions(R"({"model": "other", "prompt": "hi"})"), (std::pair<int, std::string>{404, "model"}));
   EXPECT_EQ(completions(R"({"model": "m"})"), (std::pair<int, std::string>{400, "prompt"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": 5})"), (std::pair<int, std::string>{400, "prompt"}));
-  EXPECT_EQ(completions(R"({"model": "m", "prompt": ["a", "b"]})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": ["a", [1]]})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": [[1], "a"]})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": [[1], []]})"), (std::pair<int, std::string>{400, "prompt"}));
+  EXPECT_EQ(completions(R"({"model": "m", "prompt": [[1], [-1]]})"), (std::pair<int, std::string>{400, "prompt"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": [1, -2]})"), (std::pair<int, std::string>{400, "prompt"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": [1, 2.5]})"), (std::pair<int, std::string>{400, "prompt"}));
   EXPECT_EQ(completions(R"({"model": "m", "prompt": []})"), (std::pair<int, std::string>{400, "prompt"}));
@@ -112,6 +136,72 @@ TEST(OpenAiApi, RefusesBadBodiesNamingTheField) {
   // Neutral values of what asynct does not implement are fine.
   EXPECT_EQ(chat(R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": false, "n": 1, "tools": []})"),
             (std::pair<int, std::string>{0, "accepted"}));
+}
+
+// Fields OpenAI honours and asynct does not implement yet: a 400 naming the field unless neutral.
+TEST(OpenAiApi, RefusesUnimplementedFieldsUnlessNeutral) {
+  const std::string chat_head = R"({"model": "m", "messages": [{"role": "user", "content": "x"}], )";
+  const auto chat = [&](const std::string& rest) { return refusal(Endpoint::ChatCompletions, chat_head + rest + "}"); };
+  const auto completions = [](const std::string& rest) {
+    return refusal(Endpoint::Completions, R"({"model": "m", "prompt": "x", )" + rest + "}");
+  };
+  using R = std::pair<int, std::string>;
+  EXPECT_EQ(chat(R"("response_format": {"type": "json_object"})"), (R{400, "response_format"}));
+  EXPECT_EQ(chat(R"("response_format": {"type": "json_schema", "json_schema": {}})"), (R{400, "response_format"}));
+  EXPECT_EQ(chat(R"("response_format": "text")"), (R{400, "response_format"}));
+  EXPECT_EQ(chat(R"("logit_bias": {"50256": -100})"), (R{400, "logit_bias"}));
+  EXPECT_EQ(completions(R"("logit_bias": {"50256": -100})"), (R{400, "logit_bias"}));
+  EXPECT_EQ(chat(R"("logit_bias": [])"), (R{400, "logit_bias"}));
+  EXPECT_EQ(chat(R"("functions": [{"name": "f"}])"), (R{400, "functions"}));
+  EXPECT_EQ(chat(R"("function_call": "auto")"), (R{400, "function_call"}));
+  EXPECT_EQ(chat(R"("function_call": {"name": "f"})"), (R{400, "function_call"}));
+  EXPECT_EQ(chat(R"("tool_choice": "auto")"), (R{400, "tool_choice"}));
+  EXPECT_EQ(chat(R"("tool_choice": "required")"), (R{400, "tool_choice"}));
+  EXPECT_EQ(chat(R"("tool_choice": {"type": "function", "function": {"name": "f"}})"), (R{400, "tool_choice"}));
+  // Their neutral values (and null) are accepted.
+  EXPECT_EQ(chat(R"("response_format": {"type": "text"}, "logit_bias": {}, "functions": [], "function_call": "none",
+                  "tool_choice": "none")"),
+            (R{0, "accepted"}));
+  EXPECT_EQ(chat(R"("response_format": null, "logit_bias": null, "functions": null, "function_call": null, "tool_choice": null)"),
+            (R{0, "accepted"}));
+  EXPECT_EQ(completions(R"("logit_bias": {})"), (R{0, "accepted"}));
+}
+
+// POST /tokenize and /detokenize bodies, in vLLM's shapes.
+TEST(OpenAiApi, TokenizeAndDetokenizeBodies) {
+  const TokenizeRequest prompt = parse_tokenize_request(R"({"model": "m", "prompt": "hi", "add_special_tokens": false})", "m");
+  EXPECT_FALSE(prompt.chat);
+  EXPECT_EQ(prompt.prompt, "hi");
+  EXPECT_FALSE(prompt.add_special_tokens);
+  const TokenizeRequest chat = parse_tokenize_request(R"({"messages": [{"role": "user", "content": "hi"}]})", "m");
+  EXPECT_TRUE(chat.chat && chat.add_generation_prompt);
+  EXPECT_EQ(chat.messages[0]["content"], "hi");
+  const auto tokenize_refusal = [](const std::string& body) -> std::pair<int, std::string> {
+    try {
+      parse_tokenize_request(body, "m");
+    } catch (const ApiError& e) {
+      return {e.status, e.param};
+    }
+    return {0, "accepted"};
+  };
+  using R = std::pair<int, std::string>;
+  EXPECT_EQ(tokenize_refusal(R"({})"), (R{400, "prompt"}));
+  EXPECT_EQ(tokenize_refusal(R"({"prompt": "a", "messages": []})"), (R{400, "prompt"}));
+  EXPECT_EQ(tokenize_refusal(R"({"prompt": 5})"), (R{400, "prompt"}));
+  EXPECT_EQ(tokenize_refusal(R"({"prompt": "a", "model": "other"})"), (R{404, "model"}));
+  EXPECT_EQ(tokenize_refusal(R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": "yes"})"),
+            (R{400, "add_generation_prompt"}));
+  EXPECT_EQ(tokenize_refusal("[1]"), (R{400, ""}));
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens": [0, 5, 9]})", "m", 10), (std::vector<std::int32_t>{0, 5, 9}));
+  EXPECT_TRUE(parse_detokenize_request(R"({"tokens": []})", "m", 10).empty());
+  for (const char* body : {R"({"tokens": [10]})", R"({"tokens": [-1]})", R"({"tokens": [1.5]})", R"({"tokens": "1"})", R"({})"}) {
+    try {
+      parse_detokenize_request(body, "m", 10);
+      ADD_FAILURE() << body << " accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(std::make_pair(e.status, e.param), (R{400, "tokens"})) << body;
+    }
+  }
 }
 
 // A token-id prompt read apart from the rest of the body gives what nlohmann-json gives for the
@@ -173,11 +263,11 @@ TEST(OpenAiApi, TokenIdPromptsReadApartParseAsTheWholeBody) {
   }
   // Through the request parser: the ids read apart, or the later escaped "prompt" that replaced them.
   const auto request = [](const std::string& body) { return parse_completion_request(Endpoint::Completions, body, "m"); };
-  EXPECT_EQ(request(R"({"model": "m", "prompt": [1, 2, 3]})").prompt_ids, (std::vector<std::int32_t>{1, 2, 3}));
+  EXPECT_EQ(request(R"({"model": "m", "prompt": [1, 2, 3]})").prompts.at(0).ids, (std::vector<std::int32_t>{1, 2, 3}));
   const CompletionRequest later = request(R"({"model": "m", "prompt": [1], "pr\u006fmpt": "later"})");
-  EXPECT_EQ(later.prompt, "later");
-  EXPECT_TRUE(later.prompt_ids.empty());
-  EXPECT_EQ(request(R"({"model": "m", "pr\u006fmpt": "earlier", "prompt": [3, 4]})").prompt_ids, (std::vector<std::int32_t>{3, 4}));
+  EXPECT_EQ(later.prompts.at(0).text, "later");
+  EXPECT_TRUE(later.prompts[0].ids.empty());
+  EXPECT_EQ(request(R"({"model": "m", "pr\u006fmpt": "earlier", "prompt": [3, 4]})").prompts.at(0).ids, (std::vector<std::int32_t>{3, 4}));
   // Malformed elsewhere: read apart, and invalid either way (the error then names the body as sent).
   EXPECT_TRUE(same_as_whole(R"({"model": "m", "prompt": [1, 2], "temperature": })"));
   EXPECT_EQ(refusal(Endpoint::Completions, R"({"model": "m", "prompt": [1, 2], "temperature": })"), (std::pair<int, std::string>{400, ""}));
@@ -260,6 +350,13 @@ TEST(OpenAiApi, ResponsesAndChunksHaveOpenAisShape) {
   EXPECT_EQ(two["choices"][1]["text"], "b");
   EXPECT_EQ(two["usage"]["total_tokens"], 7);
   EXPECT_EQ(parse(Endpoint::Completions, {{"model", "m"}, {"prompt", "hi"}, {"n", 3}}).n, 3);
+  // The server's fingerprint in every body and chunk (null until it sets one).
+  EXPECT_TRUE(two["system_fingerprint"].is_null());
+  CompletionRequest printed = text;
+  printed.system_fingerprint = "fp_x";
+  EXPECT_EQ(completion_response(printed, "c", 1, "x", "length", Usage{})["system_fingerprint"], "fp_x");
+  EXPECT_EQ(completion_chunk(printed, "c", 1, "y", "", true)["system_fingerprint"], "fp_x");
+  EXPECT_EQ(usage_chunk(printed, "c", 1, Usage{})["system_fingerprint"], "fp_x");
   // Logprobs: completions' legacy layout, chat's content list; null when not asked.
   const std::vector<TokenLogprob> lp = {{"He", -0.5f, {{"He", -0.5f}, {"A", -1.5f}}}, {"llo", -0.25f, {{"llo", -0.25f}, {"y", -2.0f}}}};
   const CompletionRequest with = parse(Endpoint::Completions, {{"model", "m"}, {"prompt", "hi"}, {"logprobs", 2}});

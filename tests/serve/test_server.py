@@ -12,9 +12,15 @@ Checked:
   prompt (greedy, and seeded sampling), usage counts, finish reasons, stop strings;
 - 32 concurrent streams, 8 closed mid-stream: every finished one complete and equal to its
   request alone, the server alive after; a whole response's client that leaves ends its request;
-- bad requests, each with its status and OpenAI's error object;
-- 429 past the queue bound, 413 past the body limit;
-- SIGTERM: an open stream ends with finish_reason "abort" and [DONE], the server exits 0.
+- seedless sampling differs from request to request, seeded sampling repeats;
+- lists of prompts, models.retrieve, /tokenize and /detokenize, system_fingerprint;
+- bad requests, each with its status and OpenAI's error object (unimplemented fields included);
+  405 with Allow for a known route's other methods, 404 for unknown routes;
+- 429 past the queue bound, 413 past the body limit (chunked or not, the connection closed);
+- a second server with --api-key and --allowed-origins: 401s, open routes, X-Request-Id, the
+  access log, CORS preflights;
+- SIGTERM: /health turns 503, an open stream ends with finish_reason "abort" and [DONE], the
+  server exits 0.
 Every request has a timeout; every server started is stopped. Exit 77 (skipped) without the
 client or the tokenizer files.
 """
@@ -23,152 +29,14 @@ import http.client
 import json
 import os
 import re
-import shutil
 import signal
 import socket
-import struct
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-TIMEOUT = 60  # seconds for any one request
-# Seconds for a server to load its model and listen: SmolLM2 on the CPU took over 60 beside
-# another test loading it and a build on 2 cores.
-START_TIMEOUT = 300
-
-
-def write_tiny_llama(directory, tokenizer_dir):
-    """A random tiny LlamaForCausalLM (bf16 safetensors) with tokenizer_dir's tokenizer files."""
-    import random
-    vocab, hidden, layers, heads, kv_heads, inter = 49152, 64, 2, 4, 2, 128
-    head_dim = hidden // heads
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
-              "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
-              "num_key_value_heads": kv_heads, "head_dim": head_dim, "vocab_size": vocab,
-              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-              "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
-              "torch_dtype": "bfloat16"}
-    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
-                       p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
-                       p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
-                       p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
-                       p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
-                       p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
-                       p + "mlp.down_proj.weight": (hidden, inter)})
-    rng = random.Random(5)
-    header, blobs, offset = {}, [], 0
-    for name, shape in shapes.items():
-        count = 1
-        for d in shape:
-            count *= d
-        if name.endswith("norm.weight"):
-            values = [1.0] * count
-        else:
-            scale = 1.0 if "embed" in name else 0.2
-            values = [rng.gauss(0.0, scale) for _ in range(count)]
-        # bf16: the high half of each float32 (truncated; exact enough for random weights)
-        raw = struct.pack(f"<{count}f", *values)
-        blob = b"".join(raw[i + 2:i + 4] for i in range(0, len(raw), 4))
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    encoded = json.dumps(header).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "model.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(encoded)) + encoded)
-        for blob in blobs:
-            f.write(blob)
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config, f)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(directory, name))
-
-
-class Server:
-    """`asynct serve` on 127.0.0.1 at a free port, stopped on exit."""
-
-    def __init__(self, binary, model, *extra, name="tiny"):
-        # (stdout not inherited: a server left behind, by a test CTest killed, would hold CTest's pipe open.)
-        self.process = subprocess.Popen([binary, "serve", "--model", model, "--port", "0", "--served-model-name", name,
-                                         *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.port, self.log = None, []
-        try:
-            deadline = time.monotonic() + START_TIMEOUT
-            while self.port is None:
-                line = self.process.stderr.readline()
-                if not line:
-                    raise RuntimeError("asynct serve exited before listening:\n" + "".join(self.log))
-                self.log.append(line)
-                match = re.search(r"listening on http://127\.0\.0\.1:(\d+)/v1", line)
-                if match:
-                    self.port = int(match.group(1))
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"asynct serve did not listen within {START_TIMEOUT} s:\n" + "".join(self.log))
-        except BaseException:
-            self.process.kill()  # no server outlives its test
-            self.process.wait()
-            raise
-        threading.Thread(target=lambda: self.log.extend(self.process.stderr), daemon=True).start()
-
-    def url(self):
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                raise RuntimeError("asynct serve did not stop within a minute of SIGTERM")
-        return self.process.returncode
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
-
-def raw(port, method, path, body=b"", headers=None):
-    """(status, parsed JSON or text) of one plain HTTP request."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
-    connection.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
-    response = connection.getresponse()
-    data = response.read()
-    connection.close()
-    try:
-        return response.status, json.loads(data), response
-    except ValueError:
-        return response.status, data.decode(errors="replace"), response
-
-
-def generate(binary, model, prompt, max_tokens, chat=False, extra=()):
-    """What `asynct generate` prints for one text prompt (the reference for the server's text)."""
-    command = [binary, "generate", "--model", model, "--prompt", prompt, "--max-tokens", str(max_tokens), *extra]
-    if chat:
-        command.append("--chat")
-    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
-    if result.returncode != 0:
-        raise RuntimeError(f"asynct generate failed: {result.stderr}")
-    return result.stdout.rstrip("\n")
-
-
-class Checks:
-    def __init__(self):
-        self.failures = 0
-
-    def equal(self, what, got, want):
-        ok = got == want
-        self.failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {what}" + ("" if ok else f": got {got!r}, want {want!r}"), flush=True)
+from server_harness import TIMEOUT, Checks, Server, generate, raw, upload, write_tiny_llama
 
 
 def main():
@@ -247,6 +115,14 @@ def main():
             got = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0.9,
                                             extra_body={"top_k": 40}, seed=7)
             c.equal("seeded sampling = asynct generate's", got.choices[0].text, want_sampled)
+
+            # Without a seed every request draws anew: three sampled answers are not all one.
+            seedless = [client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=1.0)
+                        .choices[0].text for _ in range(3)]
+            c.equal("seedless sampling: three requests, not three equal answers", len(set(seedless)) > 1, True)
+            again = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0.9,
+                                              extra_body={"top_k": 40}, seed=7)
+            c.equal("a seeded request repeats", again.choices[0].text, want_sampled)
 
             # n choices: choice i draws with seed + i (as asynct generate's request i); greedy ones agree.
             got = client.completions.create(model="tiny", prompt=prompt, max_tokens=10, temperature=0.9,
@@ -349,7 +225,11 @@ def main():
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": []}', 400, "messages"),
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}', 400,
                  "messages[0].role"),
-                ("/v1/completions", b"x" * (100 << 20), 413, None),  # 100 MB, over --max-body-mib 1
+                ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+                                         b'"response_format": {"type": "json_object"}}', 400, "response_format"),
+                ("/v1/completions", b'{"model": "tiny", "prompt": "x", "logit_bias": {"17": 5}}', 400, "logit_bias"),
+                ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+                                         b'"tool_choice": "auto"}', 400, "tool_choice"),
             ]
             for path, body, status, param in bad:
                 got_status, payload, _ = raw(server.port, "POST", path, body)
@@ -357,7 +237,23 @@ def main():
                 c.equal(f"{body[:48]!r}... -> {status}", (got_status, error.get("param"), "message" in error),
                         (status, param, True))
 
-            # /metrics after all of it: 75 requests ended (n = 3 counts 3), nothing running or holding blocks.
+            # The body limit (--max-body-mib 1) counts bytes as they arrive, chunked or not: past it a
+            # 413 and the connection closed, the rest unread; under it, chunked works as usual.
+            status, payload, closed = upload(server.port, "/v1/completions", [b"x" * 65536] * 1024)  # 64 MiB chunked
+            c.equal("a chunked body over the limit -> 413, connection closed",
+                    (status, "message" in payload.get("error", {}) if isinstance(payload, dict) else payload, closed),
+                    (413, True, True))
+            status, payload, closed = upload(server.port, "/v1/completions", [b"x" * 65536] * 1600, chunked=False,
+                                             length=100 << 20)  # 100 MiB with Content-Length
+            c.equal("a Content-Length over the limit -> 413, connection closed",
+                    (status, "message" in payload.get("error", {}) if isinstance(payload, dict) else payload, closed),
+                    (413, True, True))
+            small = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}).encode()
+            status, payload, _ = upload(server.port, "/v1/completions", [small[:10], small[10:]])
+            c.equal("a chunked body under the limit works", (status, payload["choices"][0]["text"] if status == 200 else payload),
+                    (200, want))
+
+            # /metrics after all of it: 80 requests ended (n = 3 counts 3), nothing running or holding blocks.
             status, text, response = raw(server.port, "GET", "/metrics")
             metrics = {}
             for line in text.splitlines():
@@ -367,14 +263,148 @@ def main():
             ended = sum(v for k, v in metrics.items() if k.startswith("asynct_requests_total{"))
             c.equal("/metrics is Prometheus text", (status, response.getheader("Content-Type").split(";")[0]), (200, "text/plain"))
             c.equal("/metrics: requests ended, first tokens", (ended, metrics.get("asynct_time_to_first_token_seconds_count")),
-                    (75, 75))
+                    (80, 80))
             c.equal("/metrics: nothing running, waiting or holding KV blocks",
                     [metrics.get(k) for k in ("asynct_requests_running", "asynct_requests_waiting", "asynct_kv_blocks_used")],
                     [0, 0, 0])
             c.equal("/metrics: the chat template's shared prefix came from the prefix cache",
                     metrics.get("asynct_prefix_cache_hits_total", 0) > 0, True)
             c.equal("/metrics: errors by status", [metrics.get(f'asynct_http_errors_total{{status="{s}"}}') for s in (400, 404, 413)],
-                    [11, 1, 1])
+                    [14, 1, 2])
+
+            # Several prompts in one completion: choice j of prompt i is index i * n + j, each as the
+            # prompt alone would give it; usage adds up; streamed too; token-id lists the same.
+            pair = ["The quick brown fox", "Once upon a time"]
+            alone = [client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0) for p in pair]
+            many = client.completions.create(model="tiny", prompt=pair, max_tokens=8, temperature=0, n=2)
+            c.equal("a list of prompts, n = 2: choice i * n + j is prompt i's",
+                    [(ch.index, ch.text) for ch in many.choices],
+                    [(i * 2 + j, alone[i].choices[0].text) for i in range(2) for j in range(2)])
+            c.equal("a list of prompts: usage summed", (many.usage.prompt_tokens, many.usage.completion_tokens),
+                    (sum(a.usage.prompt_tokens for a in alone), 2 * sum(a.usage.completion_tokens for a in alone)))
+            by_index = {}
+            for ch in client.completions.create(model="tiny", prompt=pair, max_tokens=8, temperature=0, n=2, stream=True):
+                for choice in ch.choices:
+                    by_index[choice.index] = by_index.get(choice.index, "") + choice.text
+            c.equal("a list of prompts streamed: the same choices", [by_index.get(i) for i in range(4)],
+                    [ch.text for ch in many.choices])
+            id_lists = [[1000, 2000, 3000], [500, 501]]
+            want_ids = [client.completions.create(model="tiny", prompt=p, max_tokens=5, temperature=0).choices[0].text
+                        for p in id_lists]
+            got = client.completions.create(model="tiny", prompt=id_lists, max_tokens=5, temperature=0)
+            c.equal("a list of token-id lists", ([ch.text for ch in got.choices], got.usage.prompt_tokens), (want_ids, 5))
+
+            # system_fingerprint in bodies and chunks; models.retrieve.
+            fingerprints = {many.system_fingerprint} | {ch.system_fingerprint for ch in client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True)}
+            c.equal("system_fingerprint in bodies and chunks", (len(fingerprints), str(many.system_fingerprint)[:10]),
+                    (1, "fp_asynct_"))
+            c.equal("models.retrieve", (client.models.retrieve("tiny").id, client.models.retrieve("tiny").max_model_len),
+                    ("tiny", 4096))
+            try:
+                client.models.retrieve("gpt-4")
+                c.equal("models.retrieve of another model -> 404", "found", "NotFoundError")
+            except openai.NotFoundError:
+                c.equal("models.retrieve of another model -> 404", "NotFoundError", "NotFoundError")
+
+            # /tokenize and /detokenize in vLLM's shapes, against what the completions count.
+            status, tokens, _ = raw(server.port, "POST", "/tokenize", json.dumps({"model": "tiny", "prompt": prompt}).encode())
+            c.equal("/tokenize a prompt: its ids, as many as a completion counts",
+                    (status, tokens.get("count"), len(tokens.get("tokens", [])), tokens.get("max_model_len")),
+                    (200, alone[0].usage.prompt_tokens, alone[0].usage.prompt_tokens, 4096))
+            status, text, _ = raw(server.port, "POST", "/detokenize", json.dumps({"tokens": tokens["tokens"]}).encode())
+            c.equal("/detokenize gives the prompt back", (status, text), (200, {"prompt": prompt}))
+            chat_messages = [{"role": "user", "content": question}]
+            status, chat_tokens, _ = raw(server.port, "POST", "/tokenize", json.dumps({"messages": chat_messages}).encode())
+            chat_done = client.chat.completions.create(model="tiny", messages=chat_messages, max_tokens=1, temperature=0)
+            c.equal("/tokenize messages: as many as the chat counts", (status, chat_tokens.get("count")),
+                    (200, chat_done.usage.prompt_tokens))
+            status, bare, _ = raw(server.port, "POST", "/tokenize",
+                                  json.dumps({"messages": chat_messages, "add_generation_prompt": False}).encode())
+            c.equal("/tokenize messages without the generation prompt: fewer tokens",
+                    (status, 0 < bare.get("count", 0) < chat_tokens["count"]), (200, True))
+            for path, body, want in [("/detokenize", {"tokens": [5, 49152]}, (400, "tokens")),
+                                     ("/detokenize", {"tokens": "x"}, (400, "tokens")),
+                                     ("/tokenize", {"prompt": 5}, (400, "prompt")),
+                                     ("/tokenize", {"prompt": "x", "model": "gpt-4"}, (404, "model"))]:
+                status, payload, _ = raw(server.port, "POST", path, json.dumps(body).encode())
+                c.equal(f"{path} {body} -> {want[0]}", (status, payload.get("error", {}).get("param")), want)
+
+            # A known route asked with another method: 405 with Allow (a body sent with it is left
+            # unread, the connection closed); an unknown route: 404.
+            for method, path, body, want in [("GET", "/v1/completions", b"", (405, "POST")),
+                                             ("POST", "/v1/models", b'{"x": 1}', (405, "GET")),
+                                             ("DELETE", "/health", b"", (405, "GET")),
+                                             ("GET", "/v1/nothing", b"", (404, None)),
+                                             ("POST", "/v1/nothing", b"{}", (404, None))]:
+                status, payload, response = raw(server.port, method, path, body)
+                c.equal(f"{method} {path} -> {want[0]}" + (f", Allow: {want[1]}" if want[1] else ""),
+                        (status, response.getheader("Allow"), "message" in payload.get("error", {})), (*want, True))
+
+            # Without CORS configured: no CORS headers, and OPTIONS is a method no route takes.
+            status, _, response = raw(server.port, "OPTIONS", "/v1/chat/completions", b"",
+                                      {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
+            c.equal("CORS off by default: a preflight is a 405, no Allow-Origin",
+                    (status, response.getheader("Access-Control-Allow-Origin")), (405, None))
+
+        # An API key (and CORS for one origin): every route but /health and /metrics wants it.
+        with Server(args.asynct, model, "--api-key", "s3cret-key", "--allowed-origins", "https://app.example") as server:
+            keyed = openai.OpenAI(base_url=server.url(), api_key="s3cret-key", timeout=TIMEOUT, max_retries=0)
+            got = keyed.completions.create(model="tiny", prompt=pair[0], max_tokens=8, temperature=0)
+            c.equal("with the API key: served", got.choices[0].text, alone[0].choices[0].text)
+            try:
+                openai.OpenAI(base_url=server.url(), api_key="wrong", timeout=TIMEOUT, max_retries=0).models.list()
+                c.equal("a wrong API key -> 401", "served", "AuthenticationError")
+            except openai.AuthenticationError:
+                c.equal("a wrong API key -> 401", "AuthenticationError", "AuthenticationError")
+            body = json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 2}).encode()
+            for method, path, payload, headers, want_status in [
+                    ("POST", "/v1/completions", body, {}, 401),
+                    ("POST", "/v1/completions", body, {"Authorization": "Bearer s3cret-ke"}, 401),
+                    ("POST", "/v1/completions", body, {"Authorization": "Bearer s3cret-keyy"}, 401),
+                    ("POST", "/v1/completions", body, {"Authorization": "s3cret-key"}, 401),
+                    ("GET", "/v1/models", b"", {}, 401),
+                    ("GET", "/v1/nothing", b"", {}, 401),
+                    ("POST", "/tokenize", b'{"prompt": "x"}', {}, 401),
+                    ("POST", "/tokenize", b'{"prompt": "x"}', {"Authorization": "bearer s3cret-key"}, 200),
+                    ("GET", "/health", b"", {}, 200),
+                    ("GET", "/metrics", b"", {}, 200)]:
+                status, payload, response = raw(server.port, method, path, payload, headers)
+                error = payload.get("error", {}) if isinstance(payload, dict) else {}
+                c.equal(f"{method} {path} {headers or 'without a key'} -> {want_status}",
+                        (status, "message" in error if status == 401 else True), (want_status, True))
+
+            # X-Request-Id: the client's echoed when sane, else one made; the access log names it.
+            headers = {"Authorization": "Bearer s3cret-key"}
+            _, _, response = raw(server.port, "POST", "/v1/completions", body, {**headers, "X-Request-Id": "trace-42"})
+            c.equal("X-Request-Id echoed", response.getheader("X-Request-Id"), "trace-42")
+            made = [raw(server.port, "GET", "/v1/models", b"", {**headers, **extra})[2].getheader("X-Request-Id")
+                    for extra in ({}, {"X-Request-Id": "x" * 300}, {"X-Request-Id": "has space"})]
+            c.equal("X-Request-Id made when absent, too long or not printable",
+                    [bool(m) and m.startswith("req-") for m in made], [True, True, True])
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any("request_id=trace-42" in line for line in server.log):
+                time.sleep(0.1)
+            line = next((line for line in server.log if "request_id=trace-42" in line), "")
+            c.equal("the access log: method, route, status, tokens, times, request id",
+                    bool(re.search(r"POST /v1/completions 200 prompt_tokens=\d+ output_tokens=2 ttft_ms=[0-9.]+ "
+                                   r"total_ms=[0-9.]+ request_id=trace-42", line)), True)
+
+            # CORS: a preflight from the allowed origin answered without the key; another origin refused.
+            status, _, response = raw(server.port, "OPTIONS", "/v1/chat/completions", b"",
+                                      {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                                       "Access-Control-Request-Headers": "authorization, content-type"})
+            c.equal("CORS preflight from an allowed origin -> 204 with the allowed origin and method",
+                    (status, response.getheader("Access-Control-Allow-Origin"), response.getheader("Access-Control-Allow-Methods"),
+                     "Authorization" in (response.getheader("Access-Control-Allow-Headers") or "")),
+                    (204, "https://app.example", "POST", True))
+            status, _, response = raw(server.port, "OPTIONS", "/v1/chat/completions", b"",
+                                      {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+            c.equal("CORS preflight from another origin -> 403, no Allow-Origin",
+                    (status, response.getheader("Access-Control-Allow-Origin")), (403, None))
+            status, _, response = raw(server.port, "GET", "/v1/models", b"", {**headers, "Origin": "https://app.example"})
+            c.equal("a request from the allowed origin gets Access-Control-Allow-Origin",
+                    (status, response.getheader("Access-Control-Allow-Origin")), (200, "https://app.example"))
 
         # The queue bound: one sequence, none waiting; a second request while the first streams.
         with Server(args.asynct, model, "--max-num-seqs", "1", "--max-waiting", "0") as server:
@@ -387,9 +417,33 @@ def main():
             status, payload, response = raw(server.port, "POST", "/v1/completions",
                                             b'{"model": "tiny", "prompt": "x", "max_tokens": 2}')
             c.equal("past the queue bound -> 429 with Retry-After", (status, response.getheader("Retry-After")), (429, "1"))
-            # SIGTERM with the stream still open: it ends with "abort" and [DONE]; exit 0.
+            # SIGTERM with the stream still open: it ends with "abort" and [DONE]; exit 0. /health,
+            # asked over and over from before the signal, answers 503 from the moment draining begins.
+            health, polling = [], threading.Event()
+
+            def poll_health():
+                try:
+                    while True:  # a connection a request: httplib closes a kept-alive one after 5
+                        poller = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+                        poller.request("GET", "/health")
+                        response = poller.getresponse()
+                        response.read()
+                        poller.close()
+                        health.append(response.status)
+                        polling.set()
+                except (OSError, http.client.HTTPException):
+                    pass  # the server has closed
+                finally:
+                    polling.set()
+            poller = threading.Thread(target=poll_health, daemon=True)
+            poller.start()
+            polling.wait(TIMEOUT)
             server.process.send_signal(signal.SIGTERM)
             rest = first.read().decode()
+            poller.join(TIMEOUT)
+            c.equal("/health: 200 before SIGTERM, then 503 while draining",
+                    (health[:1], 503 in health, 200 not in health[health.index(503):] if 503 in health else None),
+                    ([200], True, True))
             c.equal("SIGTERM ends the open stream", ('"finish_reason":"abort"' in rest, rest.rstrip().endswith("data: [DONE]")),
                     (True, True))
             c.equal("the server exits 0 after SIGTERM", server.stop(), 0)

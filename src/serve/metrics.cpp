@@ -107,6 +107,12 @@ std::string ServerMetrics::prometheus_text() const {
   out += ttft_.text("asynct_time_to_first_token_seconds", "From submission to the first generated token.");
   out += itl_.text("asynct_inter_token_latency_seconds", "Between two generated tokens of a request.");
   out += e2e_.text("asynct_e2e_request_latency_seconds", "From submission to the request's end.");
+  out += header("asynct_spec_draft_rounds_total", "Sequence-steps that verified drafted tokens.", "counter") +
+         "asynct_spec_draft_rounds_total " + std::to_string(draft_rounds_) + "\n";
+  out += header("asynct_spec_drafted_tokens_total", "Tokens drafted for speculative decoding.", "counter") +
+         "asynct_spec_drafted_tokens_total " + std::to_string(drafted_) + "\n";
+  out += header("asynct_spec_accepted_tokens_total", "Drafted tokens the model kept.", "counter") +
+         "asynct_spec_accepted_tokens_total " + std::to_string(accepted_) + "\n";
   out += header("asynct_engine_steps_total", "Engine steps.", "counter") + "asynct_engine_steps_total " +
          std::to_string(steps_) + "\n";
   out += header("asynct_engine_pipelined_steps_total", "Engine steps queued before the step they continue was read.",

@@ -13,6 +13,9 @@
 //   asynct_e2e_request_latency_seconds                   histograms (from submission)
 //   asynct_engine_steps_total, asynct_engine_pipelined_steps_total
 //                                                        engine steps, and those queued behind the one before
+//   asynct_spec_draft_rounds_total, asynct_spec_drafted_tokens_total, asynct_spec_accepted_tokens_total
+//                                                        speculative decoding: sequence-steps with drafts, tokens
+//                                                        drafted, and drafts kept (mean kept a round: kept / rounds)
 //   asynct_engine_step_seconds                           histogram: a step's host time (EngineStats::last_step_ms)
 //   asynct_engine_gap_seconds                            histogram: the engine thread's time between two steps
 //                                                        while requests are unfinished (the server's own share)
@@ -54,6 +57,9 @@ class ServerMetrics {
   void http_error(int status);
   void engine_state(int running, int waiting, int blocks_used, int blocks);
   void prefix_cache(std::int64_t queries, std::int64_t hits) { cache_queries_ = queries, cache_hits_ = hits; }
+  void speculative(std::int64_t rounds, std::int64_t drafted, std::int64_t accepted) {
+    draft_rounds_ = rounds, drafted_ = drafted, accepted_ = accepted;
+  }
   // After each engine step: its host time, the engine's step counts, and (when the step before
   // it ended with requests still unfinished) the time since that step ended.
   void engine_step(double step_seconds, std::int64_t steps, std::int64_t pipelined_steps);
@@ -69,6 +75,7 @@ class ServerMetrics {
   std::atomic<int> running_{0}, waiting_{0}, blocks_used_{0}, blocks_{0};
   std::atomic<std::int64_t> cache_queries_{0}, cache_hits_{0};
   std::atomic<std::int64_t> steps_{0}, pipelined_steps_{0};
+  std::atomic<std::int64_t> draft_rounds_{0}, drafted_{0}, accepted_{0};
   Histogram ttft_, itl_, e2e_, step_, gap_;
 };
 

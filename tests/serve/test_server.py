@@ -347,11 +347,21 @@ def main():
             c.equal("CORS off by default: a preflight is a 405, no Allow-Origin",
                     (status, response.getheader("Access-Control-Allow-Origin")), (405, None))
 
-        # An API key (and CORS for one origin): every route but /health and /metrics wants it.
-        with Server(args.asynct, model, "--api-key", "s3cret-key", "--allowed-origins", "https://app.example") as server:
+        # An API key (and CORS for one origin): every route but /health and /metrics wants it. This
+        # server also decodes speculatively: the same text, the drafts counted in /metrics.
+        with Server(args.asynct, model, "--api-key", "s3cret-key", "--allowed-origins", "https://app.example",
+                    "--speculative", "ngram") as server:
             keyed = openai.OpenAI(base_url=server.url(), api_key="s3cret-key", timeout=TIMEOUT, max_retries=0)
             got = keyed.completions.create(model="tiny", prompt=pair[0], max_tokens=8, temperature=0)
-            c.equal("with the API key: served", got.choices[0].text, alone[0].choices[0].text)
+            c.equal("with the API key (and speculative decoding): served, the same text", got.choices[0].text,
+                    alone[0].choices[0].text)
+            # (This model's greedy continuation of these ids repeats two of its tokens: drafts from each.)
+            repeated = keyed.completions.create(model="tiny", prompt=[505, 1, 2, 3], max_tokens=48,
+                                                temperature=0, extra_body={"ignore_eos": True})
+            c.equal("a speculative request runs to max_tokens", repeated.usage.completion_tokens, 48)
+            _, text, _ = raw(server.port, "GET", "/metrics")
+            drafted = [float(line.split()[1]) for line in text.splitlines() if line.startswith("asynct_spec_drafted_tokens_total ")]
+            c.equal("/metrics counts the drafted tokens", drafted and drafted[0] > 0, True)
             try:
                 openai.OpenAI(base_url=server.url(), api_key="wrong", timeout=TIMEOUT, max_retries=0).models.list()
                 c.equal("a wrong API key -> 401", "served", "AuthenticationError")

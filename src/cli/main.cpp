@@ -1,5 +1,5 @@
-// The asynct command line: `generate` (the default job), `bench`, `init-checkpoint`, `demo`,
-// `perplexity`, `serve` and `tokenize`.
+// The asynct command line: `generate` (the default job), `bench`, `calibrate`, `init-checkpoint`,
+// `demo`, `perplexity`, `serve` and `tokenize`.
 // It parses the arguments and calls the jobs (src/jobs/) and models/ (init-checkpoint).
 //
 // Exit codes: 0 done (or --help), 1 a bad command line (CLI11's parse errors, whose own codes
@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "jobs/attention_demo.h"
+#include "jobs/calibrate.h"
 #include "jobs/generate.h"
 #include "jobs/perplexity.h"
 #include "cli/option_checks.h"
@@ -213,6 +214,22 @@ int main(int argc, char** argv) {
         return std::string();
       }, "ORIGINS"));
 
+  asynct::CalibrateOptions cal;
+  CLI::App* cal_cmd = app.add_subcommand(
+      "calibrate", "Copy a checkpoint with FP8 KV-cache scales measured on a text (for --kv-cache-dtype fp8)");
+  cal_cmd->footer(
+      "Each layer's and KV head's scale is --headroom x the largest key or value magnitude the text gives / 448, and "
+      "never above the bound the weights give (what --kv-cache-dtype fp8 uses without scales). The copy holds the "
+      "checkpoint's files, kv_cache_scales.safetensors (self_attn.k_scale / v_scale) and an index naming both.");
+  cal_cmd->add_option("--model", cal.model_dir, "HuggingFace checkpoint directory with its tokenizer.json")->required();
+  cal_cmd->add_option("--out", cal.out_dir, "where the calibrated copy goes (a new or empty directory)")->required();
+  cal_cmd->add_option("--file", cal.file, "the calibration text (UTF-8), tokenized as a plain prompt is")->required();
+  cal_cmd->add_option("--max-tokens", cal.max_tokens, "use the text's first N tokens")
+      ->check(integer_in(std::int64_t(2), std::numeric_limits<std::int64_t>::max()));
+  cal_cmd->add_option("--context", cal.context, "window length in tokens")->check(integer_in(2, 1 << 20));
+  cal_cmd->add_option("--headroom", cal.headroom, "scale = headroom x the largest magnitude / 448 (at least 1)")
+      ->check(CLI::Range(1.0, 1024.0));
+
   asynct::PerplexityOptions ppl;
   CLI::App* ppl_cmd = app.add_subcommand(
       "perplexity", "A model's perplexity over a text file (lm-eval's rolling log-likelihood)");
@@ -264,6 +281,7 @@ int main(int argc, char** argv) {
     if (*demo_cmd) return asynct::run_attention_demo(demo);
     if (*tok_cmd) return asynct::run_tokenize(tok, std::cin, std::cout);
     if (*ppl_cmd) return asynct::run_perplexity(ppl);
+    if (*cal_cmd) return asynct::run_calibrate(cal);
     if (*serve_cmd) {
       // The API key from the environment is read here, at the program's edge, and nowhere else.
       const char* key = std::getenv("ASYNCT_API_KEY");

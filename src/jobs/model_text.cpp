@@ -24,6 +24,19 @@ std::string no_text_support_message(const std::string& feature) {
          "--prompt-ids takes token ids";
 }
 
+std::string read_text_file(const std::string& path, const std::string& option, const std::string& use) {
+  std::error_code ec;
+  check(std::filesystem::exists(path, ec), option, " ", path, ": no such file");
+  check(!std::filesystem::is_directory(path, ec), option, " ", path, " is a directory, not a text file");
+  std::ifstream in(path, std::ios::binary);
+  check(bool(in), option, " ", path, ": cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  check(!in.bad(), option, " ", path, ": cannot be read");
+  check(!text.str().empty(), option, " ", path, " is empty: there is nothing to ", use);
+  return text.str();
+}
+
 #ifndef ASYNCT_WITH_TEXT
 
 bool have_text_support() { return false; }

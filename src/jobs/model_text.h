@@ -85,6 +85,11 @@ class ModelText {
   virtual std::string summary() const = 0;
 };
 
+// The whole of a text file given by an option (`option` names it in errors, e.g. "--file"); a
+// missing, unreadable or empty file, or a directory, is an Error saying there is nothing to
+// `use` (e.g. "score").
+std::string read_text_file(const std::string& path, const std::string& option, const std::string& use);
+
 // Whether this build reads text (ASYNCT_WITH_TEXT).
 bool have_text_support();
 

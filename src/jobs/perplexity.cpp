@@ -42,19 +42,6 @@ std::vector<Window> cut_windows(std::int64_t tokens, int context) {
   return windows;
 }
 
-std::string read_text_file(const std::string& path) {
-  std::error_code ec;
-  check(std::filesystem::exists(path, ec), "--file ", path, ": no such file");
-  check(!std::filesystem::is_directory(path, ec), "--file ", path, " is a directory, not a text file");
-  std::ifstream in(path, std::ios::binary);
-  check(bool(in), "--file ", path, ": cannot be read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  check(!in.bad(), "--file ", path, ": cannot be read");
-  check(!text.str().empty(), "--file ", path, " is empty: there is nothing to score");
-  return text.str();
-}
-
 // -log p(target) under the row's logits, in float64. Throws Error for a non-finite logit.
 double negative_log_likelihood(const float* logits, int vocab, std::int32_t target, std::int64_t where) {
   double top = -INFINITY;
@@ -96,7 +83,7 @@ int run_perplexity(const PerplexityOptions& o) {
                    .quantization = o.quantization};
   const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
 
-  const std::string text = read_text_file(o.file);
+  const std::string text = read_text_file(o.file, "--file", "score");
   const std::unique_ptr<ModelText> tokenizer = ModelText::open(o.model_dir, ChatFormat{});
   std::vector<std::int32_t> ids = tokenizer->prompt_ids(text, "--file " + o.file);
   const std::int64_t file_tokens = std::int64_t(ids.size());

@@ -647,6 +647,40 @@ TEST(CliPerplexity, BadInputIsAClearError) {
 }
 
 #ifdef ASYNCT_WITH_TEXT
+// calibrate writes a copy whose KV-cache scales the FP8 cache then uses; bad input is an error
+// before anything is written.
+TEST(CliCalibrate, WritesACopyWithScalesThatLoadsAndRuns) {
+  Scratch s;
+  ASSERT_EQ(run_asynct({"init-checkpoint", "--arch", "llama", "--out", "ckpt"}, s.dir()).code, 0);
+  write_file(s.path() / "ckpt" / "tokenizer.json", byte_tokenizer_json());
+  write_file(s.path() / "text.txt", "The quick brown fox jumps over the lazy dog; 0123456789.\n");
+  const Outcome o = run_asynct({"calibrate", "--model", "ckpt", "--out", "cal", "--file", "text.txt", "--context", "20"}, s.dir());
+  ASSERT_EQ(o.code, 0) << o.describe();
+  EXPECT_TRUE(contains(o.out, "KV-cache scales for 2 layers x 2 KV heads from 57 tokens")) << o.describe();
+  EXPECT_TRUE(contains(o.err, "window 3 of 3")) << o.describe();
+  for (const char* file : {"config.json", "tokenizer.json", "model.safetensors", "kv_cache_scales.safetensors",
+                           "model.safetensors.index.json"})
+    EXPECT_TRUE(fs::exists(s.path() / "cal" / file)) << file;
+  const Outcome run = run_asynct({"generate", "--model", "cal", "--prompt-ids", "1,2,3", "--max-tokens", "3",
+                                  "--kv-cache-dtype", "fp8"}, s.dir());
+  EXPECT_EQ(run.code, 0) << run.describe();
+  const Outcome again = run_asynct({"calibrate", "--model", "cal", "--out", "cal2", "--file", "text.txt"}, s.dir());
+  EXPECT_EQ(again.code, 2) << again.describe();
+  EXPECT_TRUE(contains(again.err, "has KV-cache scales already")) << again.describe();
+  for (const auto& [args, message] :
+       {std::pair{std::vector<std::string>{"--out", "cal"}, std::string("holds files already")},
+        {{"--out", "ckpt"}, "is the checkpoint itself"},
+        {{"--out", "new", "--context", "5000"}, "over the model's context"}}) {
+    const Outcome bad = run_asynct(joined({"calibrate", "--model", "ckpt", "--file", "text.txt"}, args), s.dir());
+    EXPECT_EQ(bad.code, 2) << bad.describe();
+    EXPECT_TRUE(contains(bad.err, message)) << message << "\n" << bad.describe();
+  }
+  EXPECT_FALSE(fs::exists(s.path() / "new"));
+  EXPECT_EQ(run_asynct({"calibrate", "--model", "ckpt", "--out", "x", "--file", "text.txt", "--headroom", "0.5"}, s.dir()).code, 1);
+}
+#endif
+
+#ifdef ASYNCT_WITH_TEXT
 // On a random tiny Llama, one token a byte: windows of --context tokens overlapping by one
 // score every token but the first exactly once, the report and the JSON agree, and cutting a
 // window into steps of any size gives the same log-likelihoods.

@@ -298,22 +298,23 @@ ModelWeights to_float32(ModelWeights weights) {
   return weights;
 }
 
-ModelWeights quantize_fp8(ModelWeights weights) {
+ModelWeights quantize_fp8(ModelWeights weights, int block_rows_size, int block_cols_size) {
   if (weights.config.fp8_weights()) return weights;
-  constexpr int b = kFp8WeightBlock;
+  check(block_rows_size >= 1 && block_cols_size >= 1, "quantize_fp8: blocks of ", block_rows_size, " x ", block_cols_size);
+  const int br = block_rows_size, bc = block_cols_size;
   for_each_projection(weights, [&](Tensor& weight, Tensor& scale) {
     const Tensor values = weight.dtype() == DType::F32 ? weight : weight.to(DType::F32);
     const std::int64_t rows = values.size(0), cols = values.size(1);
-    const std::int64_t block_rows = (rows + b - 1) / b, block_cols = (cols + b - 1) / b;
+    const std::int64_t block_rows = (rows + br - 1) / br, block_cols = (cols + bc - 1) / bc;
     Tensor q = Tensor::empty(DType::F8E4M3, values.shape());
     scale = Tensor::empty(DType::F32, {block_rows, block_cols});
     const float* in = values.data_as<float>();
     auto* out = q.data_as<fp8_e4m3_bits>();
     float* s = scale.data_as<float>();
-    parallel_pieces(block_rows * block_cols, 1, [&](std::int64_t begin, std::int64_t end) {
+    parallel_pieces(block_rows * block_cols, std::max<std::int64_t>(1, 4096 / (std::int64_t(br) * bc)), [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t blk = begin; blk < end; ++blk) {
-        const std::int64_t r0 = (blk / block_cols) * b, c0 = (blk % block_cols) * b;
-        const std::int64_t r1 = std::min(rows, r0 + b), c1 = std::min(cols, c0 + b);
+        const std::int64_t r0 = (blk / block_cols) * br, c0 = (blk % block_cols) * bc;
+        const std::int64_t r1 = std::min(rows, r0 + br), c1 = std::min(cols, c0 + bc);
         float amax = 0.0f;
         for (std::int64_t r = r0; r < r1; ++r)
           for (std::int64_t col = c0; col < c1; ++col) amax = std::max(amax, std::fabs(in[r * cols + col]));
@@ -325,7 +326,8 @@ ModelWeights quantize_fp8(ModelWeights weights) {
     });
     weight = std::move(q);
   });
-  weights.config.fp8_block_rows = weights.config.fp8_block_cols = b;
+  weights.config.fp8_block_rows = br;
+  weights.config.fp8_block_cols = bc;
   return weights;
 }
 

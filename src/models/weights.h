@@ -74,7 +74,7 @@ Tensor dequantize_projection(const Tensor& weight, const Tensor& scale, int bloc
 // block's scale its largest magnitude / 448 (a block of zeros has scale 1). Weights already in
 // FP8 come back unchanged.
 constexpr int kFp8WeightBlock = 128;
-ModelWeights quantize_fp8(ModelWeights weights);
+ModelWeights quantize_fp8(ModelWeights weights, int block_rows = kFp8WeightBlock, int block_cols = kFp8WeightBlock);
 
 // Writes a checkpoint directory (config.json + model.safetensors, weights in bf16 or FP8 with
 // their scales, as held; the gate parameters and scales in float32).

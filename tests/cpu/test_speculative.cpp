@@ -56,14 +56,12 @@ Engine make_engine(const Setup& s) {
 // Prompts that repeat themselves (prompt lookup finds them), greedy and sampled.
 std::vector<Request> requests() {
   std::vector<Request> rs;
-  const std::vector<std::vector<std::int32_t>> prompts = {
-      {5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7}, {42, 43, 42, 43, 42}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17},
-      {100, 3, 100}};
+  const std::vector<std::vector<std::int32_t>> prompts = {{5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7}, {42, 43, 42, 43, 42}};
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     for (const float temperature : {0.0f, 0.9f}) {
       Request r;
       r.prompt = prompts[i];
-      r.max_tokens = 20 + int(i);
+      r.max_tokens = 16 + int(i);
       r.sampling = {.temperature = temperature, .top_k = temperature > 0 ? 8 : 0, .seed = 500 + i, .logprobs = int(i % 3)};
       rs.push_back(r);
     }
@@ -105,7 +103,7 @@ void expect_same(const std::vector<RequestOutput>& a, const std::vector<RequestO
 
 TEST(Speculative, SameTokensAsOneTokenAStep) {
   for (const Architecture arch : {Architecture::AsyncT, Architecture::Llama})
-    for (const auto& [num_blocks, caching] : {std::pair{64, false}, {64, true}, {6, true}}) {  // 6 blocks: preemption
+    for (const auto& [num_blocks, caching] : {std::pair{64, false}, {5, true}}) {  // 5 blocks: preemption
         SCOPED_TRACE(::testing::Message() << tiny_config(arch).architecture_name() << ", " << num_blocks
                                           << " blocks, prefix caching " << caching);
         const std::vector<Request> rs = requests();
@@ -152,7 +150,7 @@ TEST(Speculative, RequestsEndInsideKeptDrafts) {
   Request base = requests()[0];  // greedy, repeats 5 6 7 8
   const std::vector<std::int32_t> full = run({}, {base}).outputs[0].tokens;
   ASSERT_GE(full.size(), 12u);
-  for (int cut : {2, 5, 9}) {
+  for (int cut : {3, 8}) {
     SCOPED_TRACE(cut);
     Request eos = base, stop = base, length = base, callback = base;
     eos.eos_token_ids = {full[std::size_t(cut)]};

@@ -123,9 +123,12 @@ int main(int argc, char** argv) {
   gen_cmd->add_flag("!--no-pipeline", gen.pipeline, "read each step's tokens before queuing the next step");
   gen_cmd->add_option("--device", gen.device, "auto (a GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  gen_cmd->add_flag("--cpu-reference", gen.cpu_reference,
+                    "run the CPU reference backend (float32 weights, float64 sums: the oracle the other backends are "
+                    "tested against) instead of the production CPU backend");
   gen_cmd->add_option("--kv-cache-dtype", gen.kv_cache_dtype,
-                      "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
-                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
+                      "KV cache type: auto (the backend's: float32 on the CPU reference, bf16 otherwise), bf16 or fp8 (e4m3 with a scale "
+                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights; the CPU reference only)")
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   gen_cmd->add_option("--quantization", gen.quantization,
                       "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
@@ -170,9 +173,12 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--repeat", bench.repeat, "timed runs per scenario and model; the median is reported")
       ->check(integer_in(1, 100));
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  bench_cmd->add_flag("--cpu-reference", bench.cpu_reference,
+                    "run the CPU reference backend (float32 weights, float64 sums: the oracle the other backends are "
+                    "tested against) instead of the production CPU backend");
   bench_cmd->add_option("--kv-cache-dtype", bench.kv_cache_dtype,
-                      "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
-                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
+                      "KV cache type: auto (the backend's: float32 on the CPU reference, bf16 otherwise), bf16 or fp8 (e4m3 with a scale "
+                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights; the CPU reference only)")
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   bench_cmd->add_option("--quantization", bench.quantization,
                       "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
@@ -187,9 +193,12 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--port", serve.port, "port to listen on (0: any free port)")->check(integer_in(0, 65535));
   serve_cmd->add_option("--served-model-name", serve.served_model_name, "the model name clients ask for (default: the directory's name)");
   serve_cmd->add_option("--device", serve.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  serve_cmd->add_flag("--cpu-reference", serve.cpu_reference,
+                    "run the CPU reference backend (float32 weights, float64 sums: the oracle the other backends are "
+                    "tested against) instead of the production CPU backend");
   serve_cmd->add_option("--kv-cache-dtype", serve.kv_cache_dtype,
-                      "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
-                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
+                      "KV cache type: auto (the backend's: float32 on the CPU reference, bf16 otherwise), bf16 or fp8 (e4m3 with a scale "
+                      "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights; the CPU reference only)")
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   serve_cmd->add_option("--quantization", serve.quantization,
                       "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "

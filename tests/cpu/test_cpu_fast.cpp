@@ -109,11 +109,18 @@ TEST_P(CpuFastKernels, SwigluExpAndConversionsMatchReference) {
   }
 }
 
+void check_paged_attention(int d);
+
 // Paged attention of both gates on a bf16 cache against the reference on the same values in
-// float32: sequences of awkward lengths, a block size of 3, GQA (6 query heads, 2 KV heads).
+// float32: sequences of awkward lengths, a block size of 3, GQA (6 query heads, 2 KV heads), a
+// head size with a tail (20) and one of whole 32-column pieces (64).
 TEST_P(CpuFastKernels, PagedAttentionMatchesReferenceForBothGates) {
+  for (const int d : {20, 64}) check_paged_attention(d);
+}
+
+void check_paged_attention(int d) {
   Random rng(4);
-  const int hq = 6, hkv = 2, d = 20, bs = 3, blocks = 64;
+  const int hq = 6, hkv = 2, bs = 3, blocks = 64;
   const std::vector<int> q_lens = {1, 7, 1, 13}, kv_lens = {1, 11, 30, 13};
   const Tensor keys = rng.normal({blocks, bs, hkv, d}, 1.0f, true), values = rng.normal({blocks, bs, hkv, d}, 1.0f, true);
   const std::vector<std::uint16_t> kb = to_bf16(keys), vb = to_bf16(values);
@@ -149,7 +156,8 @@ TEST_P(CpuFastKernels, PagedAttentionMatchesReferenceForBothGates) {
     cpu_fast::paged_attention(pool, q.data_as<float>(), hq, batch, {kb.data(), vb.data(), bs, hkv, d}, gate,
                               float(1.0 / std::sqrt(double(d))), out.data());
     expect_close(out.data(), want.data_as<float>(), q.numel(), 2e-5,
-                 gate.kind == GateKind::Softmax ? "softmax attention" : "async attention");
+                 std::string(gate.kind == GateKind::Softmax ? "softmax" : "async") + " attention, head_dim " +
+                     std::to_string(d));
   }
 }
 

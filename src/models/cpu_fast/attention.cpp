@@ -38,28 +38,35 @@ void paged_attention(ThreadPool& pool, const float* q, int num_q_heads, const St
     const float* qh = q + (std::int64_t(t) * num_q_heads + h) * d;
     float* o = out + (std::int64_t(t) * num_q_heads + h) * d;
     thread_local std::vector<float> scores;
+    thread_local std::vector<const std::uint16_t*> keys, values;
     scores.resize(std::size_t(n));
-    for (int j = 0; j < n; ++j) scores[std::size_t(j)] = scale * dot_bf16(qh, kv.key + cache_row(batch, kv, row.seq, j, kv_head), d);
+    keys.resize(std::size_t(n));
+    values.resize(std::size_t(n));
+    for (int j = 0; j < n; ++j) {
+      const std::int64_t at = cache_row(batch, kv, row.seq, j, kv_head);
+      keys[std::size_t(j)] = kv.key + at;
+      values[std::size_t(j)] = kv.value + at;
+    }
+    scores_bf16(qh, keys.data(), n, d, scale, scores.data());
     std::fill(o, o + d, 0.0f);
     if (gate.kind == GateKind::Softmax) {
       const float max_score = *std::max_element(scores.begin(), scores.end());
       const float inv_sum = 1.0f / exp_shifted(scores.data(), n, max_score);
-      for (int j = 0; j < n; ++j)
-        axpy_bf16(o, scores[std::size_t(j)] * inv_sum, kv.value + cache_row(batch, kv, row.seq, j, kv_head), d);
-      return;
+      for (float& s : scores) s *= inv_sum;
+    } else {
+      // P[j] = gamma * clamp(alpha * (S[j] - sigma * A[j]), 0, 1), A[j] the mean of max(S, 0)
+      // over keys j - W + 1 .. j (none left of key 0); computed in place from the right.
+      const AsyncGateParams& p = gate.async;
+      const float alpha = p.alpha[std::size_t(h)], sigma = p.sigma[std::size_t(h)], gamma = p.gamma[std::size_t(h)];
+      const int w = p.pool_window;
+      const float inv_w = 1.0f / float(w);
+      for (int j = n - 1; j >= 0; --j) {
+        float pooled = 0.0f;
+        for (int k = std::max(0, j - w + 1); k <= j; ++k) pooled += std::max(scores[std::size_t(k)], 0.0f);
+        scores[std::size_t(j)] = gamma * std::clamp(alpha * (scores[std::size_t(j)] - sigma * pooled * inv_w), 0.0f, 1.0f);
+      }
     }
-    // P[j] = gamma * clamp(alpha * (S[j] - sigma * A[j]), 0, 1), A[j] the mean of max(S, 0) over
-    // keys j - W + 1 .. j (none left of key 0).
-    const AsyncGateParams& p = gate.async;
-    const float alpha = p.alpha[std::size_t(h)], sigma = p.sigma[std::size_t(h)], gamma = p.gamma[std::size_t(h)];
-    const int w = p.pool_window;
-    const float inv_w = 1.0f / float(w);
-    for (int j = 0; j < n; ++j) {
-      float pooled = 0.0f;
-      for (int k = std::max(0, j - w + 1); k <= j; ++k) pooled += std::max(scores[std::size_t(k)], 0.0f);
-      const float weight = gamma * std::clamp(alpha * (scores[std::size_t(j)] - sigma * pooled * inv_w), 0.0f, 1.0f);
-      if (weight != 0.0f) axpy_bf16(o, weight, kv.value + cache_row(batch, kv, row.seq, j, kv_head), d);
-    }
+    weighted_sum_bf16(scores.data(), values.data(), n, d, o);
   });
 }
 

@@ -51,6 +51,14 @@ void axpy_generic(float* out, float weight, const std::uint16_t* v, int n) {
   for (int i = 0; i < n; ++i) out[i] += weight * bf16_to_float(v[i]);
 }
 
+void scores_generic(const float* q, const std::uint16_t* const* keys, int n, int d, float scale, float* out) {
+  for (int j = 0; j < n; ++j) out[j] = scale * dot_generic(q, keys[j], d);
+}
+
+void weighted_sum_generic(const float* p, const std::uint16_t* const* values, int n, int d, float* out) {
+  for (int j = 0; j < n; ++j) axpy_generic(out, p[j], values[j], d);
+}
+
 float sum_squares_generic(const float* x, int n) {
   float sum = 0.0f;
   for (int i = 0; i < n; ++i) sum += x[i] * x[i];
@@ -196,6 +204,63 @@ AVX2 void gemm_avx2(const float* x, std::int64_t ldx, int rows, const std::uint1
   }
 }
 
+// Four keys at a time: four accumulators, summed across lanes together at the end.
+AVX2 void scores_avx2(const float* q, const std::uint16_t* const* keys, int n, int d, float scale, float* out) {
+  const int d8 = d & ~7;
+  int j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const std::uint16_t *k0 = keys[j], *k1 = keys[j + 1], *k2 = keys[j + 2], *k3 = keys[j + 3];
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int i = 0; i < d8; i += 8) {
+      const __m256 x = _mm256_loadu_ps(q + i);
+      a0 = _mm256_fmadd_ps(x, load_bf16(k0 + i), a0);
+      a1 = _mm256_fmadd_ps(x, load_bf16(k1 + i), a1);
+      a2 = _mm256_fmadd_ps(x, load_bf16(k2 + i), a2);
+      a3 = _mm256_fmadd_ps(x, load_bf16(k3 + i), a3);
+    }
+    // Lane sums of the four: two rounds of horizontal adds, then the halves added.
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    float tail[4] = {0, 0, 0, 0};
+    for (int i = d8; i < d; ++i) {
+      tail[0] += q[i] * bf16_to_float(k0[i]);
+      tail[1] += q[i] * bf16_to_float(k1[i]);
+      tail[2] += q[i] * bf16_to_float(k2[i]);
+      tail[3] += q[i] * bf16_to_float(k3[i]);
+    }
+    sums = _mm_mul_ps(_mm_add_ps(sums, _mm_loadu_ps(tail)), _mm_set1_ps(scale));
+    _mm_storeu_ps(out + j, sums);
+  }
+  for (; j < n; ++j) out[j] = scale * dot_avx2(q, keys[j], d);
+}
+
+// 32 columns of the output at a time in registers over all n rows.
+AVX2 void weighted_sum_avx2(const float* p, const std::uint16_t* const* values, int n, int d, float* out) {
+  int c = 0;
+  for (; c + 32 <= d; c += 32) {
+    __m256 o0 = _mm256_loadu_ps(out + c), o1 = _mm256_loadu_ps(out + c + 8), o2 = _mm256_loadu_ps(out + c + 16),
+           o3 = _mm256_loadu_ps(out + c + 24);
+    for (int j = 0; j < n; ++j) {
+      if (p[j] == 0.0f) continue;  // the async gate's zeros
+      const __m256 w = _mm256_set1_ps(p[j]);
+      const std::uint16_t* v = values[j] + c;
+      o0 = _mm256_fmadd_ps(w, load_bf16(v), o0);
+      o1 = _mm256_fmadd_ps(w, load_bf16(v + 8), o1);
+      o2 = _mm256_fmadd_ps(w, load_bf16(v + 16), o2);
+      o3 = _mm256_fmadd_ps(w, load_bf16(v + 24), o3);
+    }
+    _mm256_storeu_ps(out + c, o0), _mm256_storeu_ps(out + c + 8, o1);
+    _mm256_storeu_ps(out + c + 16, o2), _mm256_storeu_ps(out + c + 24, o3);
+  }
+  for (; c + 8 <= d; c += 8) {
+    __m256 o = _mm256_loadu_ps(out + c);
+    for (int j = 0; j < n; ++j) o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load_bf16(values[j] + c), o);
+    _mm256_storeu_ps(out + c, o);
+  }
+  for (; c < d; ++c)
+    for (int j = 0; j < n; ++j) out[c] += p[j] * bf16_to_float(values[j][c]);
+}
+
 AVX2 void axpy_avx2(float* out, float weight, const std::uint16_t* v, int n) {
   const __m256 a = _mm256_set1_ps(weight);
   int i = 0;
@@ -268,6 +333,14 @@ float dot_bf16(const float* a, const std::uint16_t* b, int n) { DISPATCH(dot_avx
 
 void axpy_bf16(float* out, float weight, const std::uint16_t* v, int n) {
   DISPATCH(axpy_avx2(out, weight, v, n), axpy_generic(out, weight, v, n));
+}
+
+void scores_bf16(const float* q, const std::uint16_t* const* keys, int n, int d, float scale, float* out) {
+  DISPATCH(scores_avx2(q, keys, n, d, scale, out), scores_generic(q, keys, n, d, scale, out));
+}
+
+void weighted_sum_bf16(const float* p, const std::uint16_t* const* values, int n, int d, float* out) {
+  DISPATCH(weighted_sum_avx2(p, values, n, d, out), weighted_sum_generic(p, values, n, d, out));
 }
 
 void norm_row(const float* x, int n, const float* w, float eps, float clip, float* y) {

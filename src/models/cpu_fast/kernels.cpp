@@ -175,6 +175,74 @@ AVX2 void gemm_tile4_avx2(const float* x, std::int64_t ldx, int rows, const floa
   }
 }
 
+// Prefill products in the outer-product form: a panel of 16 weight rows over kKc inputs, packed
+// as float32 [k][16], against 6 rows of x at a time (12 accumulators, each x value broadcast).
+constexpr int kKc = 256;  // a panel is 16 KiB: it stays in L1 while every row of x passes
+
+void pack_panel(const std::uint16_t* w, int in, int rows, int k0, int kc, float* panel) {
+  for (int r = 0; r < 16; ++r) {
+    if (r >= rows) {
+      for (int k = 0; k < kc; ++k) panel[k * 16 + r] = 0.0f;
+      continue;
+    }
+    const std::uint16_t* src = w + std::int64_t(r) * in + k0;
+    for (int k = 0; k < kc; ++k) panel[k * 16 + r] = bf16_to_float(src[k]);
+  }
+}
+
+// y[r][0..16) (+)= x[r][0..kc) . panel for r < nr (<= 6); the first nc (<= 16) columns stored.
+AVX2 void micro_6x16(const float* x, std::int64_t ldx, int nr, int kc, const float* panel, float* y, std::int64_t ldy,
+                     int nc, bool accumulate) {
+  const float* xr[6];
+  for (int r = 0; r < 6; ++r) xr[r] = x + (r < nr ? r : 0) * ldx;  // rows past nr repeat row 0, unstored
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (int k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(panel + k * 16), b1 = _mm256_loadu_ps(panel + k * 16 + 8);
+    __m256 a = _mm256_broadcast_ss(xr[0] + k);
+    c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01);
+    a = _mm256_broadcast_ss(xr[1] + k);
+    c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11);
+    a = _mm256_broadcast_ss(xr[2] + k);
+    c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21);
+    a = _mm256_broadcast_ss(xr[3] + k);
+    c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31);
+    a = _mm256_broadcast_ss(xr[4] + k);
+    c40 = _mm256_fmadd_ps(a, b0, c40), c41 = _mm256_fmadd_ps(a, b1, c41);
+    a = _mm256_broadcast_ss(xr[5] + k);
+    c50 = _mm256_fmadd_ps(a, b0, c50), c51 = _mm256_fmadd_ps(a, b1, c51);
+  }
+  alignas(32) float out[6][16];
+  _mm256_store_ps(out[0], c00), _mm256_store_ps(out[0] + 8, c01);
+  _mm256_store_ps(out[1], c10), _mm256_store_ps(out[1] + 8, c11);
+  _mm256_store_ps(out[2], c20), _mm256_store_ps(out[2] + 8, c21);
+  _mm256_store_ps(out[3], c30), _mm256_store_ps(out[3] + 8, c31);
+  _mm256_store_ps(out[4], c40), _mm256_store_ps(out[4] + 8, c41);
+  _mm256_store_ps(out[5], c50), _mm256_store_ps(out[5] + 8, c51);
+  for (int r = 0; r < nr; ++r) {
+    float* yr = y + r * ldy;
+    if (accumulate)
+      for (int c = 0; c < nc; ++c) yr[c] += out[r][c];
+    else
+      for (int c = 0; c < nc; ++c) yr[c] = out[r][c];
+  }
+}
+
+AVX2 void gemm_panels_avx2(const float* x, std::int64_t ldx, int rows, const std::uint16_t* w, int nw, int in, float* y,
+                           std::int64_t ldy) {
+  thread_local std::vector<float> panel;
+  panel.resize(std::size_t(16) * kKc);
+  for (int o = 0; o < nw; o += 16) {
+    const int nc = std::min(16, nw - o);
+    for (int k0 = 0; k0 < in; k0 += kKc) {
+      const int kc = std::min(kKc, in - k0);
+      pack_panel(w + std::int64_t(o) * in, in, nc, k0, kc, panel.data());
+      for (int r = 0; r < rows; r += 6)
+        micro_6x16(x + r * ldx + k0, ldx, std::min(6, rows - r), kc, panel.data(), y + r * ldy + o, ldy, nc, k0 > 0);
+    }
+  }
+}
+
 AVX2 void bf16_to_float_avx2(const std::uint16_t* in, float* out, int n) {
   int i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, load_bf16(in + i));
@@ -194,7 +262,8 @@ AVX2 void gemm_avx2(const float* x, std::int64_t ldx, int rows, const std::uint1
     }
     return;
   }
-  // Prefill rows: 4 weight rows at a time in float32, shared by every row of x.
+  if (rows >= 12) return gemm_panels_avx2(x, ldx, rows, w, nw, in, y, ldy);
+  // A few rows: 4 weight rows at a time in float32, shared by every row of x.
   thread_local std::vector<float> tile;
   tile.assign(std::size_t(4) * std::size_t(in), 0.0f);
   for (int o = 0; o < nw; o += 4) {

@@ -9,11 +9,11 @@ namespace asynct::cpu_fast {
 void linear_bf16(ThreadPool& pool, const float* x, std::int64_t rows, std::int64_t ldx, int in,
                  const std::vector<LinearPart>& parts, float* y, std::int64_t ldy) {
   // Decode rows read each weight once: pieces of 32 output rows spread the weights' bytes evenly
-  // over the threads. Prefill rows: pieces of 64 output rows by 48 input rows (a multiple of the
-  // tile's 3, ~110 KiB of x at H = 576: it stays in L2 while the weight rows stream past).
+  // over the threads. Prefill rows: pieces of 64 output rows by 192 rows of x (a multiple of the
+  // kernel's 6; 192 KiB of x per 256 inputs stays in L2 while the packed weight panels pass).
   const bool decode = rows <= 2;
   const int features = decode ? 32 : 64;
-  const std::int64_t row_piece = decode ? rows : 48;
+  const std::int64_t row_piece = decode ? rows : 192;
   const std::int64_t row_pieces = (rows + row_piece - 1) / row_piece;
   struct Task {
     int part, first;

@@ -8,6 +8,7 @@ namespace asynct::cpu_fast {
 
 void linear_bf16(ThreadPool& pool, const float* x, std::int64_t rows, std::int64_t ldx, int in,
                  const std::vector<LinearPart>& parts, float* y, std::int64_t ldy) {
+  if (rows == 0) return;  // a prefill chunk with no row to sample
   // Decode rows read each weight once: pieces of 32 output rows spread the weights' bytes evenly
   // over the threads. Prefill rows: pieces of 64 output rows by 192 rows of x (a multiple of the
   // kernel's 6; 192 KiB of x per 256 inputs stays in L2 while the packed weight panels pass).

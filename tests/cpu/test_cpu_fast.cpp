@@ -274,6 +274,17 @@ TEST_P(CpuFastRunnerArch, MatchesReferenceThroughPrefillDecodeAndFork) {
   EXPECT_LE(near_ties, 1);
 }
 
+// A prefill chunk that samples nothing (chunked prefill) runs no LM head and returns no rows.
+TEST(CpuFastRunner, StepWithoutLogitRows) {
+  const ModelConfig config = tiny_config(Architecture::Llama);
+  CpuFastModelRunner fast(random_weights(config, 2), 4, 4);
+  StepBatch b = make_batch({{{1, 2, 3}, 0, {2}}}, 4);
+  b.logit_rows.clear();
+  b.sampling.clear();
+  b.full_logits.clear();
+  EXPECT_TRUE(fast.forward(b).summaries.empty());
+}
+
 TEST(CpuFastRunner, RefusesFp8WeightsAndBadGeometry) {
   const ModelConfig config = tiny_config(Architecture::Qwen3);
   testing::expect_error([&] { CpuFastModelRunner(quantize_fp8(random_weights(config, 1)), 4, 16); },

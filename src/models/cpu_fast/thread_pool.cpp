@@ -14,7 +14,10 @@
 namespace asynct {
 
 namespace {
-constexpr int kSpins = 20000;  // ~0.5 ms of pauses before a worker sleeps
+// A worker spins ~50 us for the next region before it sleeps: a decode step's regions come
+// microseconds apart. The caller, waiting for the others' tasks, yields its core sooner: on a
+// loaded machine the thread it waits for may need it.
+constexpr int kWorkerSpins = 2000, kCallerSpins = 500;
 }
 
 ThreadPool::ThreadPool(unsigned threads) {
@@ -52,7 +55,7 @@ void ThreadPool::worker_loop() {
   std::uint32_t seen = 0;
   for (;;) {
     std::uint32_t g = generation_.load(std::memory_order_acquire);
-    for (int spin = 0; g == seen && spin < kSpins; ++spin) {
+    for (int spin = 0; g == seen && spin < kWorkerSpins; ++spin) {
       ASYNCT_PAUSE();
       g = generation_.load(std::memory_order_acquire);
     }
@@ -88,7 +91,7 @@ void ThreadPool::run(std::size_t count, const std::function<void(std::size_t)>& 
   if (sleeping_.load() > 0) wake_.notify_all();
   claim_and_run(g);
   for (int spin = 0; done_.load(std::memory_order_acquire) < count; ++spin) {
-    if (spin < kSpins) ASYNCT_PAUSE();
+    if (spin < kCallerSpins) ASYNCT_PAUSE();
     else std::this_thread::yield();
   }
   if (error_) std::rethrow_exception(error_);

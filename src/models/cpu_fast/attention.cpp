@@ -13,11 +13,6 @@ struct Row {
   int seq, pos;  // the sequence and the query's absolute position: it sees keys 0 .. pos
 };
 
-// The cache's row of key `j` of sequence `seq` for one KV head.
-inline std::int64_t cache_row(const StepBatch& batch, const PagedKv& kv, int seq, int j, int kv_head) {
-  const int block = batch.block_tables[std::size_t(seq)][std::size_t(j / kv.block_size)];
-  return ((std::int64_t(block) * kv.block_size + j % kv.block_size) * kv.num_kv_heads + kv_head) * kv.head_dim;
-}
 
 }  // namespace
 
@@ -30,6 +25,16 @@ void paged_attention(ThreadPool& pool, const float* q, int num_q_heads, const St
     for (int r = begin; r < end; ++r) rows[std::size_t(r)] = {s, prefix + (r - begin)};
   }
   const int d = kv.head_dim, group = num_q_heads / kv.num_kv_heads;
+  // Each sequence's key positions as offsets of their rows in the cache (KV head 0), once.
+  std::vector<std::vector<std::int64_t>> key_rows(std::size_t(batch.num_seqs()));
+  for (int s = 0; s < batch.num_seqs(); ++s) {
+    const std::vector<int>& table = batch.block_tables[std::size_t(s)];
+    std::vector<std::int64_t>& rows_of = key_rows[std::size_t(s)];
+    rows_of.resize(std::size_t(batch.kv_lens[std::size_t(s)]));
+    for (std::size_t j = 0; j < rows_of.size(); ++j)
+      rows_of[j] = (std::int64_t(table[j / std::size_t(kv.block_size)]) * kv.block_size +
+                    std::int64_t(j % std::size_t(kv.block_size))) * kv.num_kv_heads * d;
+  }
   pool.run(rows.size() * std::size_t(num_q_heads), [&](std::size_t task) {
     const std::size_t t = task / std::size_t(num_q_heads);
     const int h = int(task % std::size_t(num_q_heads)), kv_head = h / group;
@@ -38,16 +43,10 @@ void paged_attention(ThreadPool& pool, const float* q, int num_q_heads, const St
     const float* qh = q + (std::int64_t(t) * num_q_heads + h) * d;
     float* o = out + (std::int64_t(t) * num_q_heads + h) * d;
     thread_local std::vector<float> scores;
-    thread_local std::vector<const std::uint16_t*> keys, values;
     scores.resize(std::size_t(n));
-    keys.resize(std::size_t(n));
-    values.resize(std::size_t(n));
-    for (int j = 0; j < n; ++j) {
-      const std::int64_t at = cache_row(batch, kv, row.seq, j, kv_head);
-      keys[std::size_t(j)] = kv.key + at;
-      values[std::size_t(j)] = kv.value + at;
-    }
-    scores_bf16(qh, keys.data(), n, d, scale, scores.data());
+    const std::int64_t* rows_of = key_rows[std::size_t(row.seq)].data();
+    const std::int64_t head_at = std::int64_t(kv_head) * d;
+    scores_bf16(qh, kv.key + head_at, rows_of, n, d, scale, scores.data());
     std::fill(o, o + d, 0.0f);
     if (gate.kind == GateKind::Softmax) {
       const float max_score = *std::max_element(scores.begin(), scores.end());
@@ -66,7 +65,7 @@ void paged_attention(ThreadPool& pool, const float* q, int num_q_heads, const St
         scores[std::size_t(j)] = gamma * std::clamp(alpha * (scores[std::size_t(j)] - sigma * pooled * inv_w), 0.0f, 1.0f);
       }
     }
-    weighted_sum_bf16(scores.data(), values.data(), n, d, o);
+    weighted_sum_bf16(scores.data(), kv.value + head_at, rows_of, n, d, o);
   });
 }
 

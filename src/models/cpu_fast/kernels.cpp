@@ -51,12 +51,14 @@ void axpy_generic(float* out, float weight, const std::uint16_t* v, int n) {
   for (int i = 0; i < n; ++i) out[i] += weight * bf16_to_float(v[i]);
 }
 
-void scores_generic(const float* q, const std::uint16_t* const* keys, int n, int d, float scale, float* out) {
-  for (int j = 0; j < n; ++j) out[j] = scale * dot_generic(q, keys[j], d);
+void scores_generic(const float* q, const std::uint16_t* keys, const std::int64_t* rows, int n, int d, float scale,
+                    float* out) {
+  for (int j = 0; j < n; ++j) out[j] = scale * dot_generic(q, keys + rows[j], d);
 }
 
-void weighted_sum_generic(const float* p, const std::uint16_t* const* values, int n, int d, float* out) {
-  for (int j = 0; j < n; ++j) axpy_generic(out, p[j], values[j], d);
+void weighted_sum_generic(const float* p, const std::uint16_t* values, const std::int64_t* rows, int n, int d,
+                          float* out) {
+  for (int j = 0; j < n; ++j) axpy_generic(out, p[j], values + rows[j], d);
 }
 
 float sum_squares_generic(const float* x, int n) {
@@ -274,11 +276,12 @@ AVX2 void gemm_avx2(const float* x, std::int64_t ldx, int rows, const std::uint1
 }
 
 // Four keys at a time: four accumulators, summed across lanes together at the end.
-AVX2 void scores_avx2(const float* q, const std::uint16_t* const* keys, int n, int d, float scale, float* out) {
+AVX2 void scores_avx2(const float* q, const std::uint16_t* keys, const std::int64_t* rows, int n, int d, float scale,
+                      float* out) {
   const int d8 = d & ~7;
   int j = 0;
   for (; j + 4 <= n; j += 4) {
-    const std::uint16_t *k0 = keys[j], *k1 = keys[j + 1], *k2 = keys[j + 2], *k3 = keys[j + 3];
+    const std::uint16_t *k0 = keys + rows[j], *k1 = keys + rows[j + 1], *k2 = keys + rows[j + 2], *k3 = keys + rows[j + 3];
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int i = 0; i < d8; i += 8) {
       const __m256 x = _mm256_loadu_ps(q + i);
@@ -300,11 +303,12 @@ AVX2 void scores_avx2(const float* q, const std::uint16_t* const* keys, int n, i
     sums = _mm_mul_ps(_mm_add_ps(sums, _mm_loadu_ps(tail)), _mm_set1_ps(scale));
     _mm_storeu_ps(out + j, sums);
   }
-  for (; j < n; ++j) out[j] = scale * dot_avx2(q, keys[j], d);
+  for (; j < n; ++j) out[j] = scale * dot_avx2(q, keys + rows[j], d);
 }
 
 // 32 columns of the output at a time in registers over all n rows.
-AVX2 void weighted_sum_avx2(const float* p, const std::uint16_t* const* values, int n, int d, float* out) {
+AVX2 void weighted_sum_avx2(const float* p, const std::uint16_t* values, const std::int64_t* rows, int n, int d,
+                            float* out) {
   int c = 0;
   for (; c + 32 <= d; c += 32) {
     __m256 o0 = _mm256_loadu_ps(out + c), o1 = _mm256_loadu_ps(out + c + 8), o2 = _mm256_loadu_ps(out + c + 16),
@@ -312,7 +316,7 @@ AVX2 void weighted_sum_avx2(const float* p, const std::uint16_t* const* values, 
     for (int j = 0; j < n; ++j) {
       if (p[j] == 0.0f) continue;  // the async gate's zeros
       const __m256 w = _mm256_set1_ps(p[j]);
-      const std::uint16_t* v = values[j] + c;
+      const std::uint16_t* v = values + rows[j] + c;
       o0 = _mm256_fmadd_ps(w, load_bf16(v), o0);
       o1 = _mm256_fmadd_ps(w, load_bf16(v + 8), o1);
       o2 = _mm256_fmadd_ps(w, load_bf16(v + 16), o2);
@@ -323,11 +327,11 @@ AVX2 void weighted_sum_avx2(const float* p, const std::uint16_t* const* values, 
   }
   for (; c + 8 <= d; c += 8) {
     __m256 o = _mm256_loadu_ps(out + c);
-    for (int j = 0; j < n; ++j) o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load_bf16(values[j] + c), o);
+    for (int j = 0; j < n; ++j) o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load_bf16(values + rows[j] + c), o);
     _mm256_storeu_ps(out + c, o);
   }
   for (; c < d; ++c)
-    for (int j = 0; j < n; ++j) out[c] += p[j] * bf16_to_float(values[j][c]);
+    for (int j = 0; j < n; ++j) out[c] += p[j] * bf16_to_float(values[rows[j] + c]);
 }
 
 AVX2 void axpy_avx2(float* out, float weight, const std::uint16_t* v, int n) {
@@ -404,12 +408,13 @@ void axpy_bf16(float* out, float weight, const std::uint16_t* v, int n) {
   DISPATCH(axpy_avx2(out, weight, v, n), axpy_generic(out, weight, v, n));
 }
 
-void scores_bf16(const float* q, const std::uint16_t* const* keys, int n, int d, float scale, float* out) {
-  DISPATCH(scores_avx2(q, keys, n, d, scale, out), scores_generic(q, keys, n, d, scale, out));
+void scores_bf16(const float* q, const std::uint16_t* keys, const std::int64_t* rows, int n, int d, float scale,
+                 float* out) {
+  DISPATCH(scores_avx2(q, keys, rows, n, d, scale, out), scores_generic(q, keys, rows, n, d, scale, out));
 }
 
-void weighted_sum_bf16(const float* p, const std::uint16_t* const* values, int n, int d, float* out) {
-  DISPATCH(weighted_sum_avx2(p, values, n, d, out), weighted_sum_generic(p, values, n, d, out));
+void weighted_sum_bf16(const float* p, const std::uint16_t* values, const std::int64_t* rows, int n, int d, float* out) {
+  DISPATCH(weighted_sum_avx2(p, values, rows, n, d, out), weighted_sum_generic(p, values, rows, n, d, out));
 }
 
 void norm_row(const float* x, int n, const float* w, float eps, float clip, float* y) {

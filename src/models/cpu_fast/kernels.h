@@ -23,10 +23,12 @@ float dot_bf16(const float* a, const std::uint16_t* b, int n);
 // out[i] += weight * v[i], v bf16.
 void axpy_bf16(float* out, float weight, const std::uint16_t* v, int n);
 
-// out[j] = scale * sum_i q[i] * keys[j][i] for j < n: a query's scores against n bf16 key rows.
-void scores_bf16(const float* q, const std::uint16_t* const* keys, int n, int d, float scale, float* out);
-// out[i] += sum_j p[j] * values[j][i] for i < d: the weighted sum of n bf16 value rows.
-void weighted_sum_bf16(const float* p, const std::uint16_t* const* values, int n, int d, float* out);
+// out[j] = scale * sum_i q[i] * keys[rows[j] + i] for j < n: a query's scores against n bf16 key
+// rows (a paged cache's rows, by their offsets from `keys`).
+void scores_bf16(const float* q, const std::uint16_t* keys, const std::int64_t* rows, int n, int d, float scale,
+                 float* out);
+// out[i] += sum_j p[j] * values[rows[j] + i] for i < d: the weighted sum of n bf16 value rows.
+void weighted_sum_bf16(const float* p, const std::uint16_t* values, const std::int64_t* rows, int n, int d, float* out);
 
 // y = w * clamp(x / sqrt(mean(x^2) + eps), -clip, clip); clip may be infinite (RMSNorm).
 void norm_row(const float* x, int n, const float* w, float eps, float clip, float* y);

@@ -10,11 +10,13 @@ void linear_bf16(ThreadPool& pool, const float* x, std::int64_t rows, std::int64
                  const std::vector<LinearPart>& parts, float* y, std::int64_t ldy) {
   if (rows == 0) return;  // a prefill chunk with no row to sample
   // Decode rows read each weight once: pieces of 32 output rows spread the weights' bytes evenly
-  // over the threads. Prefill rows: pieces of 64 output rows by 192 rows of x (a multiple of the
-  // kernel's 6; 192 KiB of x per 256 inputs stays in L2 while the packed weight panels pass).
+  // over the threads. Prefill rows: pieces of 64 output rows by up to 192 rows of x, as even as
+  // multiples of the kernel's 6 make them (192 KiB of x per 256 inputs stays in L2 while the
+  // packed weight panels pass).
   const bool decode = rows <= 2;
   const int features = decode ? 32 : 64;
-  const std::int64_t row_piece = decode ? rows : 192;
+  const std::int64_t pieces = decode ? 1 : (rows + 191) / 192;
+  const std::int64_t row_piece = decode ? rows : ((rows + pieces - 1) / pieces + 5) / 6 * 6;  // even pieces
   const std::int64_t row_pieces = (rows + row_piece - 1) / row_piece;
   struct Task {
     int part, first;

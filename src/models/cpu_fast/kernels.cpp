@@ -181,14 +181,36 @@ AVX2 void gemm_tile4_avx2(const float* x, std::int64_t ldx, int rows, const floa
 // as float32 [k][16], against 6 rows of x at a time (12 accumulators, each x value broadcast).
 constexpr int kKc = 256;  // a panel is 16 KiB: it stays in L1 while every row of x passes
 
-void pack_panel(const std::uint16_t* w, int in, int rows, int k0, int kc, float* panel) {
-  for (int r = 0; r < 16; ++r) {
-    if (r >= rows) {
-      for (int k = 0; k < kc; ++k) panel[k * 16 + r] = 0.0f;
-      continue;
+// Rows [0, rows) of w (zeros past them), inputs [k0, k0 + kc), as float32 [kc][16]: 8 rows by 8
+// inputs at a time converted and transposed in registers.
+AVX2 void pack_panel(const std::uint16_t* w, int in, int rows, int k0, int kc, float* panel) {
+  const int kc8 = kc & ~7;
+  for (int half = 0; half < 2; ++half) {
+    const std::uint16_t* src[8];
+    for (int r = 0; r < 8; ++r) src[r] = half * 8 + r < rows ? w + std::int64_t(half * 8 + r) * in + k0 : nullptr;
+    for (int k = 0; k < kc8; k += 8) {
+      __m256 v[8];
+      for (int r = 0; r < 8; ++r) v[r] = src[r] ? load_bf16(src[r] + k) : _mm256_setzero_ps();
+      const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+      const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+      const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+      const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+      const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+      const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+      const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      float* out = panel + std::int64_t(k) * 16 + half * 8;
+      _mm256_storeu_ps(out + 0 * 16, _mm256_permute2f128_ps(u0, u4, 0x20));
+      _mm256_storeu_ps(out + 1 * 16, _mm256_permute2f128_ps(u1, u5, 0x20));
+      _mm256_storeu_ps(out + 2 * 16, _mm256_permute2f128_ps(u2, u6, 0x20));
+      _mm256_storeu_ps(out + 3 * 16, _mm256_permute2f128_ps(u3, u7, 0x20));
+      _mm256_storeu_ps(out + 4 * 16, _mm256_permute2f128_ps(u0, u4, 0x31));
+      _mm256_storeu_ps(out + 5 * 16, _mm256_permute2f128_ps(u1, u5, 0x31));
+      _mm256_storeu_ps(out + 6 * 16, _mm256_permute2f128_ps(u2, u6, 0x31));
+      _mm256_storeu_ps(out + 7 * 16, _mm256_permute2f128_ps(u3, u7, 0x31));
     }
-    const std::uint16_t* src = w + std::int64_t(r) * in + k0;
-    for (int k = 0; k < kc; ++k) panel[k * 16 + r] = bf16_to_float(src[k]);
+    for (int k = kc8; k < kc; ++k)
+      for (int r = 0; r < 8; ++r) panel[k * 16 + half * 8 + r] = src[r] ? bf16_to_float(src[r][k]) : 0.0f;
   }
 }
 

@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   asynct::cli::add_precision_options(gen_cmd, gen.kv_cache_dtype, gen.quantization);
   asynct::cli::add_speculative_options(gen_cmd, gen.speculative);
+  asynct::cli::add_cpu_reference_flag(gen_cmd, gen.cpu_reference);
   gen_cmd->add_option("--logits", gen.logits_path, "write the tokens and each request's first-token logits as JSON");
 
   std::string init_arch = "asynct", init_size = "tiny", init_out;
@@ -169,6 +170,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   asynct::cli::add_speculative_options(bench_cmd, bench.speculative);
   asynct::cli::add_precision_options(bench_cmd, bench.kv_cache_dtype, bench.quantization);
+  asynct::cli::add_cpu_reference_flag(bench_cmd, bench.cpu_reference);
 
   asynct::ServeOptions serve;
   CLI::App* serve_cmd = app.add_subcommand(
@@ -180,6 +182,7 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--device", serve.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   asynct::cli::add_speculative_options(serve_cmd, serve.speculative);
   asynct::cli::add_precision_options(serve_cmd, serve.kv_cache_dtype, serve.quantization);
+  asynct::cli::add_cpu_reference_flag(serve_cmd, serve.cpu_reference);
   serve_cmd->add_option("--max-num-seqs", serve.max_num_seqs, "sequences in one step")->check(integer_in(1, 4096));
   serve_cmd->add_option("--max-waiting", serve.max_waiting, "requests accepted beyond --max-num-seqs (more get 429)")
       ->check(integer_in(0, 1 << 16));
@@ -254,6 +257,7 @@ int main(int argc, char** argv) {
   ppl_cmd->add_option("--device", ppl.device, "auto (a GPU when there is one), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   asynct::cli::add_precision_options(ppl_cmd, ppl.kv_cache_dtype, ppl.quantization);
+  asynct::cli::add_cpu_reference_flag(ppl_cmd, ppl.cpu_reference);
   ppl_cmd->add_option("--json", ppl.json_path, "write the results (with each window's) as JSON to this file too");
 
   asynct::TokenizeOptions tok;

@@ -14,13 +14,21 @@ namespace asynct::cli {
 // --kv-cache-dtype and --quantization (models/kv_cache_format.h, RunnerOptions::quantization).
 inline void add_precision_options(CLI::App* cmd, std::string& kv_cache_dtype, std::string& quantization) {
   cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
-                  "KV cache type: auto (the backend's: float32 on the CPU, bf16 on CUDA), bf16 or fp8 (e4m3 with a scale "
-                  "per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights)")
+                  "KV cache type: auto (the backend's: float32 on the CPU reference, bf16 otherwise), bf16 or fp8 (e4m3 with "
+                  "a scale per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights; the CPU "
+                  "reference only for now)")
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--quantization", quantization,
                   "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
-                  "scale per 128 x 128 block)")
+                  "scale per 128 x 128 block; the CPU reference only for now)")
       ->check(CLI::IsMember({"none", "fp8"}));
+}
+
+// --cpu-reference: the CPU reference backend instead of the production one.
+inline void add_cpu_reference_flag(CLI::App* cmd, bool& cpu_reference) {
+  cmd->add_flag("--cpu-reference", cpu_reference,
+                "run the CPU reference backend (float32 weights, float64 sums: the oracle the other backends are tested "
+                "against) instead of the production CPU backend");
 }
 
 // --speculative and its settings (engine/drafter.h).

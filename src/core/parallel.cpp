@@ -12,8 +12,7 @@
 
 namespace asynct {
 
-void parallel_for(std::size_t count, const std::function<void(std::size_t)>& work, unsigned max_threads) {
-  if (count == 0) return;
+unsigned thread_limit() {
   unsigned limit = std::max(1u, std::thread::hardware_concurrency());
   if (const char* env = std::getenv("ASYNCT_THREADS"); env && *env) {
     char* end = nullptr;
@@ -22,6 +21,12 @@ void parallel_for(std::size_t count, const std::function<void(std::size_t)>& wor
           "'");
     limit = std::min(limit, unsigned(n));
   }
+  return limit;
+}
+
+void parallel_for(std::size_t count, const std::function<void(std::size_t)>& work, unsigned max_threads) {
+  if (count == 0) return;
+  const unsigned limit = thread_limit();
   max_threads = max_threads == 0 ? limit : std::min(max_threads, limit);
   const std::size_t threads = std::min<std::size_t>(max_threads, count);
   if (threads == 1) {

@@ -9,6 +9,10 @@
 
 namespace asynct {
 
+// The most threads the host's parallel work uses: one per hardware thread, lowered by
+// ASYNCT_THREADS in the environment (an Error when it is not a whole number >= 1).
+unsigned thread_limit();
+
 // Runs work(i) for every i in [0, count), on up to max_threads threads (0, or more than the
 // hardware has: one per hardware thread; ASYNCT_THREADS in the environment lowers that cap)
 // including the caller's, each taking the next unclaimed i. Returns when all are done;

@@ -114,11 +114,12 @@ int run_generate(const GenerateOptions& o) {
   check(o.num_blocks >= 0, "--num-blocks must be >= 0, got ", o.num_blocks);
   check(o.max_cache_mib >= 1, "--max-cache-mib must be >= 1, got ", o.max_cache_mib);
   check(o.repetition_penalty > 0.0f, "--repetition-penalty must be > 0, got ", o.repetition_penalty);
-  const std::string device = resolve_device(o.device);
+  const std::string device = resolve_device(o.device, o.cpu_reference);
   require_device(device);
   check_block_size(o.block_size, device == "cuda" ? Backend::Cuda : Backend::Cpu);  // the runner's own rule
   RunnerOptions ro{.device = device, .block_size = o.block_size, .max_tokens_per_step = o.max_batched_tokens,
-                   .cuda_graphs = o.cuda_graphs, .kv_cache_dtype = o.kv_cache_dtype, .quantization = o.quantization};
+                   .cuda_graphs = o.cuda_graphs, .kv_cache_dtype = o.kv_cache_dtype, .quantization = o.quantization,
+                   .cpu_reference = o.cpu_reference};
   const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
   validate_speculative(o.speculative);
 
@@ -156,7 +157,7 @@ int run_generate(const GenerateOptions& o) {
   // The KV cache: --num-blocks, or enough blocks for every request at once; either way no more
   // than --max-cache-mib. A smaller cache than the requests need together is fine (they take
   // turns: the engine preempts and recomputes), one smaller than a single request is not.
-  const std::int64_t block_bytes = kv_cache_bytes_per_token(config, kv_dtype, device) * o.block_size;
+  const std::int64_t block_bytes = kv_cache_bytes_per_token(config, kv_dtype, backend_name(device, o.cpu_reference)) * o.block_size;
   const std::int64_t cap_blocks =
       std::min<std::int64_t>(o.max_cache_mib * (std::int64_t(1) << 20) / block_bytes, std::numeric_limits<int>::max());
   const auto mib = [&](std::int64_t blocks) {

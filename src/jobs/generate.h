@@ -52,6 +52,7 @@ struct GenerateOptions {
   std::string device = "auto";           // auto, cpu or cuda
   std::string kv_cache_dtype = "auto";   // auto, bf16 or fp8 (models/kv_cache_format.h)
   std::string quantization = "none";     // none or fp8 (RunnerOptions::quantization)
+  bool cpu_reference = false;            // the CPU reference runner (RunnerOptions::cpu_reference)
   bool cuda_graphs = true;               // replay decode steps as CUDA graphs (CUDA backend)
   bool pipeline = true;                  // queue greedy decode steps ahead (EngineOptions::pipeline_steps)
   SpeculativeOptions speculative;        // drafts verified a step (engine/drafter.h); off by default

@@ -76,11 +76,11 @@ int run_perplexity(const PerplexityOptions& o) {
   check(context >= 2, "the model's context of ", model_context, " tokens is too short to score anything");
   check(o.max_tokens >= 0, "--max-tokens must be >= 0 (0: the whole file), got ", o.max_tokens);
   check(o.max_batched_tokens >= 1, "--max-batched-tokens must be >= 1, got ", o.max_batched_tokens);
-  const std::string device = resolve_device(o.device);
+  const std::string device = resolve_device(o.device, o.cpu_reference);
   require_device(device);
   check_block_size(kBlockSize, device == "cuda" ? Backend::Cuda : Backend::Cpu);
   RunnerOptions ro{.device = device, .block_size = kBlockSize, .cuda_graphs = false, .kv_cache_dtype = o.kv_cache_dtype,
-                   .quantization = o.quantization};
+                   .quantization = o.quantization, .cpu_reference = o.cpu_reference};
   const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
 
   const std::string text = read_text_file(o.file, "--file", "score");

@@ -36,6 +36,7 @@ struct PerplexityOptions {
   std::string device = "auto";     // auto, cpu or cuda
   std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8 (models/kv_cache_format.h)
   std::string quantization = "none";    // none or fp8 (RunnerOptions::quantization)
+  bool cpu_reference = false;           // the CPU reference runner (RunnerOptions::cpu_reference)
   std::string json_path;           // write the results as JSON here too; empty: none
 };
 

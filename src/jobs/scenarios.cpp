@@ -182,6 +182,7 @@ Run run_scenario(const Scenario& s, const ModelWeights& weights, const char* lab
   ro.cuda_graphs = o.cuda_graphs;
   ro.kv_cache_dtype = o.kv_cache_dtype;
   ro.quantization = o.quantization;
+  ro.cpu_reference = o.cpu_reference;
   Engine engine(make_runner(weights, ro, &backend), config.vocab_size, eo);
   if (o.warmup) warm_up(engine, s, prompt_min, output, o, config.vocab_size);
   Run run;
@@ -328,13 +329,14 @@ int run_scenarios(const ScenarioOptions& options) {
   // The scenarios are defined at the 1.7B size; on the CPU that takes hours, so there the
   // defaults are the tiny model at 1/64 of the lengths.
   ScenarioOptions o = options;
-  o.device = resolve_device(o.device);
+  o.device = resolve_device(o.device, o.cpu_reference);
   require_device(o.device);
   const bool gpu = o.device == "cuda";
   {
     RunnerOptions options_check;
     options_check.kv_cache_dtype = o.kv_cache_dtype;
     options_check.quantization = o.quantization;
+    options_check.cpu_reference = o.cpu_reference;
     check_runner_options(options_check, ModelConfig{}, o.device);  // before any weights are made
     validate_speculative(o.speculative);
   }

@@ -23,6 +23,7 @@ struct ScenarioOptions {
   std::string device = "auto";  // auto, cpu or cuda
   std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8 (models/kv_cache_format.h)
   std::string quantization = "none";    // none or fp8 (RunnerOptions::quantization)
+  bool cpu_reference = false;            // the CPU reference runner (RunnerOptions::cpu_reference)
   // Per-phase GPU times (CUDA events). Off by default: the events cost a decode step ~0.015-0.02
   // ms at 32 sequences on H200 (each waits for the work before it, so consecutive steps no
   // longer overlap; bench/RESULTS.md).

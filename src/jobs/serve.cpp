@@ -148,15 +148,16 @@ int run_serve(const ServeOptions& o) {
   const std::int64_t context = o.max_model_len > 0 ? o.max_model_len : config.max_position_embeddings;
   check(context <= config.max_position_embeddings, "--max-model-len ", o.max_model_len, " is over the model's context of ",
         config.max_position_embeddings, " tokens (max_position_embeddings)");
-  const std::string device = resolve_device(o.device);
+  const std::string device = resolve_device(o.device, o.cpu_reference);
   require_device(device);
   check_block_size(o.block_size, device == "cuda" ? Backend::Cuda : Backend::Cpu);
   RunnerOptions ro{.device = device, .block_size = o.block_size, .max_tokens_per_step = o.max_batched_tokens,
-                   .cuda_graphs = o.cuda_graphs, .kv_cache_dtype = o.kv_cache_dtype, .quantization = o.quantization};
+                   .cuda_graphs = o.cuda_graphs, .kv_cache_dtype = o.kv_cache_dtype, .quantization = o.quantization,
+                   .cpu_reference = o.cpu_reference};
   const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
   validate_speculative(o.speculative);
 
-  const std::int64_t block_bytes = kv_cache_bytes_per_token(config, kv_dtype, device) * o.block_size;
+  const std::int64_t block_bytes = kv_cache_bytes_per_token(config, kv_dtype, backend_name(device, o.cpu_reference)) * o.block_size;
   const std::int64_t per_request = (context + o.block_size - 1) / o.block_size;
   const std::int64_t cap = std::min<std::int64_t>(o.max_cache_mib * (std::int64_t(1) << 20) / block_bytes,
                                                   std::numeric_limits<int>::max());

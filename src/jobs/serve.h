@@ -24,6 +24,7 @@ struct ServeOptions {
   std::string device = "auto";      // auto, cpu or cuda
   std::string kv_cache_dtype = "auto";  // auto, bf16 or fp8 (models/kv_cache_format.h)
   std::string quantization = "none";    // none or fp8 (RunnerOptions::quantization)
+  bool cpu_reference = false;            // the CPU reference runner (RunnerOptions::cpu_reference)
   int max_num_seqs = 64;            // sequences in one step
   int max_waiting = 64;             // requests accepted beyond those, waiting for a place
   int max_model_len = 0;            // prompt + output tokens of a request; 0: the model's context

@@ -20,22 +20,24 @@ const char* kv_cache_dtype_name(KvCacheDtype dtype) {
   return "?";
 }
 
-KvCacheDtype resolve_kv_cache_dtype(const std::string& name, const std::string& device) {
+KvCacheDtype resolve_kv_cache_dtype(const std::string& name, const std::string& backend) {
   check(name == "auto" || name == "bf16" || name == "fp8", "--kv-cache-dtype must be auto, bf16 or fp8, got '", name, "'");
-  check(!(name == "fp8" && device == "cuda"), "--kv-cache-dtype fp8: the CUDA backend's attention kernels do not read an "
-                                              "FP8 cache yet (the CPU backend runs it)");
+  check(!(name == "fp8" && backend == "cuda"), "--kv-cache-dtype fp8: the CUDA backend's attention kernels do not read an "
+                                               "FP8 cache yet (the CPU reference runs it: --device cpu --cpu-reference)");
+  check(!(name == "fp8" && backend == "cpu"), "--kv-cache-dtype fp8: the production CPU backend does not read an FP8 "
+                                              "cache yet (the CPU reference runs it: --cpu-reference)");
   if (name == "bf16") return KvCacheDtype::BF16;
   if (name == "fp8") return KvCacheDtype::Fp8E4M3;
-  return device == "cuda" ? KvCacheDtype::BF16 : KvCacheDtype::Float32;
+  return backend == "cpu-reference" ? KvCacheDtype::Float32 : KvCacheDtype::BF16;
 }
 
-std::int64_t kv_cache_element_bytes(KvCacheDtype dtype, const std::string& device) {
-  if (device != "cuda") return 4;
+std::int64_t kv_cache_element_bytes(KvCacheDtype dtype, const std::string& backend) {
+  if (backend == "cpu-reference") return 4;
   return dtype == KvCacheDtype::Fp8E4M3 ? 1 : dtype == KvCacheDtype::BF16 ? 2 : 4;
 }
 
-std::int64_t kv_cache_bytes_per_token(const ModelConfig& c, KvCacheDtype dtype, const std::string& device) {
-  return 2 * std::int64_t(c.num_hidden_layers) * c.num_key_value_heads * c.head_dim * kv_cache_element_bytes(dtype, device);
+std::int64_t kv_cache_bytes_per_token(const ModelConfig& c, KvCacheDtype dtype, const std::string& backend) {
+  return 2 * std::int64_t(c.num_hidden_layers) * c.num_key_value_heads * c.head_dim * kv_cache_element_bytes(dtype, backend);
 }
 
 namespace {

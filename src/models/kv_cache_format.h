@@ -31,17 +31,21 @@ enum class KvCacheDtype { Float32, BF16, Fp8E4M3 };
 // "float32", "bf16", "fp8".
 const char* kv_cache_dtype_name(KvCacheDtype dtype);
 
+// The backends, by the name these functions take: "cpu" (the production CPU backend, which
+// holds a bf16 cache), "cpu-reference" (the CPU reference: every value held as float32, rounded
+// as the type rounds it), "cuda".
+//
 // --kv-cache-dtype: "auto" (the backend's compute precision: float32 on the CPU reference, bf16
-// on CUDA), "bf16" or "fp8", for a device ("cpu" or "cuda"). Throws Error naming the option for
-// another value, and for fp8 on CUDA, whose kernels do not read it yet.
-KvCacheDtype resolve_kv_cache_dtype(const std::string& name, const std::string& device);
+// on the others), "bf16" or "fp8". Throws Error naming the option for another value, and for
+// fp8 on the production CPU and CUDA backends, which do not read it yet.
+KvCacheDtype resolve_kv_cache_dtype(const std::string& name, const std::string& backend);
 
-// Bytes one value takes in a backend's cache: the CPU reference holds every value as float32,
-// rounded as the type rounds it; the CUDA cache holds the type itself.
-std::int64_t kv_cache_element_bytes(KvCacheDtype dtype, const std::string& device);
+// Bytes one value takes in a backend's cache: float32 on the CPU reference, the type itself on
+// the others.
+std::int64_t kv_cache_element_bytes(KvCacheDtype dtype, const std::string& backend);
 
 // Bytes of KV cache one token takes: the keys and values of every layer.
-std::int64_t kv_cache_bytes_per_token(const ModelConfig& config, KvCacheDtype dtype, const std::string& device);
+std::int64_t kv_cache_bytes_per_token(const ModelConfig& config, KvCacheDtype dtype, const std::string& backend);
 
 // FP8 scales, [layer][KV head] flattened; 1 for the other types.
 struct KvCacheScales {

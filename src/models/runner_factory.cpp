@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "models/cpu/cpu_model_runner.h"
+#include "models/cpu_fast/cpu_fast_runner.h"
 #ifdef ASYNCT_WITH_CUDA
 #include "models/cuda/cuda_model_runner.h"
 #endif
@@ -18,6 +19,16 @@ std::string resolve_device(const std::string& device) {
 #endif
 }
 
+std::string resolve_device(const std::string& device, bool cpu_reference) {
+  if (!cpu_reference) return resolve_device(device);
+  check(device == "auto" || device == "cpu", "--cpu-reference runs on the CPU: --device must be auto or cpu, got ", device);
+  return "cpu";
+}
+
+std::string backend_name(const std::string& device, bool cpu_reference) {
+  return device == "cpu" && cpu_reference ? "cpu-reference" : device;
+}
+
 void require_device(const std::string& device) {
   if (device != "cuda") return;
 #ifdef ASYNCT_WITH_CUDA
@@ -28,27 +39,35 @@ void require_device(const std::string& device) {
 }
 
 KvCacheDtype check_runner_options(const RunnerOptions& o, const ModelConfig& config, const std::string& device) {
-  const KvCacheDtype kv_dtype = resolve_kv_cache_dtype(o.kv_cache_dtype, device);
+  check(!o.cpu_reference || device == "cpu", "--cpu-reference runs on the CPU, not on ", device);
+  const std::string backend = backend_name(device, o.cpu_reference);
+  const KvCacheDtype kv_dtype = resolve_kv_cache_dtype(o.kv_cache_dtype, backend);
   check(o.quantization == "none" || o.quantization == "fp8", "--quantization must be none or fp8, got '", o.quantization, "'");
   check(device != "cuda" || (o.quantization == "none" && !config.fp8_weights()),
-        "FP8 weights: the CUDA backend's products do not read them yet (the CPU backend runs them)");
+        "FP8 weights: the CUDA backend's products do not read them yet (the CPU reference runs them: --device cpu "
+        "--cpu-reference)");
+  check(backend != "cpu" || (o.quantization == "none" && !config.fp8_weights()),
+        "FP8 weights: the production CPU backend's products do not read them yet (the CPU reference runs them: "
+        "--cpu-reference)");
   return kv_dtype;
 }
 
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& o, std::string* chosen) {
-  *chosen = resolve_device(o.device);
-  require_device(*chosen);
-  const KvCacheDtype kv_dtype = check_runner_options(o, weights.config, *chosen);
+  const std::string device = resolve_device(o.device, o.cpu_reference);
+  require_device(device);
+  const KvCacheDtype kv_dtype = check_runner_options(o, weights.config, device);
+  *chosen = backend_name(device, o.cpu_reference);
   if (o.quantization == "fp8") weights = quantize_fp8(std::move(weights));
 #ifdef ASYNCT_WITH_CUDA
-  if (*chosen == "cuda") {
+  if (device == "cuda") {
     auto runner = std::make_unique<CudaModelRunner>(weights, o.num_blocks, o.block_size, o.max_tokens_per_step);
     runner->set_profiling(o.profile);
     runner->set_cuda_graphs(o.cuda_graphs);
     return runner;
   }
 #endif
-  return std::make_unique<CpuModelRunner>(std::move(weights), o.num_blocks, o.block_size, kv_dtype);
+  if (o.cpu_reference) return std::make_unique<CpuModelRunner>(std::move(weights), o.num_blocks, o.block_size, kv_dtype);
+  return std::make_unique<CpuFastModelRunner>(std::move(weights), o.num_blocks, o.block_size);
 }
 
 }  // namespace asynct

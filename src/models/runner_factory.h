@@ -1,5 +1,6 @@
-// Picks the model backend: the CUDA runner when built with CUDA and a GPU is
-// visible (or when asked for), the CPU reference runner otherwise.
+// Picks the model backend: the CUDA runner when built with CUDA and a GPU is visible (or when
+// asked for), the production CPU runner otherwise, the CPU reference runner when asked for
+// (--cpu-reference).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,13 @@ std::string resolve_device(const std::string& device);
 // "cuda" in a build without CUDA or with no GPU visible. Cheap: call it before making weights.
 void require_device(const std::string& device);
 
+// The backend's name as models/kv_cache_format.h takes it: "cpu-reference" for the CPU with
+// cpu_reference, else the device ("cpu" or "cuda").
+std::string backend_name(const std::string& device, bool cpu_reference);
+
+// resolve_device, where --cpu-reference asks for the CPU: "auto" is then "cpu", and "cuda" an Error.
+std::string resolve_device(const std::string& device, bool cpu_reference);
+
 struct RunnerOptions {
   std::string device = "auto";   // auto, cpu or cuda
   int num_blocks = 0;            // KV cache blocks
@@ -31,11 +39,14 @@ struct RunnerOptions {
   // --quantization: "none" (the weights as loaded: bf16, or a checkpoint's FP8) or "fp8"
   // (quantize_fp8 as they load).
   std::string quantization = "none";
+  // --cpu-reference: on the CPU, the reference runner (float32 weights, float64 sums: the oracle
+  // every backend is tested against) instead of the production one.
+  bool cpu_reference = false;
 };
 
 // Checks the options a model of this config runs with on `device` (as resolve_device gives it),
-// before anything is loaded: the KV-cache type, the quantization, and what the device runs of
-// them (the CUDA backend reads neither FP8 weights nor an FP8 cache yet). Throws Error naming
+// before anything is loaded: the KV-cache type, the quantization, and what the backend runs of
+// them (only the CPU reference reads FP8 weights and an FP8 cache yet). Throws Error naming
 // the option. Returns the KV-cache type.
 KvCacheDtype check_runner_options(const RunnerOptions& options, const ModelConfig& config, const std::string& device);
 

@@ -271,7 +271,8 @@ TEST(CliLimits, TheContextIsCheckedBeforeAnythingIsAllocated) {
 
 // The KV cache takes no more than --max-cache-mib: an automatic size is capped (the requests
 // then take turns), a larger --num-blocks or a request that cannot fit is an error before the
-// cache is made. (The tiny model on the CPU: 2 KiB per token, 32 blocks of 16 tokens per MiB.)
+// cache is made. (The tiny model on the CPU reference: 2 KiB per token, 32 blocks of 16 tokens
+// per MiB; the production CPU backend's bf16 cache takes half.)
 TEST(CliLimits, TheKvCacheIsBoundedByMaxCacheMib) {
   Scratch s;
   // Three requests of 200 + 2 tokens need 13 blocks each: 39 together, 32 under the cap; they
@@ -280,9 +281,10 @@ TEST(CliLimits, TheKvCacheIsBoundedByMaxCacheMib) {
   std::string prompt;
   for (int t = 0; t < 200; ++t) prompt += (t ? "," : "") + std::to_string((t * 37 + 11) % 256);
   const std::vector<std::string> three = repeated({"--prompt-ids", prompt}, 3);
-  const Outcome capped = run_asynct(joined({"generate", "--max-tokens", "2", "--max-cache-mib", "1"}, three), s.dir());
+  const Outcome capped =
+      run_asynct(joined({"generate", "--cpu-reference", "--max-tokens", "2", "--max-cache-mib", "1"}, three), s.dir());
   ASSERT_EQ(capped.code, 0) << capped.describe();
-  EXPECT_TRUE(contains(capped.out, "KV cache 32 blocks of 16 tokens (1.00 MiB)")) << capped.describe();
+  EXPECT_TRUE(contains(capped.out, "KV cache 32 blocks of 16 tokens (1.00 MiB) in float32")) << capped.describe();
   const Generated g = generated(capped.out);
   ASSERT_EQ(g.tokens.size(), 3u) << capped.describe();
   for (const auto& t : g.tokens) EXPECT_EQ(t.size(), 2u) << capped.describe();
@@ -294,13 +296,14 @@ TEST(CliLimits, TheKvCacheIsBoundedByMaxCacheMib) {
   ASSERT_EQ(roomy.code, 0) << roomy.describe();
   EXPECT_TRUE(contains(roomy.out, "KV cache 3 blocks of 16 tokens")) << roomy.describe();
 
-  const Outcome too_long = run_asynct({"generate", "--prompt-ids", "1", "--max-tokens", "1000", "--max-cache-mib", "1"}, s.dir());
+  const Outcome too_long =
+      run_asynct({"generate", "--cpu-reference", "--prompt-ids", "1", "--max-tokens", "1000", "--max-cache-mib", "1"}, s.dir());
   EXPECT_EQ(too_long.code, 2) << too_long.describe();
   EXPECT_TRUE(contains(too_long.err, "needs 63 KV blocks of 16 tokens")) << too_long.describe();
   EXPECT_TRUE(contains(too_long.err, "the cache has 32 (the most --max-cache-mib 1 allows)")) << too_long.describe();
 
   for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"generate", "--num-blocks", "33", "--max-cache-mib", "1"},
+       {std::vector<std::string>{"generate", "--num-blocks", "65", "--max-cache-mib", "1"},
         {"generate", "--num-blocks", "2000000000", "--block-size", "4096"}}) {
     const Outcome o = run_asynct(args, s.dir());
     EXPECT_EQ(o.code, 2) << o.describe();
@@ -318,8 +321,8 @@ TEST(CliLimits, BlockCountsDoNotOverflow) {
   nlohmann::json config = nlohmann::json::parse(in);
   config["max_position_embeddings"] = 4 << 20;
   std::ofstream(s.file("ckpt/config.json")) << config.dump();
-  const Outcome o = run_asynct(joined({"generate", "--model", "ckpt", "--max-tokens", "1048576", "--block-size", "1",
-                                       "--max-cache-mib", "64"},
+  const Outcome o = run_asynct(joined({"generate", "--cpu-reference", "--model", "ckpt", "--max-tokens", "1048576",
+                                       "--block-size", "1", "--max-cache-mib", "64"},
                                       repeated({"--prompt-ids", "1"}, 2048)),
                                s.dir());
   EXPECT_EQ(o.code, 2) << o.describe();
@@ -331,10 +334,14 @@ TEST(CliLimits, BlockCountsDoNotOverflow) {
 TEST(CliGenerate, Fp8WeightsAndKvCache) {
   Scratch s;
   const Outcome o = run_asynct({"generate", "--prompt-ids", "1,2,3", "--max-tokens", "4", "--kv-cache-dtype", "fp8",
-                                "--quantization", "fp8"},
+                                "--quantization", "fp8", "--cpu-reference"},
                                s.dir());
   ASSERT_EQ(o.code, 0) << o.describe();
-  EXPECT_TRUE(contains(o.out, "cpu backend, FP8 weights, KV cache")) << o.describe();
+  EXPECT_TRUE(contains(o.out, "cpu-reference backend, FP8 weights, KV cache")) << o.describe();
+  // The production CPU backend does not read them yet: a clear error.
+  const Outcome fast = run_asynct({"generate", "--prompt-ids", "1,2,3", "--quantization", "fp8"}, s.dir());
+  EXPECT_EQ(fast.code, 2) << fast.describe();
+  EXPECT_TRUE(contains(fast.err, "--cpu-reference")) << fast.describe();
   EXPECT_TRUE(contains(o.out, "MiB) in fp8")) << o.describe();
   for (const std::vector<std::string>& args : {std::vector<std::string>{"generate", "--kv-cache-dtype", "int8"},
                                                {"generate", "--quantization", "int4"}, {"serve", "--model", ".", "--kv-cache-dtype", "fp4"},
@@ -540,7 +547,9 @@ TEST(CliEos, TheCheckpointSaysWhereToStop) {
 TEST(CliBench, DecodeStepTimesArePipelinedStepsOwn) {
   Scratch s;
   for (const bool pipeline : {true, false}) {
-    std::vector<std::string> args = {"bench", "--scale", "256", "--scenario", "decode_heavy_b32", "--no-warmup", "--json", "r.json"};
+    // The CPU reference: its prefill and decode steps take times of the sizes the bounds assume.
+    std::vector<std::string> args = {"bench",     "--cpu-reference", "--scale", "256", "--scenario", "decode_heavy_b32",
+                                     "--no-warmup", "--json",         "r.json"};
     if (!pipeline) args.push_back("--no-pipeline");
     const Outcome o = run_asynct(args, s.dir(), 120);
     ASSERT_EQ(o.code, 0) << o.describe();
@@ -662,7 +671,7 @@ TEST(CliCalibrate, WritesACopyWithScalesThatLoadsAndRuns) {
                            "model.safetensors.index.json"})
     EXPECT_TRUE(fs::exists(s.path() / "cal" / file)) << file;
   const Outcome run = run_asynct({"generate", "--model", "cal", "--prompt-ids", "1,2,3", "--max-tokens", "3",
-                                  "--kv-cache-dtype", "fp8"}, s.dir());
+                                  "--kv-cache-dtype", "fp8", "--cpu-reference"}, s.dir());
   EXPECT_EQ(run.code, 0) << run.describe();
   const Outcome again = run_asynct({"calibrate", "--model", "cal", "--out", "cal2", "--file", "text.txt"}, s.dir());
   EXPECT_EQ(again.code, 2) << again.describe();

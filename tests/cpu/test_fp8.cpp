@@ -290,11 +290,15 @@ TEST(Fp8KvCache, TheBoundHoldsAndLogitsStayClose) {
 TEST(Fp8KvCache, OptionsAreChecked) {
   expect_error([] { resolve_kv_cache_dtype("int8", "cpu"); }, "--kv-cache-dtype must be auto, bf16 or fp8, got 'int8'");
   expect_error([] { resolve_kv_cache_dtype("fp8", "cuda"); }, "do not read an FP8 cache yet");
-  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu"), KvCacheDtype::Float32);
+  expect_error([] { resolve_kv_cache_dtype("fp8", "cpu"); }, "the production CPU backend does not read an FP8 cache yet");
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu-reference"), KvCacheDtype::Float32);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu"), KvCacheDtype::BF16);
   EXPECT_EQ(resolve_kv_cache_dtype("auto", "cuda"), KvCacheDtype::BF16);
   const ModelConfig c = tiny_config(Architecture::Qwen3);
   EXPECT_EQ(kv_cache_bytes_per_token(c, KvCacheDtype::Fp8E4M3, "cuda") * 2, kv_cache_bytes_per_token(c, KvCacheDtype::BF16, "cuda"));
-  EXPECT_EQ(kv_cache_bytes_per_token(c, KvCacheDtype::Fp8E4M3, "cpu"), kv_cache_bytes_per_token(c, KvCacheDtype::Float32, "cpu"));
+  EXPECT_EQ(kv_cache_bytes_per_token(c, KvCacheDtype::Fp8E4M3, "cpu-reference"),
+            kv_cache_bytes_per_token(c, KvCacheDtype::Float32, "cpu-reference"));
+  EXPECT_EQ(kv_cache_bytes_per_token(c, KvCacheDtype::BF16, "cpu"), kv_cache_bytes_per_token(c, KvCacheDtype::BF16, "cuda"));
 }
 
 }  // namespace

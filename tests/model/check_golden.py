@@ -39,7 +39,8 @@ def main():
     parser.add_argument("--asynct", required=True, help="the asynct binary")
     parser.add_argument("--golden", required=True, help="the golden file (tests/model/data/smollm2_golden.json)")
     parser.add_argument("--model", required=True, help="the model directory the golden file was made from")
-    parser.add_argument("--device", default="cpu", help="asynct's --device (the tolerance is for cpu)")
+    parser.add_argument("--device", default="cpu-reference",
+                        help="cpu-reference (the default tolerance is for it), cpu (the production CPU backend) or cuda")
     parser.add_argument("--tolerance", type=float, default=1e-3, help="absolute, on the logits")
     parser.add_argument("--prompts", type=int, default=0, help="only the first N prompts (0: all)")
     parser.add_argument("--steps", type=int, default=0, help="only the first N greedy tokens (0: all)")

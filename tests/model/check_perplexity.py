@@ -79,7 +79,7 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         json_path = os.path.join(tmp, "ppl.json")
-        command = [args.asynct, "perplexity", "--model", args.model, "--file", args.file, "--device", "cpu",
+        command = [args.asynct, "perplexity", "--model", args.model, "--file", args.file, "--device", "cpu", "--cpu-reference",
                    "--max-tokens", str(args.tokens), "--context", str(args.context),
                    "--max-batched-tokens", str(args.max_batched_tokens), "--json", json_path]
         start = time.time()

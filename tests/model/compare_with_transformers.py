@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import asynct_generate  # noqa: E402
 import golden  # noqa: E402
 
-LOGIT_TOLERANCE = {"cpu": 1e-4, "cuda": 1e-2}
+LOGIT_TOLERANCE = {"cpu-reference": 1e-4, "cpu": 1e-2, "cuda": 1e-2}
 TIE_FACTOR = 4.0
 GOLDEN_TOLERANCE = 1e-3  # check_golden.py's default, for --golden
 
@@ -162,7 +162,8 @@ def main():
     parser.add_argument("--model", default=os.path.join(os.environ.get("ASYNCT_CACHE", os.path.expanduser("~/.cache/asynct")),
                                                         "smollm2-135m-instruct"),
                         help="the converted SmolLM2 directory (scripts/fetch_smollm2.sh)")
-    parser.add_argument("--devices", help="asynct devices, comma-separated (default: cpu, and cuda when PyTorch sees a GPU)")
+    parser.add_argument("--devices", help="asynct devices, comma-separated: cpu-reference, cpu, cuda (default: cpu-reference and cpu, and cuda "
+                             "when PyTorch sees a GPU)")
     parser.add_argument("--write-golden", metavar="PATH", help="write the golden file from this reference run")
     parser.add_argument("--golden", metavar="PATH", help="check this reference run against a golden file")
     args = parser.parse_args()
@@ -185,7 +186,7 @@ def main():
         failures += check_reference_against_golden(args.golden, args.model, records, step_logits)
         checked += len(records)
     if args.asynct:
-        devices = args.devices.split(",") if args.devices else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        devices = args.devices.split(",") if args.devices else ["cpu-reference", "cpu"] + (["cuda"] if torch.cuda.is_available() else [])
         for device in devices:
             failures += compare_engine(args.asynct, args.model, device, records, step_logits)
             checked += len(records)

@@ -1,0 +1,26 @@
+// Paged attention over the production CPU runner's bf16 cache, for both gates: softmax, and
+// AsyncT's additive gate (core/gate.h), causal, GQA, each (query row, head) a task of the pool.
+#pragma once
+
+#include <cstdint>
+
+#include "core/gate.h"
+#include "engine/step_batch.h"
+#include "models/cpu_fast/thread_pool.h"
+
+namespace asynct::cpu_fast {
+
+// One layer's cache: bf16 [num_blocks, block_size, num_kv_heads, head_dim] for keys and values.
+struct PagedKv {
+  const std::uint16_t* key = nullptr;
+  const std::uint16_t* value = nullptr;
+  int block_size = 0, num_kv_heads = 0, head_dim = 0;
+};
+
+// q: float32 [T, Hq, D] (after RoPE); out: float32 [T, Hq, D]. The batch's sequences, kv_lens
+// and block tables say which keys each row sees (check_step_batch has checked them). `scale`
+// multiplies every score (1/sqrt(D) in the models).
+void paged_attention(ThreadPool& pool, const float* q, int num_q_heads, const StepBatch& batch, const PagedKv& kv,
+                     const Gate& gate, float scale, float* out);
+
+}  // namespace asynct::cpu_fast

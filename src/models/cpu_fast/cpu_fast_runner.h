@@ -1,0 +1,70 @@
+// The production CPU backend: the model's forward pass on the weights as loaded (bf16, mapped
+// checkpoint views, no float32 copy), a bf16 paged KV cache, float32 arithmetic in vector
+// kernels (kernels.h) on every thread of a persistent pool (ASYNCT_THREADS caps it). The CPU
+// reference (models/cpu/cpu_model_runner.h) is its oracle: logits agree to the bf16 cache's and
+// float32 sums' rounding, greedy tokens on the golden prompts are the same.
+#pragma once
+
+#include <deque>
+#include <vector>
+
+#include "core/gate.h"
+#include "engine/model_runner.h"
+#include "models/architecture.h"
+#include "models/cpu_fast/thread_pool.h"
+#include "models/weights.h"
+
+namespace asynct {
+
+class CpuFastModelRunner : public ModelRunner {
+ public:
+  // Throws Error for a block size the CPU backend does not run, no blocks, or FP8 weights
+  // (which only the reference reads for now). Projections held as float32 (a float32 or
+  // float16 checkpoint) are rounded to bf16 once, here.
+  CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size);
+
+  // A step runs in submit(); collect() hands its output out. Steps pipeline as the
+  // reference's do (the tokens a chained batch takes are the step before's).
+  void submit(const StepBatch& batch) override;
+  const StepOutput& collect() override;
+  bool pipelines_steps() const override { return true; }
+  void copy_blocks(const std::vector<BlockCopy>& copies) override;
+  int num_blocks() const override { return num_blocks_; }
+  int block_size() const override { return block_size_; }
+  const ModelConfig& config() const { return weights_.config; }
+
+ private:
+  struct Layer {
+    const std::uint16_t *q, *k, *v, *o, *gate, *up, *down;  // bf16 projections
+    std::vector<float> input_norm, post_attention_norm, q_norm, k_norm, attn_output_norm, mlp_output_norm;
+    Gate attention_gate;
+    std::vector<std::uint16_t> key_cache, value_cache;  // bf16 [blocks, block_size, Hkv, D]
+  };
+  struct Result {
+    std::vector<float> logits;  // [rows, vocab], which output points into
+    StepOutput output;
+  };
+  Result run(const StepBatch& batch, const std::vector<std::int32_t>& tokens);
+  void attention_block(Layer& layer, const StepBatch& batch);  // x_norm_ -> attn_
+  void mlp_block(const Layer& layer);                           // x_norm_ -> mlp_
+  // fn(first, last) over rows [0, rows), on the pool when there are enough rows to pay for it.
+  template <typename Fn>
+  void for_rows(std::int64_t rows, const Fn& fn);
+
+  int num_blocks_, block_size_;
+  ModelWeights weights_;  // keeps the mapped views the layers point into alive
+  ArchitectureRecipe recipe_;
+  float norm_clip_;
+  std::vector<Layer> layers_;
+  std::vector<float> final_norm_;
+  std::vector<double> inv_freq_;  // RoPE's theta^(-2i/D)
+  ThreadPool pool_;
+  // Per-step work buffers, kept between steps.
+  std::vector<float> x_, x_norm_, qkv_, q_, attn_, proj_, gate_up_, act_;
+  std::vector<float> cos_, sin_;
+  std::deque<Result> queued_;
+  Result collected_;
+  std::vector<LogitSummary> last_summaries_;
+};
+
+}  // namespace asynct

@@ -1,0 +1,49 @@
+// The production CPU runner's vector kernels over one row or one tile: bf16 weights and cache
+// read as stored, float32 arithmetic. Each has an AVX2/FMA form, chosen at run time when the CPU
+// has both, and a plain C++ form for every other CPU; tests check both against the reference.
+#pragma once
+
+#include <cstdint>
+
+namespace asynct::cpu_fast {
+
+// Whether the AVX2/FMA forms run: the CPU has AVX2 and FMA, and use_generic_kernels(true) was
+// not called.
+bool vector_kernels();
+// Makes every kernel take its plain C++ form (true) or the best the CPU has (false): tests.
+void use_generic_kernels(bool generic);
+
+// y[r * ldy + o] = sum_i x[r * ldx + i] * w[o * in + i] for r < rows, o < nw: a tile of x W^T
+// with W bf16 [nw, in] (PyTorch's layout).
+void gemm_bf16(const float* x, std::int64_t ldx, int rows, const std::uint16_t* w, int nw, int in, float* y,
+               std::int64_t ldy);
+
+// sum_i a[i] * b[i], b bf16.
+float dot_bf16(const float* a, const std::uint16_t* b, int n);
+// out[i] += weight * v[i], v bf16.
+void axpy_bf16(float* out, float weight, const std::uint16_t* v, int n);
+
+// out[j] = scale * sum_i q[i] * keys[rows[j] + i] for j < n: a query's scores against n bf16 key
+// rows (a paged cache's rows, by their offsets from `keys`).
+void scores_bf16(const float* q, const std::uint16_t* keys, const std::int64_t* rows, int n, int d, float scale,
+                 float* out);
+// out[i] += sum_j p[j] * values[rows[j] + i] for i < d: the weighted sum of n bf16 value rows.
+void weighted_sum_bf16(const float* p, const std::uint16_t* values, const std::int64_t* rows, int n, int d, float* out);
+
+// y = w * clamp(x / sqrt(mean(x^2) + eps), -clip, clip); clip may be infinite (RMSNorm).
+void norm_row(const float* x, int n, const float* w, float eps, float clip, float* y);
+
+// x[i] = exp(x[i] - shift); returns the sum of the new values.
+float exp_shifted(float* x, int n, float shift);
+
+// out[i] = silu(gate[i]) * up[i].
+void swiglu_row(const float* gate, const float* up, int n, float* out);
+
+// x[i] += y[i].
+void add_row(float* x, const float* y, int n);
+
+// Conversions: bf16 to float exactly; float to bf16 rounding to nearest even.
+void bf16_to_float_row(const std::uint16_t* in, float* out, int n);
+void float_to_bf16_row(const float* in, std::uint16_t* out, int n);
+
+}  // namespace asynct::cpu_fast

@@ -1,0 +1,37 @@
+#include "models/cpu_fast/linear.h"
+
+#include <algorithm>
+
+#include "models/cpu_fast/kernels.h"
+
+namespace asynct::cpu_fast {
+
+void linear_bf16(ThreadPool& pool, const float* x, std::int64_t rows, std::int64_t ldx, int in,
+                 const std::vector<LinearPart>& parts, float* y, std::int64_t ldy) {
+  if (rows == 0) return;  // a prefill chunk with no row to sample
+  // Decode rows read each weight once: pieces of 32 output rows spread the weights' bytes evenly
+  // over the threads. Prefill rows: pieces of 64 output rows by up to 192 rows of x, as even as
+  // multiples of the kernel's 6 make them (192 KiB of x per 256 inputs stays in L2 while the
+  // packed weight panels pass).
+  const bool decode = rows <= 2;
+  const int features = decode ? 32 : 64;
+  const std::int64_t pieces = decode ? 1 : (rows + 191) / 192;
+  const std::int64_t row_piece = decode ? rows : ((rows + pieces - 1) / pieces + 5) / 6 * 6;  // even pieces
+  const std::int64_t row_pieces = (rows + row_piece - 1) / row_piece;
+  struct Task {
+    int part, first;
+  };
+  std::vector<Task> tasks;
+  for (std::size_t p = 0; p < parts.size(); ++p)
+    for (int f = 0; f < parts[p].out; f += features) tasks.push_back({int(p), f});
+  pool.run(tasks.size() * std::size_t(row_pieces), [&](std::size_t i) {
+    const Task& t = tasks[i % tasks.size()];
+    const std::int64_t r0 = std::int64_t(i / tasks.size()) * row_piece;
+    const LinearPart& part = parts[std::size_t(t.part)];
+    const int nw = std::min(features, part.out - t.first);
+    gemm_bf16(x + r0 * ldx, ldx, int(std::min(row_piece, rows - r0)), part.weight + std::int64_t(t.first) * in, nw, in,
+              y + r0 * ldy + part.y_offset + t.first, ldy);
+  });
+}
+
+}  // namespace asynct::cpu_fast

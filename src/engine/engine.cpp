@@ -62,6 +62,7 @@ std::unique_ptr<Engine::Sequence> Engine::make_sequence(const Request& r) {
     check(stop >= 0 && stop < vocab_size_, "request: stop token ", stop, " is outside the vocabulary [0, ", vocab_size_,
           ")");
   validate_sampling(r.sampling);
+  validate_logit_bias(r.logit_bias.data(), r.logit_bias.size(), vocab_size_);
   auto seq = std::make_unique<Sequence>();
   seq->id = next_id_++;
   seq->request = r;
@@ -284,6 +285,9 @@ void Engine::add_row_sampling(StepBatch& b, const Sequence& seq, bool chained, i
     }
     row.penalty_end = int(b.penalty_tokens.size());
   }
+  row.bias_begin = int(b.logit_bias.size());
+  b.logit_bias.insert(b.logit_bias.end(), seq.request.logit_bias.begin(), seq.request.logit_bias.end());
+  row.bias_end = int(b.logit_bias.size());
   b.sampling.push_back(row);
 }
 

@@ -57,6 +57,9 @@ struct Request {
   std::vector<std::int32_t> prompt;
   int max_tokens = 16;
   SamplingParams sampling;
+  // Added to these tokens' logits before anything else at every draw (SamplingParams' step 0);
+  // checked with validate_logit_bias. Logprobs stay the model's own.
+  std::vector<LogitBias> logit_bias;
   // The request ends when it generates any of these (each in the vocabulary); empty: it runs
   // to max_tokens.
   std::vector<std::int32_t> eos_token_ids;

@@ -60,6 +60,14 @@ void apply_penalties(float* logits, std::size_t vocab, const SamplingParams& p, 
     penalise(context.newest, context.newest_is_output ? 1 : 0, !context.newest_is_output);
 }
 
+void apply_logit_bias(float* logits, std::size_t vocab, std::span<const LogitBias> bias) {
+  for (const LogitBias& b : bias) {
+    check(b.id >= 0 && std::size_t(b.id) < vocab, "logit_bias: token id ", b.id, " is outside the vocabulary [0, ",
+          vocab, ")");
+    logits[b.id] = std::clamp(logits[b.id] + b.bias, -FLT_MAX, FLT_MAX);
+  }
+}
+
 namespace {
 
 struct Candidate {
@@ -273,7 +281,8 @@ void fill_logprobs(const float* logits, std::size_t vocab, int n, LogitSummary& 
 }
 
 LogitSummary sample_logit_row(const float* logits, std::size_t vocab, const RowSampling& row,
-                              const PenaltyContext& penalties, std::vector<TopLogprob>* top) {
+                              const PenaltyContext& penalties, std::vector<TopLogprob>* top,
+                              std::span<const LogitBias> bias) {
   const SamplingParams& p = row.params;
   validate_sampling(p);
   check(vocab > 0, "sampling: empty logits");
@@ -282,8 +291,9 @@ LogitSummary sample_logit_row(const float* logits, std::size_t vocab, const RowS
   if (s.nonfinite >= 0) return s;
   const float* processed = logits;
   std::vector<float> penalised;
-  if (p.has_penalties()) {
+  if (!bias.empty() || p.has_penalties()) {
     penalised.assign(logits, logits + vocab);
+    apply_logit_bias(penalised.data(), vocab, bias);
     apply_penalties(penalised.data(), vocab, p, penalties);
     processed = penalised.data();
     s.token = summarize_logits(processed, vocab).token;

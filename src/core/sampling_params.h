@@ -73,8 +73,8 @@ struct RowSampling {
   SamplingParams params;
   std::uint64_t step = 0;                  // the draw index: tokens the request generated before this one
   int penalty_begin = 0, penalty_end = 0;  // range in StepBatch::penalty_tokens
-  int bias_begin = 0, bias_end = 0;        // range in StepBatch::logit_bias (empty: no bias)
   std::int32_t newest_is_output = 0;       // the row's own input token (the sequence's newest) was generated
+  int bias_begin = 0, bias_end = 0;        // range in StepBatch::logit_bias (empty: no bias)
 };
 
 }  // namespace asynct

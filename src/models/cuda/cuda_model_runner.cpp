@@ -31,7 +31,8 @@ namespace {
 // A row whose token the greedy summary gives (the argmax of the raw logits) and that asks for
 // nothing else.
 bool plain_greedy(const RowSampling& row) {
-  return row.params.temperature == 0.0f && !row.params.has_penalties() && row.params.logprobs < 0;
+  return row.params.temperature == 0.0f && !row.params.has_penalties() && row.bias_begin == row.bias_end &&
+         row.params.logprobs < 0;
 }
 
 // The runner's streams and the events between them. The copies between host and device run
@@ -95,7 +96,8 @@ struct CudaModelRunner::Impl {
   // others, and every row's logprobs, in collect() from their logits copied back.
   bool device_sampler = false;
   bool device_samples(const RowSampling& row) const {
-    return device_sampler || (row.params.temperature == 0.0f && !row.params.has_penalties());
+    return device_sampler ||
+           (row.params.temperature == 0.0f && !row.params.has_penalties() && row.bias_begin == row.bias_end);
   }
   bool needs_host_logits(const RowSampling& row) const {
     return !device_sampler && (!device_samples(row) || row.params.logprobs >= 0);
@@ -115,6 +117,7 @@ struct CudaModelRunner::Impl {
     std::vector<std::uint8_t> full_logits;
     std::vector<RowSampling> sampling;
     std::vector<PenaltyToken> penalty_tokens;
+    std::vector<LogitBias> logit_bias;
     std::vector<std::int32_t> newest;  // [rows] each row's input token
     int rows = 0;
     cudaEvent_t done = nullptr;
@@ -154,6 +157,7 @@ struct CudaModelRunner::Impl {
     q.full_logits = b.full_logits;
     q.sampling = b.sampling;
     q.penalty_tokens = b.penalty_tokens;
+    q.logit_bias = b.logit_bias;
     q.copied.assign(std::size_t(rows), 0);
     q.newest.assign(std::size_t(rows), 0);
     std::size_t wanted = 0;
@@ -229,7 +233,9 @@ struct CudaModelRunner::Impl {
           std::span<const PenaltyToken>(q.penalty_tokens).subspan(std::size_t(s.penalty_begin),
                                                                   std::size_t(s.penalty_end - s.penalty_begin)),
           q.newest[i], s.newest_is_output != 0};
-      summary = sample_logit_row(copied[i], vocab, s, penalties, &output.top_logprobs[i]);
+      const std::span<const LogitBias> bias = std::span<const LogitBias>(q.logit_bias)
+                                                  .subspan(std::size_t(s.bias_begin), std::size_t(s.bias_end - s.bias_begin));
+      summary = sample_logit_row(copied[i], vocab, s, penalties, &output.top_logprobs[i], bias);
     });
   }
 };

@@ -15,8 +15,9 @@ namespace asynct {
 
 // The order of operations is the CPU reference sampler's (reference/sampler.h):
 //  0. the request's logit bias (LogitBias) added to the raw logits;
-//  1. penalties on the biased logits (repetition first, then frequency and presence), giving the
-//     "processed logits";
+//  1. penalties on the biased logits (repetition first, then frequency and presence), then a
+//     constrained row's disallowed tokens (its bitmask, engine/token_constraint.h) set to
+//     -FLT_MAX, giving the "processed logits";
 //  2. temperature 0: the token is the argmax of the processed logits (lowest id on ties);
 //  3. otherwise weights w_i = exp((x_i - max) / temperature) over the processed logits x;
 //  4. the candidates in order (x down, id up on ties): the first top_k (when > 0); then top-p
@@ -75,6 +76,7 @@ struct RowSampling {
   int penalty_begin = 0, penalty_end = 0;  // range in StepBatch::penalty_tokens
   std::int32_t newest_is_output = 0;       // the row's own input token (the sequence's newest) was generated
   int bias_begin = 0, bias_end = 0;        // range in StepBatch::logit_bias (empty: no bias)
+  int mask_offset = -1;                    // -1: every token allowed; else its allowed-token bitmask's first word in StepBatch::token_masks
 };
 
 }  // namespace asynct

@@ -43,6 +43,10 @@ void apply_penalties(float* logits, std::size_t vocab, const SamplingParams& par
 // Error for a token id outside [0, vocab).
 void apply_logit_bias(float* logits, std::size_t vocab, std::span<const LogitBias> bias);
 
+// Sets every token whose bit in `allowed` ((vocab + 31) / 32 words, bit t % 32 of word t / 32)
+// is clear to -FLT_MAX.
+void apply_token_mask(float* logits, std::size_t vocab, const std::uint32_t* allowed);
+
 // The token of generation step `step` drawn from `logits` ([vocab], finite, penalties already
 // applied: only steps 2-5 of the order), with the lowest id first on ties everywhere. Only the
 // part of the order that top-k, top-p, min-p and the draw reach is sorted.
@@ -55,12 +59,13 @@ void fill_logprobs(const float* logits, std::size_t vocab, int n, LogitSummary& 
                    std::vector<TopLogprob>* top);
 
 // One row the way a runner samples it: the summary of the raw row (a non-finite logit ends it
-// there: the engine reports it), then the token from the processed row (the bias, then the
-// penalties, on a copy of it, when the row has either), then the logprobs of the raw row when
-// asked (top ones into *top, which is emptied otherwise). `bias` is the row's range of
-// StepBatch::logit_bias.
+// there: the engine reports it), then the token from the processed row (the bias, the penalties
+// and the allowed-token mask, on a copy of it, when the row has any), then the logprobs of the
+// raw row when asked (top ones into *top, which is emptied otherwise). `bias` is the row's range
+// of StepBatch::logit_bias, `allowed` its bitmask (null: every token). The token is always an
+// allowed one.
 LogitSummary sample_logit_row(const float* logits, std::size_t vocab, const RowSampling& row,
                               const PenaltyContext& penalties, std::vector<TopLogprob>* top,
-                              std::span<const LogitBias> bias = {});
+                              std::span<const LogitBias> bias = {}, const std::uint32_t* allowed = nullptr);
 
 }  // namespace asynct

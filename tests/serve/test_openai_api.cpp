@@ -147,9 +147,6 @@ TEST(OpenAiApi, RefusesUnimplementedFieldsUnlessNeutral) {
     return refusal(Endpoint::Completions, R"({"model": "m", "prompt": "x", )" + rest + "}");
   };
   using R = std::pair<int, std::string>;
-  EXPECT_EQ(chat(R"("response_format": {"type": "json_object"})"), (R{400, "response_format"}));
-  EXPECT_EQ(chat(R"("response_format": {"type": "json_schema", "json_schema": {}})"), (R{400, "response_format"}));
-  EXPECT_EQ(chat(R"("response_format": "text")"), (R{400, "response_format"}));
   EXPECT_EQ(chat(R"("functions": [{"name": "f"}])"), (R{400, "functions"}));
   EXPECT_EQ(chat(R"("function_call": "auto")"), (R{400, "function_call"}));
   EXPECT_EQ(chat(R"("function_call": {"name": "f"})"), (R{400, "function_call"}));
@@ -188,6 +185,29 @@ TEST(OpenAiApi, ReadsLogitBias) {
   std::string many = "{";
   for (int i = 0; i < 301; ++i) many += (i ? ", \"" : "\"") + std::to_string(i) + "\": 1";
   EXPECT_EQ(completions(R"("logit_bias": )" + many + "}"), (R{400, "logit_bias"}));
+}
+
+// response_format: text, json_object, or json_schema with a name and a schema object; anything
+// else a 400 naming the field.
+TEST(OpenAiApi, ReadsResponseFormat) {
+  const std::string head = R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": )";
+  const auto read = [&](const std::string& format) {
+    return parse_completion_request(Endpoint::ChatCompletions, head + format + "}", "m").response_format;
+  };
+  EXPECT_EQ(read("null").kind, ResponseFormat::Kind::Text);
+  EXPECT_EQ(read(R"({"type": "text"})").kind, ResponseFormat::Kind::Text);
+  EXPECT_EQ(read(R"({"type": "json_object"})").kind, ResponseFormat::Kind::JsonObject);
+  const ResponseFormat f =
+      read(R"({"type": "json_schema", "json_schema": {"name": "n", "strict": true, "schema": {"type": "integer"}}})");
+  EXPECT_EQ(f.kind, ResponseFormat::Kind::JsonSchema);
+  EXPECT_EQ(nlohmann::json::parse(f.schema), nlohmann::json::parse(R"({"type": "integer"})"));
+  using R = std::pair<int, std::string>;
+  for (const char* bad : {R"("text")", R"({})", R"({"type": "xml"})", R"({"type": "json_schema"})",
+                          R"({"type": "json_schema", "json_schema": {}})",
+                          R"({"type": "json_schema", "json_schema": {"name": "n"}})",
+                          R"({"type": "json_schema", "json_schema": {"name": "n", "schema": []}})",
+                          R"({"type": "json_schema", "json_schema": {"name": "n", "schema": {}, "strict": "yes"}})"})
+    EXPECT_EQ(refusal(Endpoint::ChatCompletions, head + bad + "}"), (R{400, "response_format"})) << bad;
 }
 
 // POST /tokenize and /detokenize bodies, in vLLM's shapes.

@@ -12,6 +12,8 @@ Checked:
   prompt (greedy, and seeded sampling), usage counts, finish reasons, stop strings;
 - 32 concurrent streams, 8 closed mid-stream: every finished one complete and equal to its
   request alone, the server alive after; a whole response's client that leaves ends its request;
+- structured output (with --jsonschema, for a build with xgrammar): json_schema outputs validate,
+  json_object outputs parse (structured_checks.py);
 - logit_bias: -100 on the greedy first token changes it, +100 forces a token (logprobs unbiased);
 - seedless sampling differs from request to request, seeded sampling repeats;
 - lists of prompts, models.retrieve, /tokenize and /detokenize, system_fingerprint;
@@ -38,6 +40,7 @@ import threading
 import time
 
 from server_harness import TIMEOUT, Checks, Server, generate, raw, upload, write_tiny_llama
+from structured_checks import check_structured_output
 
 
 def main():
@@ -45,6 +48,8 @@ def main():
     parser.add_argument("--asynct", required=True)
     parser.add_argument("--tokenizer-from", required=True, help="a directory with tokenizer.json and a chat template")
     parser.add_argument("--client", required=True, help="where the openai package is (scripts/fetch_client_assets.sh)")
+    parser.add_argument("--jsonschema", help="where the jsonschema package is (scripts/fetch_grammar_assets.sh): "
+                                             "checks structured output, which needs a build with xgrammar")
     args = parser.parse_args()
     if not os.path.isfile(os.path.join(args.tokenizer_from, "tokenizer.json")):
         print(f"skipped: no tokenizer at {args.tokenizer_from} (scripts/fetch_smollm2.sh)")
@@ -249,7 +254,10 @@ def main():
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}', 400,
                  "messages[0].role"),
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
-                                         b'"response_format": {"type": "json_object"}}', 400, "response_format"),
+                                         b'"response_format": {"type": "xml"}}', 400, "response_format"),
+                ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+                                         b'"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}}', 400,
+                 "response_format"),
                 ("/v1/completions", b'{"model": "tiny", "prompt": "x", "logit_bias": {"49152": 5}}', 400, "logit_bias"),
                 ("/v1/completions", b'{"model": "tiny", "prompt": "x", "logit_bias": {"17": 101}}', 400, "logit_bias"),
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
@@ -296,7 +304,7 @@ def main():
             c.equal("/metrics: the chat template's shared prefix came from the prefix cache",
                     metrics.get("asynct_prefix_cache_hits_total", 0) > 0, True)
             c.equal("/metrics: errors by status", [metrics.get(f'asynct_http_errors_total{{status="{s}"}}') for s in (400, 404, 413)],
-                    [16, 1, 2])
+                    [17, 1, 2])
 
             # Several prompts in one completion: choice j of prompt i is index i * n + j, each as the
             # prompt alone would give it; usage adds up; streamed too; token-id lists the same.
@@ -372,6 +380,15 @@ def main():
                                       {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
             c.equal("CORS off by default: a preflight is a 405, no Allow-Origin",
                     (status, response.getheader("Access-Control-Allow-Origin")), (405, None))
+
+            # Structured output (response_format), last on this server: its requests are not in the
+            # /metrics counts above.
+            if args.jsonschema:  # structured_checks.py
+                sys.path.insert(0, args.jsonschema)
+                import jsonschema
+                started = time.monotonic()
+                check_structured_output(client, c, jsonschema, token_ids)
+                print(f"structured output: {time.monotonic() - started:.1f} s", flush=True)
 
         # An API key (and CORS for one origin): every route but /health and /metrics wants it. This
         # server also decodes speculatively: the same text, the drafts counted in /metrics.

@@ -15,6 +15,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh" >&2
+# xgrammar's sdist, which the build compiles for structured output (asynct serve's response_format).
+"$root/scripts/fetch_grammar_assets.sh" >/dev/null || echo "asynct run: no xgrammar (above): asynct serve will refuse response_format" >&2
 source "$root/scripts/env.sh"
 
 default_question="Why is the sky blue?"

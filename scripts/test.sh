@@ -34,6 +34,12 @@ scripts/fetch_client_assets.sh >/dev/null || {
   exit 1
 }
 
+# Structured output: xgrammar's sdist (the build compiles it) and jsonschema for the server test.
+scripts/fetch_grammar_assets.sh >/dev/null || {
+  echo "scripts/test.sh: scripts/fetch_grammar_assets.sh failed: structured output needs xgrammar's sdist" >&2
+  exit 1
+}
+
 # Compilations are cached (ccache, keyed on paths relative to the checkout, so that another
 # clone on the same machine reuses them): a rebuild compiles only what changed.
 launcher=()

@@ -62,11 +62,16 @@ std::unique_ptr<Engine::Sequence> Engine::make_sequence(const Request& r) {
     check(stop >= 0 && stop < vocab_size_, "request: stop token ", stop, " is outside the vocabulary [0, ", vocab_size_,
           ")");
   validate_sampling(r.sampling);
+  validate_logit_bias(r.logit_bias.data(), r.logit_bias.size(), vocab_size_);
   auto seq = std::make_unique<Sequence>();
   seq->id = next_id_++;
   seq->request = r;
   seq->tokens = r.prompt;
   if (r.sampling.has_penalties()) seq->penalties.emplace(seq->tokens, r.prompt.size());
+  if (r.constraint) {
+    seq->constraint = r.constraint();
+    check(seq->constraint != nullptr, "request: its constraint factory made no constraint");
+  }
   return seq;
 }
 
@@ -144,7 +149,7 @@ std::vector<std::int32_t> Engine::drafts_for(const Sequence& seq, int budget) co
   const SpeculativeOptions& o = options_.speculative;
   // Decoding (one new token, past the prompt), without penalties.
   if (!o.enabled() || seq.num_generated == 0 || int(seq.tokens.size()) - seq.num_computed != 1 ||
-      seq.request.sampling.has_penalties())
+      seq.request.sampling.has_penalties() || seq.constraint)
     return {};
   // A step gives up to drafts + 1 tokens: within max_tokens and the step's budget.
   const int most = std::min({o.num_tokens, seq.request.max_tokens - seq.num_generated - 1, budget - 1});
@@ -174,7 +179,7 @@ bool Engine::finished(const Sequence& seq, bool go_on, std::string* reason) cons
     *reason = "eos";
     return true;
   }
-  if (holds(seq.request.stop_token_ids) || !go_on) {
+  if (holds(seq.request.stop_token_ids) || !go_on || (seq.constraint && seq.constraint->complete())) {
     *reason = "stop";
     return true;
   }
@@ -284,6 +289,15 @@ void Engine::add_row_sampling(StepBatch& b, const Sequence& seq, bool chained, i
     }
     row.penalty_end = int(b.penalty_tokens.size());
   }
+  row.bias_begin = int(b.logit_bias.size());
+  b.logit_bias.insert(b.logit_bias.end(), seq.request.logit_bias.begin(), seq.request.logit_bias.end());
+  row.bias_end = int(b.logit_bias.size());
+  if (seq.constraint) {
+    check(!chained && ahead == 0, "engine: a constrained sequence's row must follow its newest token");
+    row.mask_offset = int(b.token_masks.size());
+    b.token_masks.resize(b.token_masks.size() + std::size_t(token_mask_words(vocab_size_)), 0u);
+    seq.constraint->fill_allowed(b.token_masks.data() + row.mask_offset, vocab_size_);
+  }
   b.sampling.push_back(row);
 }
 
@@ -295,7 +309,7 @@ bool Engine::can_chain(const StepState& s) const {
   std::int64_t new_blocks = 0;
   for (std::size_t i = 0; i < s.scheduled.size(); ++i) {
     const Sequence* seq = s.scheduled[i].seq;
-    if (seq == nullptr || s.scheduled[i].num_tokens != 1 || s.sample_row[i] < 0) return false;
+    if (seq == nullptr || s.scheduled[i].num_tokens != 1 || s.sample_row[i] < 0 || seq->constraint) return false;
     // Its token drawn where the step runs, and not ended by length by it (an end of sequence,
     // a stop token or on_token still may: the next step's row for it is then dropped).
     if (!runner_->samples_on_device(s.batch.sampling[std::size_t(s.sample_row[i])])) return false;
@@ -460,6 +474,9 @@ bool Engine::take_token(Sequence& seq, int row, const StepOutput& out, std::vect
   const float* logits = out.logits[std::size_t(row)];
   if (options_.record_first_logits && seq.num_generated == 0) seq.first_logits.assign(logits, logits + vocab_size_);
   append_token(seq, summary.token);
+  if (seq.constraint)
+    check(seq.constraint->accept(summary.token), "engine: request ", seq.id, "'s constraint refused token ", summary.token,
+          " (its mask allowed it)");
   const int logprobs = seq.request.sampling.logprobs;
   if (logprobs >= 0) seq.logprobs.push_back(summary.logprob);
   if (logprobs > 0) seq.top_logprobs.push_back(out.top_logprobs[std::size_t(row)]);

@@ -18,6 +18,7 @@
 #include "engine/drafter.h"
 #include "engine/model_runner.h"
 #include "engine/penalty_history.h"
+#include "engine/token_constraint.h"
 
 namespace asynct {
 
@@ -57,6 +58,14 @@ struct Request {
   std::vector<std::int32_t> prompt;
   int max_tokens = 16;
   SamplingParams sampling;
+  // Added to these tokens' logits before anything else at every draw (SamplingParams' step 0);
+  // checked with validate_logit_bias. Logprobs stay the model's own.
+  std::vector<LogitBias> logit_bias;
+  // Structured output: makes the sequence's constraint (one per sequence, each choice of a group
+  // its own). Its mask applies at every token, after the bias and penalties; a constrained
+  // request decodes a token a step, never chained ahead or drafted (each mask needs the token
+  // before), and ends with "stop" once the constraint is complete. Empty: unconstrained.
+  TokenConstraintFactory constraint;
   // The request ends when it generates any of these (each in the vocabulary); empty: it runs
   // to max_tokens.
   std::vector<std::int32_t> eos_token_ids;
@@ -167,6 +176,7 @@ class Engine {
     std::uint64_t last_filed_hash = 0;  // the last of them's chained hash
     std::vector<float> first_logits;
     std::optional<PenaltyHistory> penalties;  // only when the request has penalties
+    std::unique_ptr<TokenConstraint> constraint;  // only when the request has one
     std::vector<float> logprobs;
     std::vector<std::vector<TopLogprob>> top_logprobs;
     std::vector<std::unique_ptr<Sequence>> forks;  // its group's other choices, until they fork

@@ -50,6 +50,14 @@ void check_step_batch(const StepBatch& b, const StepBounds& bounds) {
     check(s.penalty_begin >= 0 && s.penalty_begin <= s.penalty_end && std::size_t(s.penalty_end) <= b.penalty_tokens.size(),
           "forward: logit row ", r, "'s penalty tokens [", s.penalty_begin, ", ", s.penalty_end,
           ") are not within penalty_tokens (", b.penalty_tokens.size(), ")");
+    check(s.bias_begin >= 0 && s.bias_begin <= s.bias_end && std::size_t(s.bias_end) <= b.logit_bias.size(),
+          "forward: logit row ", r, "'s logit bias [", s.bias_begin, ", ", s.bias_end, ") is not within logit_bias (",
+          b.logit_bias.size(), ")");
+    check(s.mask_offset == -1 || (s.mask_offset >= 0 && std::size_t(s.mask_offset) + std::size_t((bounds.vocab_size + 31) / 32) <=
+                                                            b.token_masks.size()),
+          "forward: logit row ", r, "'s token mask at word ", s.mask_offset, " is not within token_masks (",
+          b.token_masks.size(), " words)");
+    validate_logit_bias(b.logit_bias.data() + s.bias_begin, std::size_t(s.bias_end - s.bias_begin), bounds.vocab_size);
   }
   for (const PenaltyToken& p : b.penalty_tokens) {
     check(p.id >= 0 && p.id < bounds.vocab_size, "forward: penalty token id ", p.id, " outside the vocabulary");

@@ -27,6 +27,11 @@ struct StepBatch {
   // input token, which the runner adds itself: in a chained step it is not on the host yet),
   // row r's in [sampling[r].penalty_begin, penalty_end). Empty ranges for rows without penalties.
   std::vector<PenaltyToken> penalty_tokens;
+  // Each biased row's logit bias (its request's), row r's in [sampling[r].bias_begin, bias_end).
+  std::vector<LogitBias> logit_bias;
+  // The allowed-token bitmasks of constrained rows (engine/token_constraint.h), (vocab + 31) / 32
+  // words each, row r's from word sampling[r].mask_offset (when >= 0).
+  std::vector<std::uint32_t> token_masks;
   // [logit_rows.size()] non-zero where the engine reads that row's full logits (recording them:
   // EngineOptions::record_first_logits); every other row's logits may stay where they were
   // computed.
@@ -48,6 +53,8 @@ struct StepBatch {
     logit_rows.clear();
     sampling.clear();
     penalty_tokens.clear();
+    logit_bias.clear();
+    token_masks.clear();
     full_logits.clear();
     tokens_from_rows.clear();
     cu_seqlens_q.assign(1, 0);
@@ -72,7 +79,8 @@ struct StepBounds {
 // 0 .. max_position_embeddings - 1; a slot outside the cache; a logit row outside 0 .. T - 1;
 // sampling not one per logit row, a row's parameters out of range (validate_sampling), its
 // penalty range outside penalty_tokens, a penalty token outside the vocabulary or with a
-// negative count.
+// negative count, its bias range outside logit_bias or a bias entry out of range
+// (validate_logit_bias), its mask outside token_masks.
 // Both runners call it before a step touches anything, so a bad batch changes no state.
 void check_step_batch(const StepBatch& batch, const StepBounds& bounds);
 

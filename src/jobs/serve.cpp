@@ -26,6 +26,7 @@
 #ifdef ASYNCT_WITH_SERVER
 #include "serve/engine_worker.h"
 #include "serve/http_server.h"
+#include "serve/structured_output.h"
 #endif
 
 namespace asynct {
@@ -196,6 +197,13 @@ int run_serve(const ServeOptions& o) {
   http.api_key = o.api_key;
   http.allowed_origins = allowed_origins;
   http.system_fingerprint = "fp_asynct_" + device;  // the backend: what changes answers to the same seed
+  // Structured output over the tokenizer's vocabulary, when built with xgrammar.
+  std::unique_ptr<serve::StructuredOutput> structured;
+  if (serve::StructuredOutput::available()) {
+    structured = std::make_unique<serve::StructuredOutput>((std::filesystem::path(o.model_dir) / "tokenizer.json").string(),
+                                                           config.vocab_size, config.eos_token_ids);
+    http.structured_output = structured.get();
+  }
   serve::HttpServer server(worker, *text, metrics, http);
   const int port = server.bind();
 

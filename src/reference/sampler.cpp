@@ -60,6 +60,19 @@ void apply_penalties(float* logits, std::size_t vocab, const SamplingParams& p, 
     penalise(context.newest, context.newest_is_output ? 1 : 0, !context.newest_is_output);
 }
 
+void apply_logit_bias(float* logits, std::size_t vocab, std::span<const LogitBias> bias) {
+  for (const LogitBias& b : bias) {
+    check(b.id >= 0 && std::size_t(b.id) < vocab, "logit_bias: token id ", b.id, " is outside the vocabulary [0, ",
+          vocab, ")");
+    logits[b.id] = std::clamp(logits[b.id] + b.bias, -FLT_MAX, FLT_MAX);
+  }
+}
+
+void apply_token_mask(float* logits, std::size_t vocab, const std::uint32_t* allowed) {
+  for (std::size_t i = 0; i < vocab; ++i)
+    if (!(allowed[i / 32] >> (i % 32) & 1u)) logits[i] = -FLT_MAX;
+}
+
 namespace {
 
 struct Candidate {
@@ -273,7 +286,8 @@ void fill_logprobs(const float* logits, std::size_t vocab, int n, LogitSummary& 
 }
 
 LogitSummary sample_logit_row(const float* logits, std::size_t vocab, const RowSampling& row,
-                              const PenaltyContext& penalties, std::vector<TopLogprob>* top) {
+                              const PenaltyContext& penalties, std::vector<TopLogprob>* top,
+                              std::span<const LogitBias> bias, const std::uint32_t* allowed) {
   const SamplingParams& p = row.params;
   validate_sampling(p);
   check(vocab > 0, "sampling: empty logits");
@@ -282,13 +296,20 @@ LogitSummary sample_logit_row(const float* logits, std::size_t vocab, const RowS
   if (s.nonfinite >= 0) return s;
   const float* processed = logits;
   std::vector<float> penalised;
-  if (p.has_penalties()) {
+  if (!bias.empty() || p.has_penalties() || allowed) {
     penalised.assign(logits, logits + vocab);
+    apply_logit_bias(penalised.data(), vocab, bias);
     apply_penalties(penalised.data(), vocab, p, penalties);
+    if (allowed) apply_token_mask(penalised.data(), vocab, allowed);
     processed = penalised.data();
     s.token = summarize_logits(processed, vocab).token;
   }
-  if (p.temperature > 0.0f) s.token = draw_token(processed, vocab, p, row.step, s.token);
+  if (p.temperature > 0.0f) {
+    const std::int32_t best = s.token;
+    s.token = draw_token(processed, vocab, p, row.step, best);
+    // (a draw whose sums round past the allowed tokens' would land on a disallowed one of weight 0)
+    if (allowed && !(allowed[std::size_t(s.token) / 32] >> (std::size_t(s.token) % 32) & 1u)) s.token = best;
+  }
   if (p.logprobs >= 0) fill_logprobs(logits, vocab, p.logprobs, s, top);
   return s;
 }

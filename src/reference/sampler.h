@@ -1,5 +1,5 @@
 // The reference sampler: one row of logits to one token, in the order core/sampling_params.h
-// lists (penalties, temperature, top-k, top-p, min-p, one draw), and the logprobs of the raw
+// lists (logit bias, penalties, temperature, top-k, top-p, min-p, one draw), and the logprobs of the raw
 // row. The CPU runner samples with it and the device sampler is tested against it. Draws come
 // from a counter-based generator, so a (seed, step) pair always draws the same number on any
 // machine or backend, and the same token from the same row.
@@ -39,6 +39,14 @@ struct PenaltyContext {
 // clamped to the finite floats. Throws Error for a token id outside [0, vocab).
 void apply_penalties(float* logits, std::size_t vocab, const SamplingParams& params, const PenaltyContext& context);
 
+// Adds each bias to its token's logit in place, the sum clamped to the finite floats. Throws
+// Error for a token id outside [0, vocab).
+void apply_logit_bias(float* logits, std::size_t vocab, std::span<const LogitBias> bias);
+
+// Sets every token whose bit in `allowed` ((vocab + 31) / 32 words, bit t % 32 of word t / 32)
+// is clear to -FLT_MAX.
+void apply_token_mask(float* logits, std::size_t vocab, const std::uint32_t* allowed);
+
 // The token of generation step `step` drawn from `logits` ([vocab], finite, penalties already
 // applied: only steps 2-5 of the order), with the lowest id first on ties everywhere. Only the
 // part of the order that top-k, top-p, min-p and the draw reach is sorted.
@@ -51,10 +59,13 @@ void fill_logprobs(const float* logits, std::size_t vocab, int n, LogitSummary& 
                    std::vector<TopLogprob>* top);
 
 // One row the way a runner samples it: the summary of the raw row (a non-finite logit ends it
-// there: the engine reports it), then the token from the processed row (penalties on a copy of
-// it, when the row has any), then the logprobs of the raw row when asked (top ones into *top,
-// which is emptied otherwise).
+// there: the engine reports it), then the token from the processed row (the bias, the penalties
+// and the allowed-token mask, on a copy of it, when the row has any), then the logprobs of the
+// raw row when asked (top ones into *top, which is emptied otherwise). `bias` is the row's range
+// of StepBatch::logit_bias, `allowed` its bitmask (null: every token). The token is always an
+// allowed one.
 LogitSummary sample_logit_row(const float* logits, std::size_t vocab, const RowSampling& row,
-                              const PenaltyContext& penalties, std::vector<TopLogprob>* top);
+                              const PenaltyContext& penalties, std::vector<TopLogprob>* top,
+                              std::span<const LogitBias> bias = {}, const std::uint32_t* allowed = nullptr);
 
 }  // namespace asynct

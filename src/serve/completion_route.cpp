@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "serve/http_server.h"
 #include "serve/http_util.h"
+#include "serve/structured_output.h"
 
 namespace asynct::serve {
 namespace {
@@ -114,6 +115,16 @@ void HttpServer::complete(Endpoint endpoint, const std::string& body, httplib::R
     throw ApiError(400, std::to_string(prompts) + " prompt(s) of n = " + std::to_string(r.n) + " choices are " +
                             std::to_string(choices) + " requests; this server takes " +
                             std::to_string(worker_.max_in_flight()) + " at once", prompts > 1 ? "prompt" : "n");
+  for (const LogitBias& b : r.logit_bias)
+    if (b.id >= options_.vocab_size)
+      throw ApiError(400, "logit_bias: token id " + std::to_string(b.id) + " is outside the vocabulary [0, " +
+                              std::to_string(options_.vocab_size) + ")", "logit_bias");
+  TokenConstraintFactory constraint;  // structured output: one constraint per choice
+  if (r.response_format.kind != ResponseFormat::Kind::Text) {
+    if (!options_.structured_output)
+      throw ApiError(400, "response_format: this server has no structured output", "response_format");
+    constraint = options_.structured_output->compile(r.response_format);
+  }
   std::vector<std::vector<std::int32_t>> ids(prompts);
   std::vector<std::unique_ptr<OutputText>> outs;  // each choice's text
   {
@@ -156,6 +167,8 @@ void HttpServer::complete(Endpoint endpoint, const std::string& body, httplib::R
       er.max_tokens = int(max_tokens);
       er.sampling = r.sampling;
       er.sampling.seed = r.sampling.seed + std::uint64_t(j);
+      er.logit_bias = r.logit_bias;
+      er.constraint = constraint;
       if (!r.ignore_eos) er.eos_token_ids = options_.eos_token_ids;
     }
   }

@@ -45,6 +45,7 @@ namespace asynct::serve {
 enum class Endpoint;
 struct ApiError;
 struct TokenLogprob;
+class StructuredOutput;
 
 struct HttpOptions {
   std::string host = "127.0.0.1";
@@ -60,6 +61,8 @@ struct HttpOptions {
   std::string api_key;
   // Origins a browser may call from (CORS; "*": any); empty: no CORS headers, OPTIONS a 405.
   std::vector<std::string> allowed_origins;
+  // Compiles response_format (serve/structured_output.h); null: response_format is refused.
+  const StructuredOutput* structured_output = nullptr;
 };
 
 class HttpServer {

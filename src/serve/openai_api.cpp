@@ -145,6 +145,60 @@ std::vector<std::int32_t> token_ids(const json& list, const std::string& param) 
   return ids;
 }
 
+// OpenAI's logit_bias: {"token id": bias}, ids as decimal strings, biases in [-100, 100], at
+// most kMaxLogitBiasTokens. The ids are checked against the vocabulary by the route.
+std::vector<LogitBias> logit_bias_field(const json& body) {
+  const json* v = field(body, "logit_bias");
+  if (!v) return {};
+  if (!v->is_object()) throw bad("logit_bias", std::string("logit_bias must be an object of token ids to biases, not ") + type_name(*v));
+  if (v->size() > std::size_t(kMaxLogitBiasTokens))
+    throw bad("logit_bias", "logit_bias holds " + std::to_string(v->size()) + " tokens; at most " +
+                                std::to_string(kMaxLogitBiasTokens));
+  std::vector<LogitBias> out;
+  for (const auto& [key, value] : v->items()) {
+    const std::string shown = "'" + key.substr(0, 32) + "'";
+    const bool digits = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoll(key) > std::numeric_limits<std::int32_t>::max())
+      throw bad("logit_bias", "logit_bias keys must be token ids (non-negative integers as strings), got " + shown);
+    if (!value.is_number())
+      throw bad("logit_bias", "logit_bias[" + shown + "] must be a number, not " + type_name(value));
+    const double bias = value.get<double>();
+    if (!std::isfinite(bias) || bias < -kMaxLogitBias || bias > kMaxLogitBias)
+      throw bad("logit_bias", "logit_bias[" + shown + "] must be in [-100, 100], got " + value.dump());
+    out.push_back({std::int32_t(std::stoll(key)), float(bias)});
+  }
+  return out;
+}
+
+// response_format: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema",
+// "json_schema": {"name": ..., "schema": {...}, "strict": ...}}.
+ResponseFormat response_format_field(const json& body) {
+  ResponseFormat f;
+  const json* v = field(body, "response_format");
+  if (!v) return f;
+  const auto refuse = [](const std::string& why) { return bad("response_format", "response_format " + why); };
+  if (!v->is_object()) throw refuse(std::string("must be an object, not ") + type_name(*v));
+  const json* type = field(*v, "type");
+  if (!type || !type->is_string()) throw refuse("needs a type: text, json_object or json_schema");
+  const std::string kind = type->get<std::string>();
+  if (kind == "text") return f;
+  if (kind == "json_object") {
+    f.kind = ResponseFormat::Kind::JsonObject;
+    return f;
+  }
+  if (kind != "json_schema") throw refuse("type '" + kind.substr(0, 32) + "' is not text, json_object or json_schema");
+  const json* spec = field(*v, "json_schema");
+  if (!spec || !spec->is_object()) throw refuse("json_schema needs a json_schema object");
+  const json* name = field(*spec, "name");
+  if (!name || !name->is_string() || name->get<std::string>().empty()) throw refuse("json_schema needs a name");
+  const json* schema = field(*spec, "schema");
+  if (!schema || !schema->is_object()) throw refuse("json_schema needs a schema object");
+  if (const json* strict = field(*spec, "strict"); strict && !strict->is_boolean()) throw refuse("json_schema.strict must be a boolean");
+  f.kind = ResponseFormat::Kind::JsonSchema;
+  f.schema = schema->dump();
+  return f;
+}
+
 // A field asynct reads but does not implement yet: an error unless it has its neutral value.
 void refuse_unless_neutral(const json& body, const char* name, const json& neutral, const std::string& why) {
   const json* v = field(body, name);
@@ -423,16 +477,14 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   refuse_unless_neutral(body, "suffix", json(nullptr), "is not supported");
   if (chat && field(body, "tools") && !field(body, "tools")->empty()) throw bad("tools", "tools are not supported yet");
   // Fields OpenAI honours that asynct does not implement yet: refused unless neutral, never ignored.
-  if (const json* v = field(body, "response_format"); v && *v != json{{"type", "text"}})
-    throw bad("response_format", "response_format " + v->dump().substr(0, 64) + " is not supported yet (only {\"type\": \"text\"})");
-  if (const json* v = field(body, "logit_bias"); v && !(v->is_object() && v->empty()))
-    throw bad("logit_bias", "logit_bias is not supported yet");
   if (const json* v = field(body, "functions"); v && !(v->is_array() && v->empty()))
     throw bad("functions", "functions are not supported yet");
   if (const json* v = field(body, "function_call"); v && *v != json("none"))
     throw bad("function_call", "function_call is not supported yet");
   if (const json* v = field(body, "tool_choice"); v && *v != json("none"))
     throw bad("tool_choice", "tool_choice is not supported yet (tools are not)");
+  r.logit_bias = logit_bias_field(body);
+  r.response_format = response_format_field(body);
   validate_sampling(s);  // the engine's own ranges (a backstop: the checks above are stricter)
   return r;
 }

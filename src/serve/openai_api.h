@@ -9,10 +9,14 @@
 // string or a list of text parts), max_tokens (chat also max_completion_tokens), temperature,
 // top_p, top_k, min_p, presence / frequency / repetition penalty, seed, stop (a string or up to
 // 4), stream, stream_options.include_usage, n, logprobs (completions: how many top ones, 0-20;
-// chat: true, with top_logprobs 0-20), and vLLM's ignore_eos (for benchmarks). A wrong type or a
+// chat: true, with top_logprobs 0-20), logit_bias ({"token id": bias in [-100, 100]}, at most
+// 300, added to the raw logits before everything else; logprobs stay the model's own), and
+// response_format (text; json_object: any JSON object; json_schema: {"name", "schema", "strict"?}:
+// output constrained token by token by the schema, serve/structured_output.h), and vLLM's
+// ignore_eos (for benchmarks). A wrong type or a
 // value out of range is an ApiError 400 naming the field, with OpenAI's error object; so is a
 // field asynct does not implement yet (tools, echo, best_of, suffix, and unless neutral
-// response_format, logit_bias, functions, function_call, tool_choice), rather than a silent
+// functions, function_call, tool_choice), rather than a silent
 // approximation. n > 1 asks for n choices (seeds seed, seed + 1, ...). Without a seed, a request
 // draws its seed from std::random_device (64 bits): sampled answers differ from one to the next.
 //
@@ -30,6 +34,7 @@
 
 #include "core/logit_summary.h"
 #include "core/sampling_params.h"
+#include "serve/structured_output.h"
 
 namespace asynct::serve {
 
@@ -56,6 +61,8 @@ struct CompletionRequest {
   nlohmann::ordered_json messages;           // chat: [{role, content (a string)}]
   int max_tokens = 0;                        // 0: not given (the endpoint's default)
   SamplingParams sampling;
+  std::vector<LogitBias> logit_bias;         // ids not yet checked against the vocabulary (the route does)
+  ResponseFormat response_format;            // text (none), json_object or json_schema
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;

@@ -869,6 +869,9 @@ TEST(StepBatch, CheckNamesTheFirstProblem) {
   expect_rejected("logit row 0's penalty tokens [2, 1)", [](StepBatch& b) { b.sampling[0].penalty_begin = 2; b.sampling[0].penalty_end = 1; });
   expect_rejected("forward: penalty token id 100 outside the vocabulary", [](StepBatch& b) { b.penalty_tokens[1].id = 100; });
   expect_rejected("penalty token 5 has a negative output count (-1)", [](StepBatch& b) { b.penalty_tokens[0].output_count = -1; });
+  expect_rejected("logit row 0's logit bias [0, 1) is not within logit_bias (0)", [](StepBatch& b) { b.sampling[0].bias_end = 1; });
+  expect_rejected("logit_bias: token id 100 is outside the vocabulary [0, 100)",
+                  [](StepBatch& b) { b.logit_bias = {{100, 1.0f}}; b.sampling[0].bias_end = 1; });
 }
 
 }  // namespace

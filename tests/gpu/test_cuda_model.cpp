@@ -328,7 +328,8 @@ TEST_P(CudaModel, DeviceGreedyTokensAreTheHostArgmax) {
 // Every row drawn by the runner follows the reference sampler on the logits that came back:
 // with the device sampler (sm_90) every row is drawn on the device, its token the reference's
 // (but for a draw within rounding of a boundary, not met here), its logprobs within 1e-4 of the
-// reference's double-precision ones, and a step queued behind may take its tokens, so sampled
+// reference's double-precision ones (a logit bias applied there too; a row with an allowed-token
+// mask is drawn on the host), and a step queued behind may take its tokens, so sampled
 // decode steps pipeline and give the same tokens as unpipelined ones. Without it, only greedy
 // rows without penalties are drawn on the device and the others on the host; a step queued
 // behind may take tokens only from rows the device drew, and the engine queues none behind
@@ -350,12 +351,17 @@ TEST_P(CudaModel, RowsFollowTheReferenceSampler) {
   b.sampling[0].penalty_end = 4;
   b.sampling[1].params = {.repetition_penalty = 1.5f, .logprobs = 0};  // greedy with penalties
   b.sampling[1].penalty_begin = b.sampling[1].penalty_end = 4;
-  b.sampling[2].params = {.logprobs = 2};                               // greedy with logprobs
-  b.sampling[3].params = {.temperature = 1.2f, .min_p = 0.1f, .seed = 9};
+  b.sampling[2].params = {.logprobs = 2};                               // greedy with logprobs and a bias
+  b.logit_bias = {{11, 100.0f}, {12, -3.0f}};
+  b.sampling[2].bias_end = 2;
+  b.sampling[3].params = {.temperature = 1.2f, .min_p = 0.1f, .seed = 9};  // an allowed-token mask: drawn on the host
+  b.token_masks.assign(std::size_t(token_mask_words(vocab)), 0u);
+  for (int t : {3, 40, 41}) b.token_masks[std::size_t(t / 32)] |= 1u << (t % 32);
+  b.sampling[3].mask_offset = 0;
   EXPECT_EQ(gpu.samples_on_device(b.sampling[0]), device_sampler);
   EXPECT_EQ(gpu.samples_on_device(b.sampling[1]), device_sampler);
-  EXPECT_TRUE(gpu.samples_on_device(b.sampling[2]));
-  EXPECT_EQ(gpu.samples_on_device(b.sampling[3]), device_sampler);
+  EXPECT_EQ(gpu.samples_on_device(b.sampling[2]), device_sampler);
+  EXPECT_FALSE(gpu.samples_on_device(b.sampling[3]));
   b.full_logits.assign(4, 1);  // to compare with the reference
   const StepOutput& out = gpu.forward(b);
   ASSERT_EQ(out.summaries.size(), 4u);
@@ -365,7 +371,10 @@ TEST_P(CudaModel, RowsFollowTheReferenceSampler) {
                                        .subspan(std::size_t(s.penalty_begin), std::size_t(s.penalty_end - s.penalty_begin)),
                                    b.tokens[std::size_t(b.logit_rows[r])], false};
     std::vector<TopLogprob> top;
-    const LogitSummary want = sample_logit_row(out.logits[r], std::size_t(vocab), s, penalties, &top);
+    const std::span<const LogitBias> bias = std::span<const LogitBias>(b.logit_bias)
+                                                .subspan(std::size_t(s.bias_begin), std::size_t(s.bias_end - s.bias_begin));
+    const LogitSummary want = sample_logit_row(out.logits[r], std::size_t(vocab), s, penalties, &top, bias,
+                                               s.mask_offset >= 0 ? b.token_masks.data() + s.mask_offset : nullptr);
     EXPECT_EQ(out.summaries[r].token, want.token) << "row " << r;
     EXPECT_NEAR(out.summaries[r].logprob, want.logprob, 1e-4) << "row " << r;
     ASSERT_EQ(out.top_logprobs[r].size(), top.size()) << "row " << r;
@@ -374,6 +383,8 @@ TEST_P(CudaModel, RowsFollowTheReferenceSampler) {
       EXPECT_NEAR(out.top_logprobs[r][k].logprob, top[k].logprob, 1e-4) << "row " << r;
     }
   }
+  EXPECT_EQ(out.summaries[2].token, 11);
+  EXPECT_TRUE(out.summaries[3].token == 3 || out.summaries[3].token == 40 || out.summaries[3].token == 41);
   if (!device_sampler) {
     StepBatch chained;
     add_sequence(chained, {0, 0, 0, 0, 0, 0}, 5, 6, {0}, block_size);

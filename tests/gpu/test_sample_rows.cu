@@ -1,5 +1,5 @@
 // The device sampler (kernels/sampling/sample_rows.h) against the CPU reference sampler:
-//   - greedy rows (with and without penalties) and non-finite rows: exactly;
+//   - greedy rows (with and without penalties or a logit bias) and non-finite rows: exactly;
 //   - seeded draws: the same token as the host for the same (seed, step), but for draws that
 //     land within rounding of a boundary between two tokens (the host sums weights in double,
 //     the device in 32-bit fixed point): at most 1 in 1000 may differ;
@@ -46,20 +46,25 @@ std::vector<T> to_host(const DeviceArray<T>& d, std::size_t n) {
   return host;
 }
 
-// One launch's inputs: rows of logits, each row's sampling, penalty entries and input token.
+// One launch's inputs: rows of logits, each row's sampling, penalty entries, logit bias and input token.
 struct Batch {
   int vocab = 0;
   std::vector<float> logits;  // [rows * vocab]
   std::vector<RowSampling> sampling;
   std::vector<PenaltyToken> penalties;
+  std::vector<LogitBias> bias;
   std::vector<std::int32_t> newest;  // each row's input token
   int rows() const { return int(sampling.size()); }
-  void add(const float* row, const RowSampling& rs, std::int32_t input_token, const std::vector<PenaltyToken>& entries = {}) {
+  void add(const float* row, const RowSampling& rs, std::int32_t input_token, const std::vector<PenaltyToken>& entries = {},
+           const std::vector<LogitBias>& row_bias = {}) {
     logits.insert(logits.end(), row, row + vocab);
     RowSampling r = rs;
     r.penalty_begin = std::int32_t(penalties.size());
     penalties.insert(penalties.end(), entries.begin(), entries.end());
     r.penalty_end = std::int32_t(penalties.size());
+    r.bias_begin = std::int32_t(bias.size());
+    bias.insert(bias.end(), row_bias.begin(), row_bias.end());
+    r.bias_end = std::int32_t(bias.size());
     sampling.push_back(r);
     newest.push_back(input_token);
   }
@@ -75,6 +80,7 @@ Sampled sample_on_device(const Batch& b, int cluster_blocks = 0, bool small_top_
   DeviceArray<float> logits = to_device(b.logits);
   DeviceArray<RowSampling> sampling = to_device(b.sampling);
   DeviceArray<PenaltyToken> penalties = to_device(b.penalties);
+  DeviceArray<LogitBias> bias = to_device(b.bias);
   // Input tokens at scattered positions, as a step's flattened tokens are.
   std::vector<std::int32_t> tokens(std::size_t(2 * rows), 7), logit_rows(static_cast<std::size_t>(rows));
   for (int r = 0; r < rows; ++r) logit_rows[std::size_t(r)] = 2 * r + 1, tokens[std::size_t(2 * r + 1)] = b.newest[std::size_t(r)];
@@ -89,6 +95,7 @@ Sampled sample_on_device(const Batch& b, int cluster_blocks = 0, bool small_top_
   a.vocab = b.vocab;
   a.sampling = sampling.get();
   a.penalty_tokens = penalties.get();
+  a.logit_bias = bias.get();
   a.tokens = d_tokens.get();
   a.logit_rows = d_rows.get();
   a.summaries = summaries.get();
@@ -100,10 +107,12 @@ Sampled sample_on_device(const Batch& b, int cluster_blocks = 0, bool small_top_
   return {to_host(summaries, std::size_t(rows)), to_host(top, std::size_t(rows) * kMaxTopLogprobs)};
 }
 
-// The host's answer for row r of the batch: the reference sampler's penalties and draw.
+// The host's answer for row r of the batch: the reference sampler's bias, penalties and draw.
 int host_token(const Batch& b, int r) {
   const RowSampling& rs = b.sampling[std::size_t(r)];
   std::vector<float> row(b.logits.begin() + std::ptrdiff_t(r) * b.vocab, b.logits.begin() + std::ptrdiff_t(r + 1) * b.vocab);
+  apply_logit_bias(row.data(), row.size(),
+                   std::span<const LogitBias>(b.bias).subspan(std::size_t(rs.bias_begin), std::size_t(rs.bias_end - rs.bias_begin)));
   if (rs.params.has_penalties()) {
     const PenaltyContext context{std::span<const PenaltyToken>(b.penalties).subspan(std::size_t(rs.penalty_begin),
                                                                                   std::size_t(rs.penalty_end - rs.penalty_begin)),
@@ -269,6 +278,50 @@ TEST(DeviceSampleRows, GreedyWithPenaltiesIsExact) {
     for (int r = 0; r < b.rows(); ++r)
       EXPECT_EQ(got.summaries[std::size_t(r)].token, host_token(b, r)) << "vocab " << vocab << ", row " << r;
   }
+}
+
+// A logit bias comes before everything else, as on the host: -100 on the argmax moves a greedy
+// row, +100 forces a token (drawn too), many moderate entries over every block's slice, with
+// penalties and with logprobs (which stay the raw row's); a bias on a non-finite raw logit is
+// reported as the host reports it.
+TEST(DeviceSampleRows, BiasedRowsMatchTheHost) {
+  testing::require_gpu();
+  if (!kernels::device_sampling_supported(151936)) GTEST_SKIP() << "device sampling needs sm_90";
+  for (int vocab : {151936, 4099}) {
+    testing::Random rng{std::uint64_t(vocab) + 1};
+    Tensor logits = rng.normal({1, vocab}, 2.0f);
+    const float* row = logits.data_as<float>();
+    const int top = int(std::max_element(row, row + vocab) - row);
+    std::vector<LogitBias> moderate;
+    for (int id = 5; id < vocab && moderate.size() < 300; id += vocab / 300 + 1) moderate.push_back({id, float(id % 9) - 4.0f});
+    const std::vector<std::vector<LogitBias>> biases = {{{top, -100.0f}}, {{(top + 3) % vocab, 100.0f}}, moderate};
+    Batch b;
+    b.vocab = vocab;
+    for (int r = 0; r < 24; ++r) {
+      RowSampling rs = r % 2 ? sampled(0.9f, r % 4 == 1 ? 40 : 0, 0.95f, 0.0f, 5, std::uint64_t(r)) : RowSampling{};
+      rs.params.repetition_penalty = r % 3 == 2 ? 1.3f : 1.0f;
+      rs.params.logprobs = r % 5 == 0 ? 3 : -1;
+      b.add(row, rs, top, {{top, 1, 0}, {(top + 5) % vocab, 0, 1}}, biases[std::size_t(r % 3)]);
+    }
+    const Sampled got = sample_on_device(b);
+    const std::vector<double> raw = log_softmax(row, vocab);
+    for (int r = 0; r < b.rows(); ++r) {
+      const LogitSummary& s = got.summaries[std::size_t(r)];
+      EXPECT_EQ(s.token, host_token(b, r)) << "vocab " << vocab << ", row " << r;
+      if (r % 3 == 0) EXPECT_NE(s.token, top) << "row " << r;
+      if (r % 3 == 1) EXPECT_EQ(s.token, (top + 3) % vocab) << "row " << r;
+      if (b.sampling[std::size_t(r)].params.logprobs >= 0) {
+        EXPECT_NEAR(s.logprob, raw[std::size_t(s.token)], 1e-4) << "row " << r;
+        EXPECT_EQ(got.top[std::size_t(r) * kMaxTopLogprobs].id, top) << "row " << r;
+      }
+    }
+  }
+  std::vector<float> bad(4099, 0.5f);
+  bad[77] = INFINITY;
+  Batch b;
+  b.vocab = 4099;
+  b.add(bad.data(), RowSampling{}, 0, {}, {{77, -100.0f}});
+  EXPECT_EQ(sample_on_device(b).summaries[0].nonfinite, 77);
 }
 
 TEST(DeviceSampleRows, PenalisedDrawsMatchTheHost) {

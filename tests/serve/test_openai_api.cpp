@@ -1,4 +1,5 @@
 // The OpenAI request checks and response bodies (serve/openai_api.h), without a server.
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
@@ -146,12 +147,6 @@ TEST(OpenAiApi, RefusesUnimplementedFieldsUnlessNeutral) {
     return refusal(Endpoint::Completions, R"({"model": "m", "prompt": "x", )" + rest + "}");
   };
   using R = std::pair<int, std::string>;
-  EXPECT_EQ(chat(R"("response_format": {"type": "json_object"})"), (R{400, "response_format"}));
-  EXPECT_EQ(chat(R"("response_format": {"type": "json_schema", "json_schema": {}})"), (R{400, "response_format"}));
-  EXPECT_EQ(chat(R"("response_format": "text")"), (R{400, "response_format"}));
-  EXPECT_EQ(chat(R"("logit_bias": {"50256": -100})"), (R{400, "logit_bias"}));
-  EXPECT_EQ(completions(R"("logit_bias": {"50256": -100})"), (R{400, "logit_bias"}));
-  EXPECT_EQ(chat(R"("logit_bias": [])"), (R{400, "logit_bias"}));
   EXPECT_EQ(chat(R"("functions": [{"name": "f"}])"), (R{400, "functions"}));
   EXPECT_EQ(chat(R"("function_call": "auto")"), (R{400, "function_call"}));
   EXPECT_EQ(chat(R"("function_call": {"name": "f"})"), (R{400, "function_call"}));
@@ -165,6 +160,54 @@ TEST(OpenAiApi, RefusesUnimplementedFieldsUnlessNeutral) {
   EXPECT_EQ(chat(R"("response_format": null, "logit_bias": null, "functions": null, "function_call": null, "tool_choice": null)"),
             (R{0, "accepted"}));
   EXPECT_EQ(completions(R"("logit_bias": {})"), (R{0, "accepted"}));
+}
+
+// logit_bias: {"token id": bias in [-100, 100]}, at most 300 ids (the route checks them against
+// the vocabulary); anything else a 400 naming the field.
+TEST(OpenAiApi, ReadsLogitBias) {
+  const std::string chat_head = R"({"model": "m", "messages": [{"role": "user", "content": "x"}], )";
+  const CompletionRequest r =
+      parse_completion_request(Endpoint::ChatCompletions, chat_head + R"("logit_bias": {"50256": -100, "7": 2.5}})", "m");
+  ASSERT_EQ(r.logit_bias.size(), 2u);
+  std::map<std::int32_t, float> got;
+  for (const LogitBias& b : r.logit_bias) got[b.id] = b.bias;
+  EXPECT_EQ(got, (std::map<std::int32_t, float>{{7, 2.5f}, {50256, -100.0f}}));
+  EXPECT_TRUE(parse_completion_request(Endpoint::Completions, R"({"model": "m", "prompt": "x", "logit_bias": null})", "m")
+                  .logit_bias.empty());
+  const auto completions = [](const std::string& rest) {
+    return refusal(Endpoint::Completions, R"({"model": "m", "prompt": "x", )" + rest + "}");
+  };
+  using R = std::pair<int, std::string>;
+  EXPECT_EQ(completions(R"("logit_bias": {"50256": -100})"), (R{0, "accepted"}));
+  for (const char* bad : {R"([])", R"({"x": 1})", R"({"-3": 1})", R"({"1.5": 1})", R"({"99999999999": 1})",
+                          R"({"5": 100.5})", R"({"5": -101})", R"({"5": "1"})", R"({"": 1})"})
+    EXPECT_EQ(completions(std::string(R"("logit_bias": )") + bad), (R{400, "logit_bias"})) << bad;
+  std::string many = "{";
+  for (int i = 0; i < 301; ++i) many += (i ? ", \"" : "\"") + std::to_string(i) + "\": 1";
+  EXPECT_EQ(completions(R"("logit_bias": )" + many + "}"), (R{400, "logit_bias"}));
+}
+
+// response_format: text, json_object, or json_schema with a name and a schema object; anything
+// else a 400 naming the field.
+TEST(OpenAiApi, ReadsResponseFormat) {
+  const std::string head = R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": )";
+  const auto read = [&](const std::string& format) {
+    return parse_completion_request(Endpoint::ChatCompletions, head + format + "}", "m").response_format;
+  };
+  EXPECT_EQ(read("null").kind, ResponseFormat::Kind::Text);
+  EXPECT_EQ(read(R"({"type": "text"})").kind, ResponseFormat::Kind::Text);
+  EXPECT_EQ(read(R"({"type": "json_object"})").kind, ResponseFormat::Kind::JsonObject);
+  const ResponseFormat f =
+      read(R"({"type": "json_schema", "json_schema": {"name": "n", "strict": true, "schema": {"type": "integer"}}})");
+  EXPECT_EQ(f.kind, ResponseFormat::Kind::JsonSchema);
+  EXPECT_EQ(nlohmann::json::parse(f.schema), nlohmann::json::parse(R"({"type": "integer"})"));
+  using R = std::pair<int, std::string>;
+  for (const char* bad : {R"("text")", R"({})", R"({"type": "xml"})", R"({"type": "json_schema"})",
+                          R"({"type": "json_schema", "json_schema": {}})",
+                          R"({"type": "json_schema", "json_schema": {"name": "n"}})",
+                          R"({"type": "json_schema", "json_schema": {"name": "n", "schema": []}})",
+                          R"({"type": "json_schema", "json_schema": {"name": "n", "schema": {}, "strict": "yes"}})"})
+    EXPECT_EQ(refusal(Endpoint::ChatCompletions, head + bad + "}"), (R{400, "response_format"})) << bad;
 }
 
 // POST /tokenize and /detokenize bodies, in vLLM's shapes.

@@ -12,6 +12,9 @@ Checked:
   prompt (greedy, and seeded sampling), usage counts, finish reasons, stop strings;
 - 32 concurrent streams, 8 closed mid-stream: every finished one complete and equal to its
   request alone, the server alive after; a whole response's client that leaves ends its request;
+- structured output (with --jsonschema, for a build with xgrammar): json_schema outputs validate,
+  json_object outputs parse (structured_checks.py);
+- logit_bias: -100 on the greedy first token changes it, +100 forces a token (logprobs unbiased);
 - seedless sampling differs from request to request, seeded sampling repeats;
 - lists of prompts, models.retrieve, /tokenize and /detokenize, system_fingerprint;
 - bad requests, each with its status and OpenAI's error object (unimplemented fields included);
@@ -37,6 +40,7 @@ import threading
 import time
 
 from server_harness import TIMEOUT, Checks, Server, generate, raw, upload, write_tiny_llama
+from structured_checks import check_structured_output
 
 
 def main():
@@ -44,6 +48,8 @@ def main():
     parser.add_argument("--asynct", required=True)
     parser.add_argument("--tokenizer-from", required=True, help="a directory with tokenizer.json and a chat template")
     parser.add_argument("--client", required=True, help="where the openai package is (scripts/fetch_client_assets.sh)")
+    parser.add_argument("--jsonschema", help="where the jsonschema package is (scripts/fetch_grammar_assets.sh): "
+                                             "checks structured output, which needs a build with xgrammar")
     args = parser.parse_args()
     if not os.path.isfile(os.path.join(args.tokenizer_from, "tokenizer.json")):
         print(f"skipped: no tokenizer at {args.tokenizer_from} (scripts/fetch_smollm2.sh)")
@@ -109,6 +115,28 @@ def main():
                      for t in got.choices[0].logprobs.content],
                     [(round(t["logprob"], 5), [round(u["logprob"], 5) for u in t["top_logprobs"]], t["token"])
                      for t in reference["logprobs"]])
+
+            # logit_bias: -100 on the greedy first token changes it; +100 on a token forces it (sampled
+            # too), on both endpoints; logprobs stay the model's own.
+            def token_ids(text):
+                body = json.dumps({"model": "tiny", "prompt": text, "add_special_tokens": False}).encode()
+                return raw(server.port, "POST", "/tokenize", body)[1]["tokens"]
+            first = client.completions.create(model="tiny", prompt=prompt, max_tokens=1, temperature=0, logprobs=0)
+            first_ids = token_ids(first.choices[0].text)
+            c.equal("the greedy first token's text is one token", len(first_ids), 1)
+            banned = client.completions.create(model="tiny", prompt=prompt, max_tokens=1, temperature=0,
+                                               logit_bias={str(first_ids[0]): -100})
+            c.equal("logit_bias -100 on the greedy first token changes it", banned.choices[0].text != first.choices[0].text, True)
+            forced_id = token_ids(" Paris")[0]
+            forced_text = raw(server.port, "POST", "/detokenize", json.dumps({"tokens": [forced_id]}).encode())[1]["prompt"]
+            forced = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0.9, seed=5,
+                                               logit_bias={str(forced_id): 100}, logprobs=0)
+            c.equal("logit_bias +100 forces the token at every step", forced.choices[0].text, forced_text * 4)
+            c.equal("logit_bias leaves logprobs the model's own (the forced token is less likely than the greedy one)",
+                    forced.choices[0].logprobs.token_logprobs[0] < first.choices[0].logprobs.token_logprobs[0], True)
+            chat_forced = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+                                                         temperature=0, logit_bias={str(forced_id): 100})
+            c.equal("chat logit_bias +100 forces the token", chat_forced.choices[0].message.content, forced_text * 3)
 
             sampled = ["--temperature", "0.9", "--top-k", "40", "--seed", "7"]
             want_sampled = generate(args.asynct, model, prompt, 10, extra=sampled)
@@ -226,8 +254,14 @@ def main():
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}', 400,
                  "messages[0].role"),
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
-                                         b'"response_format": {"type": "json_object"}}', 400, "response_format"),
-                ("/v1/completions", b'{"model": "tiny", "prompt": "x", "logit_bias": {"17": 5}}', 400, "logit_bias"),
+                                         b'"response_format": {"type": "xml"}}', 400, "response_format"),
+                ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+                                         b'"response_format": {"type": "json_schema", "json_schema": {"name": "a"}}}', 400,
+                 "response_format"),
+                ("/v1/completions", b'{"model": "tiny", "prompt": "x", "logit_bias": {"49152": 5}}', 400, "logit_bias"),
+                ("/v1/completions", b'{"model": "tiny", "prompt": "x", "logit_bias": {"17": 101}}', 400, "logit_bias"),
+                ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+                                         b'"logit_bias": {"seventeen": 5}}', 400, "logit_bias"),
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
                                          b'"tool_choice": "auto"}', 400, "tool_choice"),
             ]
@@ -263,14 +297,14 @@ def main():
             ended = sum(v for k, v in metrics.items() if k.startswith("asynct_requests_total{"))
             c.equal("/metrics is Prometheus text", (status, response.getheader("Content-Type").split(";")[0]), (200, "text/plain"))
             c.equal("/metrics: requests ended, first tokens", (ended, metrics.get("asynct_time_to_first_token_seconds_count")),
-                    (80, 80))
+                    (84, 84))
             c.equal("/metrics: nothing running, waiting or holding KV blocks",
                     [metrics.get(k) for k in ("asynct_requests_running", "asynct_requests_waiting", "asynct_kv_blocks_used")],
                     [0, 0, 0])
             c.equal("/metrics: the chat template's shared prefix came from the prefix cache",
                     metrics.get("asynct_prefix_cache_hits_total", 0) > 0, True)
             c.equal("/metrics: errors by status", [metrics.get(f'asynct_http_errors_total{{status="{s}"}}') for s in (400, 404, 413)],
-                    [14, 1, 2])
+                    [17, 1, 2])
 
             # Several prompts in one completion: choice j of prompt i is index i * n + j, each as the
             # prompt alone would give it; usage adds up; streamed too; token-id lists the same.
@@ -346,6 +380,15 @@ def main():
                                       {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
             c.equal("CORS off by default: a preflight is a 405, no Allow-Origin",
                     (status, response.getheader("Access-Control-Allow-Origin")), (405, None))
+
+            # Structured output (response_format), last on this server: its requests are not in the
+            # /metrics counts above.
+            if args.jsonschema:  # structured_checks.py
+                sys.path.insert(0, args.jsonschema)
+                import jsonschema
+                started = time.monotonic()
+                check_structured_output(client, c, jsonschema, token_ids)
+                print(f"structured output: {time.monotonic() - started:.1f} s", flush=True)
 
         # An API key (and CORS for one origin): every route but /health and /metrics wants it. This
         # server also decodes speculatively: the same text, the drafts counted in /metrics.

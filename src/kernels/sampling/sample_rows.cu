@@ -9,7 +9,7 @@
 // agreeing through distributed shared memory at a few cluster barriers. For a row, in the
 // reference sampler's order (reference/sampler.h):
 //   1. one pass: the raw row's maximum, argmax, first non-finite logit and (for logprobs) its
-//      sum of exponentials; the penalties, applied to the shared-memory copy (the row in global
+//      sum of exponentials; the logit bias and penalties, applied to the shared-memory copy (the row in global
 //      memory stays raw); the processed row's maximum and argmax. One cluster reduction.
 //      With top-n logprobs the raw statistics are reduced first and the top-n found before the
 //      penalties change the copy (the n best as the small top-k path below takes its k best).
@@ -1094,13 +1094,24 @@ __device__ void top_logprobs(Row& row, int n, float peak, float bound, float log
   row.cluster.sync();
 }
 
-// Applies the penalties to the slice: the row's entries, and its input token `newest`. Notes the
-// lowest id among them whose raw logit was not finite (the clamp hides it).
-__device__ void apply_penalties(Row& row, const SamplingParams& p, const PenaltyToken* entries, int count,
-                                int newest, bool newest_is_output, const PenaltyToken& first) {
+// Applies the logit bias, then the penalties, to the slice: the bias entries in it, then the
+// row's penalty entries and its input token `newest`. Notes the lowest id among them whose raw
+// logit was not finite (the clamp hides it).
+__device__ void process_row(Row& row, const SamplingParams& p, const LogitBias* bias, int bias_count,
+                            const PenaltyToken* entries, int count, int newest, bool newest_is_output,
+                            const PenaltyToken& first) {
   Shared& sh = row.sh;
   if (threadIdx.x == 0) sh.newest_found = 0, sh.penalised_nonfinite = INT_MAX;
   __syncthreads();
+  for (int e = int(threadIdx.x); e < bias_count; e += kThreads) {  // ids are distinct: no two threads meet
+    const LogitBias b = bias[e];
+    if (b.id < row.base || b.id >= row.base + row.n) continue;
+    float& v = row.x[b.id - row.base];
+    if (!isfinite(v)) atomicMin(&sh.penalised_nonfinite, b.id);
+    v = fminf(fmaxf(v + b.bias, -FLT_MAX), FLT_MAX);  // clamped to the finite floats, as the host does
+  }
+  __syncthreads();
+  if (!p.has_penalties()) return;
   const auto penalise = [&](int id, int output_count, bool in_prompt) {
     float v = row.x[id - row.base];
     if (!isfinite(v)) atomicMin(&sh.penalised_nonfinite, id);
@@ -1169,7 +1180,12 @@ __device__ RowInputs load_row_inputs(const SampleRowsArgs& a, int r) {
 __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float* logits, const RowInputs& in) {
   const RowSampling& rs = in.rs;
   const SamplingParams& p = rs.params;
-  const bool penalties = p.has_penalties(), top_n = p.logprobs > 0;
+  // `penalties`: the copy is processed (a logit bias, penalties or both) before the draw.
+  const bool penalties = p.has_penalties() || rs.bias_end > rs.bias_begin, top_n = p.logprobs > 0;
+  const auto process = [&] {
+    process_row(row, p, a.logit_bias + rs.bias_begin, rs.bias_end - rs.bias_begin, a.penalty_tokens + rs.penalty_begin,
+                rs.penalty_end - rs.penalty_begin, in.newest, rs.newest_is_output != 0, in.first);
+  };
   const bool small_top_k = a.small_top_k && p.temperature > 0.0f && p.top_k >= 1 && p.top_k <= kMaxSmallTopK && p.top_k < a.vocab;
   // A thread's processed maximum, before the reduction, gives its share of the small top-k bound.
   const auto with_bound = [&](RowStats local) {
@@ -1181,8 +1197,7 @@ __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float
     // One pass over the processed row, the penalties first: the raw row's non-finite logits are
     // those the pass finds and those the penalties changed.
     if (penalties)
-      apply_penalties(row, p, a.penalty_tokens + rs.penalty_begin, rs.penalty_end - rs.penalty_begin, in.newest,
-                      rs.newest_is_output != 0, in.first);
+      process();
     RowStats local = best_and_nonfinite(row);
     if (penalties) local.nonfinite = min(local.nonfinite, row.sh.penalised_nonfinite);
     mark(row, SampleRowsPhase::kStatsPass);
@@ -1202,8 +1217,7 @@ __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float
   }
   if (p.logprobs >= 0 && (s.nonfinite == INT_MAX || !top_n)) {
     if (penalties)
-      apply_penalties(row, p, a.penalty_tokens + rs.penalty_begin, rs.penalty_end - rs.penalty_begin, in.newest,
-                      rs.newest_is_output != 0, in.first);
+      process();
     if (penalties || !top_n) {
       RowStats local = top_n ? empty_stats() : s;
       if (penalties) processed_best(row, local);

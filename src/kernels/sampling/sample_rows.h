@@ -1,7 +1,7 @@
-// Sampling on the device: every option of SamplingParams (penalties, temperature, top-k, top-p,
+// Sampling on the device: every option of SamplingParams and a row's logit bias (penalties, temperature, top-k, top-p,
 // min-p, a seeded draw, logprobs) for each row of float32 logits, in the order the CPU reference
 // sampler defines (reference/sampler.h), without moving a vocabulary-wide row to the host.
-// Greedy rows without penalties or logprobs need only launch_summarize_logits (sampling.h).
+// Greedy rows without a bias, penalties or logprobs need only launch_summarize_logits (sampling.h).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +39,7 @@ struct SampleRowsArgs {
   int vocab = 0;
   const RowSampling* sampling = nullptr;         // [rows], device
   const PenaltyToken* penalty_tokens = nullptr;  // device; indexed by the rows' penalty ranges
+  const LogitBias* logit_bias = nullptr;         // device; indexed by the rows' bias ranges
   // Row r's own input token is tokens[logit_rows[r]] (device arrays): the token the step ran
   // for that row, which the penalties count although the host may not know it yet.
   const std::int32_t* tokens = nullptr;

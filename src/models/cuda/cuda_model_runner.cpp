@@ -31,7 +31,8 @@ namespace {
 // A row whose token the greedy summary gives (the argmax of the raw logits) and that asks for
 // nothing else.
 bool plain_greedy(const RowSampling& row) {
-  return row.params.temperature == 0.0f && !row.params.has_penalties() && row.params.logprobs < 0;
+  return row.params.temperature == 0.0f && !row.params.has_penalties() && row.bias_begin == row.bias_end &&
+         row.mask_offset < 0 && row.params.logprobs < 0;
 }
 
 // The runner's streams and the events between them. The copies between host and device run
@@ -94,11 +95,15 @@ struct CudaModelRunner::Impl {
   // logprobs; otherwise the device finds greedy rows' tokens (summaries) and the host draws the
   // others, and every row's logprobs, in collect() from their logits copied back.
   bool device_sampler = false;
+  // Rows with an allowed-token mask (structured output) are drawn on the host: the device
+  // sampler does not read masks.
   bool device_samples(const RowSampling& row) const {
-    return device_sampler || (row.params.temperature == 0.0f && !row.params.has_penalties());
+    if (row.mask_offset >= 0) return false;
+    return device_sampler ||
+           (row.params.temperature == 0.0f && !row.params.has_penalties() && row.bias_begin == row.bias_end);
   }
   bool needs_host_logits(const RowSampling& row) const {
-    return !device_sampler && (!device_samples(row) || row.params.logprobs >= 0);
+    return !device_samples(row) || (!device_sampler && row.params.logprobs >= 0);
   }
   StepMetadata metadata;
   StepPointers step;
@@ -115,6 +120,8 @@ struct CudaModelRunner::Impl {
     std::vector<std::uint8_t> full_logits;
     std::vector<RowSampling> sampling;
     std::vector<PenaltyToken> penalty_tokens;
+    std::vector<LogitBias> logit_bias;
+    std::vector<std::uint32_t> token_masks;
     std::vector<std::int32_t> newest;  // [rows] each row's input token
     int rows = 0;
     cudaEvent_t done = nullptr;
@@ -154,6 +161,8 @@ struct CudaModelRunner::Impl {
     q.full_logits = b.full_logits;
     q.sampling = b.sampling;
     q.penalty_tokens = b.penalty_tokens;
+    q.logit_bias = b.logit_bias;
+    q.token_masks = b.token_masks;
     q.copied.assign(std::size_t(rows), 0);
     q.newest.assign(std::size_t(rows), 0);
     std::size_t wanted = 0;
@@ -229,7 +238,10 @@ struct CudaModelRunner::Impl {
           std::span<const PenaltyToken>(q.penalty_tokens).subspan(std::size_t(s.penalty_begin),
                                                                   std::size_t(s.penalty_end - s.penalty_begin)),
           q.newest[i], s.newest_is_output != 0};
-      summary = sample_logit_row(copied[i], vocab, s, penalties, &output.top_logprobs[i]);
+      const std::span<const LogitBias> bias = std::span<const LogitBias>(q.logit_bias)
+                                                  .subspan(std::size_t(s.bias_begin), std::size_t(s.bias_end - s.bias_begin));
+      const std::uint32_t* allowed = s.mask_offset >= 0 ? q.token_masks.data() + s.mask_offset : nullptr;
+      summary = sample_logit_row(copied[i], vocab, s, penalties, &output.top_logprobs[i], bias, allowed);
     });
   }
 };

@@ -144,6 +144,7 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
       s.vocab = c_.vocab_size;
       s.sampling = step.sampling;
       s.penalty_tokens = step.penalty_tokens;
+      s.logit_bias = step.logit_bias;
       s.tokens = step.tokens;
       s.logit_rows = step.logit_rows;
       s.summaries = out.summaries;

@@ -44,9 +44,11 @@ struct StepPointers {
   const std::int32_t* tokens_from_rows = nullptr;
   const LogitSummary* previous_summaries = nullptr;
   int previous_rows = 0;
-  // Each logit row's sampling and the penalty tokens their ranges index (the last section:
-  // their number changes from step to step, the other sections' addresses do not).
+  // Each logit row's sampling, and the logit bias and penalty tokens their ranges index (the
+  // last sections: the penalty tokens' number changes from step to step, the bias's with the
+  // requests running; the other sections' addresses do not).
   const RowSampling* sampling = nullptr;
+  const LogitBias* logit_bias = nullptr;
   const PenaltyToken* penalty_tokens = nullptr;
 
   bool operator==(const StepPointers&) const = default;

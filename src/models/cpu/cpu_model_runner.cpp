@@ -6,7 +6,7 @@
 #include "reference/attention.h"
 #include "reference/layers.h"
 #include "reference/rope.h"
-#include "reference/sampler.h"
+#include "models/step_sampling.h"
 
 namespace asynct {
 
@@ -158,31 +158,11 @@ CpuModelRunner::Result CpuModelRunner::run(const StepBatch& batch, const std::ve
   Result r;
   r.logits = linear(norm(last, weights_.norm, norm_), weights_.lm_head);
 
-  // Every row is on the host already: sample each (bias, penalties and mask on a copy of the row), and hand
-  // out the logits asked for. A row is ~0.1-1 ms at a 152K vocabulary when it does more than
-  // take the argmax; rows are independent and each draw depends only on its own (seed, step),
-  // so those run in parallel with the same result as in sequence.
-  const std::size_t rows = batch.logit_rows.size(), vocab = std::size_t(c.vocab_size);
-  r.output.summaries.resize(rows);
-  r.output.logits.assign(rows, nullptr);
-  r.output.top_logprobs.assign(rows, {});
-  bool greedy_only = true;
-  for (const RowSampling& s : batch.sampling)
-    greedy_only = greedy_only && s.params.temperature == 0.0f && !s.params.has_penalties() && s.params.logprobs < 0 &&
-                  s.bias_begin == s.bias_end && s.mask_offset < 0;
-  parallel_for(rows, [&](std::size_t i) {
-    const float* row = r.logits.data_as<float>() + i * vocab;
-    const RowSampling& s = batch.sampling[i];
-    const PenaltyContext penalties{
-        std::span<const PenaltyToken>(batch.penalty_tokens).subspan(std::size_t(s.penalty_begin),
-                                                                    std::size_t(s.penalty_end - s.penalty_begin)),
-        tokens[std::size_t(batch.logit_rows[i])], s.newest_is_output != 0};
-    const std::span<const LogitBias> bias =
-        std::span<const LogitBias>(batch.logit_bias).subspan(std::size_t(s.bias_begin), std::size_t(s.bias_end - s.bias_begin));
-    const std::uint32_t* allowed = s.mask_offset >= 0 ? batch.token_masks.data() + s.mask_offset : nullptr;
-    r.output.summaries[i] = sample_logit_row(row, vocab, s, penalties, &r.output.top_logprobs[i], bias, allowed);
-    if (batch.full_logits[i]) r.output.logits[i] = row;
-  }, greedy_only ? 1 : 0);
+  // Every row is on the host already. A row is ~0.1-1 ms at a 152K vocabulary when it does more
+  // than take the argmax: those run on the host's threads.
+  const bool cheap = only_argmax_rows(batch);
+  sample_step_rows(batch, tokens, r.logits.data_as<float>(), std::size_t(c.vocab_size), &r.output,
+                   [cheap](std::size_t rows, const std::function<void(std::size_t)>& f) { parallel_for(rows, f, cheap ? 1 : 0); });
   return r;
 }
 

@@ -9,7 +9,7 @@
 #include "models/cpu_fast/attention.h"
 #include "models/cpu_fast/kernels.h"
 #include "models/cpu_fast/linear.h"
-#include "reference/sampler.h"
+#include "models/step_sampling.h"
 
 namespace asynct {
 
@@ -250,29 +250,16 @@ CpuFastModelRunner::Result CpuFastModelRunner::run(const StepBatch& batch, const
                         {{reinterpret_cast<const std::uint16_t*>(weights_.lm_head.data()), int(vocab), 0}},
                         r.logits.data(), std::int64_t(vocab));
 
-  // Sampling as the reference runner samples: each row with the reference sampler, rows with
-  // more than an argmax on the host's threads.
-  r.output.summaries.resize(rows);
-  r.output.logits.assign(rows, nullptr);
-  r.output.top_logprobs.assign(rows, {});
-  bool greedy_only = true;
-  for (const RowSampling& s : batch.sampling)
-    greedy_only = greedy_only && s.params.temperature == 0.0f && !s.params.has_penalties() && s.params.logprobs < 0;
-  const auto sample = [&](std::size_t i) {
-    const float* row = r.logits.data() + i * vocab;
-    const RowSampling& s = batch.sampling[i];
-    const PenaltyContext penalties{
-        std::span<const PenaltyToken>(batch.penalty_tokens).subspan(std::size_t(s.penalty_begin),
-                                                                    std::size_t(s.penalty_end - s.penalty_begin)),
-        tokens[std::size_t(batch.logit_rows[i])], s.newest_is_output != 0};
-    r.output.summaries[i] = sample_logit_row(row, vocab, s, penalties, &r.output.top_logprobs[i]);
-    if (batch.full_logits[i]) r.output.logits[i] = row;
-  };
-  if (greedy_only || rows <= 1) {
-    for (std::size_t i = 0; i < rows; ++i) sample(i);
-  } else {
-    pool_.run(rows, sample);
-  }
+  // Sampling as the reference runner samples; rows with more than an argmax on the pool's threads.
+  const bool cheap = only_argmax_rows(batch);
+  sample_step_rows(batch, tokens, r.logits.data(), vocab, &r.output,
+                   [this, cheap](std::size_t count, const std::function<void(std::size_t)>& f) {
+                     if (cheap || count <= 1) {
+                       for (std::size_t i = 0; i < count; ++i) f(i);
+                     } else {
+                       pool_.run(count, f);
+                     }
+                   });
   return r;
 }
 

@@ -67,13 +67,19 @@ TEST(Fp8E4M3, RoundsToNearestEvenAndSaturates) {
   EXPECT_EQ(t.to_float_vector(), (std::vector<float>{1.0f, 1.0f, -448.0f, round_to_fp8_e4m3(0.3f)}));
 }
 
-// Every projection quantized in 128 x 128 blocks: each value within e4m3's half step of its
-// block's scale-relative grid; every other weight untouched.
+// Every projection quantized in 128 x 128 blocks (as checkpoints are published) or the default
+// 16 x 128: each value within e4m3's half step of its block's scale-relative grid; every other
+// weight untouched.
 TEST(Fp8Weights, QuantizedOnLoadWithinHalfAStep) {
   ModelConfig config = tiny_config(Architecture::Qwen3);
   config.intermediate_size = 320;  // blocks that do not divide the rows: 3 row blocks of 128, 128, 64
   const ModelWeights w = random_weights(config, 3);
-  const ModelWeights q = quantize_fp8(w);
+  const ModelWeights fine = quantize_fp8(w);
+  EXPECT_EQ(fine.config.fp8_block_rows, 16);
+  EXPECT_EQ(fine.config.fp8_block_cols, 128);
+  EXPECT_EQ(fine.layers[0].gate_proj_scale.shape(), (Shape{20, 1}));
+  EXPECT_EQ(fine.layers[0].down_proj_scale.shape(), (Shape{8, 3}));
+  const ModelWeights q = quantize_fp8(w, 128, 128);
   ASSERT_TRUE(q.config.fp8_weights());
   EXPECT_EQ(q.layers[0].gate_proj.dtype(), DType::F8E4M3);
   EXPECT_EQ(q.layers[0].gate_proj_scale.shape(), (Shape{3, 1}));
@@ -89,13 +95,17 @@ TEST(Fp8Weights, QuantizedOnLoadWithinHalfAStep) {
     ASSERT_LE(std::fabs(a[i] - b[i]), std::max(std::fabs(a[i]) / 16, scale * std::ldexp(1.0f, -10))) << i;
   }
   EXPECT_EQ(exact.layers[1].input_layernorm.to_float_vector(), dequantized.layers[1].input_layernorm.to_float_vector());
+  const std::vector<float> f = to_float32(fine).layers[1].gate_proj.to_float_vector();
+  const std::vector<float> fine_scales = fine.layers[1].gate_proj_scale.to_float_vector();
+  for (std::size_t i = 0; i < a.size(); ++i)
+    ASSERT_LE(std::fabs(a[i] - f[i]), std::max(std::fabs(a[i]) / 16, fine_scales[(i / 128) / 16] * std::ldexp(1.0f, -10))) << i;
 }
 
 // An FP8 checkpoint as Qwen publishes them: F8_E4M3 projections with float32 weight_scale_inv
 // and config.json's quantization_config; it loads back bit for bit and runs as the weights it holds.
 TEST(Fp8Weights, CheckpointRoundTripsAndRuns) {
   TempDir dir;
-  const ModelWeights q = quantize_fp8(random_weights(tiny_config(Architecture::AsyncT), 4));
+  const ModelWeights q = quantize_fp8(random_weights(tiny_config(Architecture::AsyncT), 4), 128, 128);
   save_checkpoint(q, dir.path().string());
   const nlohmann::json config = nlohmann::json::parse(std::ifstream(dir.file("config.json")));
   EXPECT_EQ(config["quantization_config"]["quant_method"], "fp8");
@@ -124,7 +134,7 @@ TEST(Fp8Weights, CheckpointRoundTripsAndRuns) {
 
 TEST(Fp8Weights, MalformedCheckpointsAreNamed) {
   TempDir dir;
-  save_checkpoint(quantize_fp8(random_weights(tiny_config(Architecture::Qwen3), 6)), dir.path().string());
+  save_checkpoint(quantize_fp8(random_weights(tiny_config(Architecture::Qwen3), 6), 128, 128), dir.path().string());
   auto original = SafetensorsFile::open(dir.file("model.safetensors"));
   std::map<std::string, Tensor> tensors;
   for (const std::string& name : original->names()) tensors[name] = original->tensor(name).to(original->info(name).dtype);

@@ -20,7 +20,7 @@ inline void add_precision_options(CLI::App* cmd, std::string& kv_cache_dtype, st
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--quantization", quantization,
                   "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
-                  "scale per block of 16 rows x 128 inputs; the CPU reference only for now)")
+                  "scale per row and 128 inputs; the CPU reference only for now)")
       ->check(CLI::IsMember({"none", "fp8"}));
 }
 

@@ -72,11 +72,12 @@ Tensor dequantize_projection(const Tensor& weight, const Tensor& scale, int bloc
 // --quantization fp8: bf16 or float32 weights with the seven projections of every layer
 // quantized to e4m3 in blocks of block_rows x block_cols, each block's scale its largest
 // magnitude / 448 (a block of zeros has scale 1). Weights already in FP8 come back unchanged.
-// The default block is 16 output rows by 128 inputs: on SmolLM2-135M it keeps perplexity within
-// 1.3% of bf16 where the 128 x 128 blocks FP8 checkpoints are published in lose 5% (bench/RESULTS
-// [F1]); its scales are 0.2% of the weights' bytes, and a block is an MMA tile's 16 rows by 128
-// of the reduction, so a product applies one scale a tile and chunk.
-constexpr int kFp8WeightBlockRows = 16, kFp8WeightBlockCols = 128;
+// The default block is one output row by 128 inputs: on SmolLM2-135M it keeps perplexity within
+// 1.0% of bf16 (1.3% with the FP8 cache too) where the 128 x 128 blocks FP8 checkpoints are
+// published in lose 5% and 16 x 128 blocks 1.2% (4.2% with the FP8 cache) (bench/RESULTS [F1]);
+// its scales add 3% to the weights' bytes, and a product applies a row's scale once per 128 of
+// its inputs.
+constexpr int kFp8WeightBlockRows = 1, kFp8WeightBlockCols = 128;
 ModelWeights quantize_fp8(ModelWeights weights, int block_rows = kFp8WeightBlockRows, int block_cols = kFp8WeightBlockCols);
 
 // Writes a checkpoint directory (config.json + model.safetensors, weights in bf16 or FP8 with

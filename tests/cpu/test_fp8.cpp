@@ -68,17 +68,17 @@ TEST(Fp8E4M3, RoundsToNearestEvenAndSaturates) {
 }
 
 // Every projection quantized in 128 x 128 blocks (as checkpoints are published) or the default
-// 16 x 128: each value within e4m3's half step of its block's scale-relative grid; every other
+// 1 x 128: each value within e4m3's half step of its block's scale-relative grid; every other
 // weight untouched.
 TEST(Fp8Weights, QuantizedOnLoadWithinHalfAStep) {
   ModelConfig config = tiny_config(Architecture::Qwen3);
   config.intermediate_size = 320;  // blocks that do not divide the rows: 3 row blocks of 128, 128, 64
   const ModelWeights w = random_weights(config, 3);
   const ModelWeights fine = quantize_fp8(w);
-  EXPECT_EQ(fine.config.fp8_block_rows, 16);
+  EXPECT_EQ(fine.config.fp8_block_rows, 1);
   EXPECT_EQ(fine.config.fp8_block_cols, 128);
-  EXPECT_EQ(fine.layers[0].gate_proj_scale.shape(), (Shape{20, 1}));
-  EXPECT_EQ(fine.layers[0].down_proj_scale.shape(), (Shape{8, 3}));
+  EXPECT_EQ(fine.layers[0].gate_proj_scale.shape(), (Shape{320, 1}));
+  EXPECT_EQ(fine.layers[0].down_proj_scale.shape(), (Shape{128, 3}));
   const ModelWeights q = quantize_fp8(w, 128, 128);
   ASSERT_TRUE(q.config.fp8_weights());
   EXPECT_EQ(q.layers[0].gate_proj.dtype(), DType::F8E4M3);
@@ -98,7 +98,7 @@ TEST(Fp8Weights, QuantizedOnLoadWithinHalfAStep) {
   const std::vector<float> f = to_float32(fine).layers[1].gate_proj.to_float_vector();
   const std::vector<float> fine_scales = fine.layers[1].gate_proj_scale.to_float_vector();
   for (std::size_t i = 0; i < a.size(); ++i)
-    ASSERT_LE(std::fabs(a[i] - f[i]), std::max(std::fabs(a[i]) / 16, fine_scales[(i / 128) / 16] * std::ldexp(1.0f, -10))) << i;
+    ASSERT_LE(std::fabs(a[i] - f[i]), std::max(std::fabs(a[i]) / 16, fine_scales[i / 128] * std::ldexp(1.0f, -10))) << i;
 }
 
 // An FP8 checkpoint as Qwen publishes them: F8_E4M3 projections with float32 weight_scale_inv

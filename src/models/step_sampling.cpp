@@ -6,6 +6,12 @@
 
 namespace asynct {
 
+std::vector<std::int32_t> step_input_tokens(const StepBatch& batch, const std::vector<LogitSummary>& previous) {
+  std::vector<std::int32_t> tokens = batch.tokens;
+  for (std::size_t i = 0; i < batch.tokens_from_rows.size(); ++i) tokens[i] = previous[std::size_t(batch.tokens_from_rows[i])].token;
+  return tokens;
+}
+
 bool only_argmax_rows(const StepBatch& batch) {
   for (const RowSampling& s : batch.sampling)
     if (s.params.temperature != 0.0f || s.params.has_penalties() || s.params.logprobs >= 0 || s.bias_begin != s.bias_end ||

@@ -13,6 +13,10 @@
 
 namespace asynct {
 
+// The step's input tokens: batch.tokens, with those a chained batch takes from the step before
+// (StepBatch::tokens_from_rows) read from that step's summaries.
+std::vector<std::int32_t> step_input_tokens(const StepBatch& batch, const std::vector<LogitSummary>& previous);
+
 // Whether every row only takes the argmax of its raw logits (no sampling, penalties, bias, mask
 // or logprobs): then the rows are cheap, and run one after another.
 bool only_argmax_rows(const StepBatch& batch);

@@ -1,3 +1,5 @@
+// Over 500 lines: one job, a request body to a checked CompletionRequest and the response bodies
+// back (openai_api.h); the field checks, the prompt forms and the bodies share its small readers.
 #include "serve/openai_api.h"
 
 #include <cmath>

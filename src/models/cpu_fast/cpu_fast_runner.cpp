@@ -163,10 +163,7 @@ void CpuFastModelRunner::submit(const StepBatch& batch) {
   const ModelConfig& c = weights_.config;
   check_step_batch(batch, {num_blocks_, block_size_, c.vocab_size, c.max_position_embeddings,
                            int(last_summaries_.size())});
-  std::vector<std::int32_t> tokens = batch.tokens;
-  for (std::size_t i = 0; i < batch.tokens_from_rows.size(); ++i)
-    tokens[i] = last_summaries_[std::size_t(batch.tokens_from_rows[i])].token;
-  queued_.push_back(run(batch, tokens));
+  queued_.push_back(run(batch, step_input_tokens(batch, last_summaries_)));
   last_summaries_ = queued_.back().output.summaries;
 }
 

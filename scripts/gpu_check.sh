@@ -5,10 +5,11 @@
 # folder) or build/gpu-out; at the end the logs are packed into one logs-HHMMSS.tgz there.
 #
 # STAGES picks what runs, in this order (default: build tests sanitizer torch bench scenarios sampling):
-#   build tests sanitizer torch bench scenarios sampling serve timeline prefill_profile probes
+#   build tests sanitizer torch bench scenarios sampling fp8 serve timeline prefill_profile probes
 # e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings,
 # STAGES="build sampling" for the device sampler's kernel bench and decode_heavy_b32 greedy against
-# sampled, STAGES="build timeline" for where a decode step's time goes (the kernel timeline of both
+# sampled, STAGES="build fp8" for the FP8-weight product's bench and the 1.7B decode scenarios on
+# FP8 projections beside bf16 (FP8_SCENARIOS narrows them), STAGES="build timeline" for where a decode step's time goes (the kernel timeline of both
 # models' decode_heavy_b32 steps), STAGES="build serve" for asynct serve at 1.7B against the same
 # load in process (SERVE_ARCHS, SERVE_RATES narrow it), STAGES=probes for the design probes in bench/*_probe.cu (what
 # a dependency costs; what the decode step's structure costs with no math in it),
@@ -82,7 +83,7 @@ fi
 if want sanitizer && command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer (memcheck: the small cases, the sampler's non-finite and penalised draws) =="
   timeout "${SANITIZER_TIMEOUT:-240}" compute-sanitizer --tool memcheck --error-exitcode 9 build/gpu/tests/asynct_gpu_tests \
-    --gtest_filter="${SANITIZER_FILTER:-*Plumbing*:*Small*:DeviceSampleRows.ReportsNonFinite*:DeviceSampleRows.PenalisedDrawsMatchTheHost}" >"$out/sanitizer.log" 2>&1 || status=1
+    --gtest_filter="${SANITIZER_FILTER:-*Plumbing*:*Small*:Fp8Linear.*:DeviceSampleRows.ReportsNonFinite*:DeviceSampleRows.PenalisedDrawsMatchTheHost}" >"$out/sanitizer.log" 2>&1 || status=1
   tail -3 "$out/sanitizer.log"
 fi
 
@@ -114,6 +115,17 @@ if want sampling; then
     timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario "$scenario" --repeat "${SCENARIO_REPEAT:-3}" \
       --json "$out/$scenario.json" >"$out/$scenario.log" 2>&1 || status=1
     grep -E "decode steps|$scenario" "$out/$scenario.log" | tail -4
+  done
+fi
+if want fp8; then
+  echo "== FP8 weights: the product against bf16 and the ceiling; decode_b1 and decode_heavy_b32 (1.7B) on FP8 projections =="
+  timeout 120 build/gpu/bench/asynct_bench_fp8_linear 2>&1 | tee "$out/bench_fp8_linear.txt" || status=1
+  for scenario in ${FP8_SCENARIOS:-decode_b1 decode_heavy_b32}; do
+    for quantization in none fp8; do
+      timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario "$scenario" --quantization "$quantization" \
+        --repeat "${SCENARIO_REPEAT:-3}" --json "$out/${scenario}_$quantization.json" >"$out/${scenario}_$quantization.log" 2>&1 || status=1
+      echo "-- $scenario, --quantization $quantization"; grep -E "decode steps|$scenario" "$out/${scenario}_$quantization.log" | tail -3
+    done
   done
 fi
 if want serve; then

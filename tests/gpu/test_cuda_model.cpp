@@ -14,6 +14,7 @@
 #include "kernels/sampling/sample_rows.h"
 #include "models/cpu/cpu_model_runner.h"
 #include "models/cuda/cuda_model_runner.h"
+#include "models/weights.h"
 #include "reference/sampler.h"
 #include "support/compare.h"
 #include "support/expect_error.h"
@@ -157,6 +158,18 @@ TEST_P(CudaModel, ChunkAfterALongPrefixAtHeadDim128) {
 TEST_P(CudaModel, MatchesTheCpuRunnerOnPrefillDecodeAndMixedSteps) {
   testing::require_gpu();
   expect_steps_match_the_cpu_runner(random_weights(tiny_config(GetParam()), 21));
+}
+
+// FP8 weights (the seven projections e4m3 with block scales): the CPU runner dequantizes them,
+// the CUDA runner's products read them as they are; in blocks of 1 x 128 (--quantization fp8),
+// of 128 x 128 (as FP8 checkpoints are published: one scale row for many weight rows) and of
+// 16 x 32 (several scales along a row).
+TEST_P(CudaModel, Fp8WeightsMatchTheCpuRunner) {
+  testing::require_gpu();
+  for (auto [rows, cols] : {std::pair{1, 128}, std::pair{128, 128}, std::pair{16, 32}}) {
+    SCOPED_TRACE("FP8 blocks of " + std::to_string(rows) + " x " + std::to_string(cols));
+    expect_steps_match_the_cpu_runner(quantize_fp8(random_weights(tiny_config(GetParam()), 21), rows, cols));
+  }
 }
 
 // SmolLM2-135M's shapes with random weights and 2 of its 30 layers: hidden 576, 9 query and 3

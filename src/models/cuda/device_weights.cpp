@@ -16,53 +16,94 @@ using kernels::PinnedArray;
 
 namespace {
 
-// Host weights (bf16, or float32 converted on the way) as device bf16 arrays. A 1.7B model is
+// Host weights (bf16, or float32 converted on the way) as device bf16 arrays, and FP8
+// projections with their scales as they are (fp8 values copied in one piece). A 1.7B model is
 // ~2e9 values: each weight goes in chunks through two reused pinned staging buffers, a chunk
 // filled on the host (copied out of the weight, often a mapped checkpoint file, or converted on
 // the host's threads) while the one before it is copied to the device (a copy from pinned
 // memory runs asynchronously as DMA; one from pageable memory is staged by the driver and
 // blocks the host). Merged weights are written part by part into their row ranges, without a
 // concatenation on the host first.
-class Bf16Uploader {
+class WeightUploader {
  public:
-  explicit Bf16Uploader(cudaStream_t stream) : stream_(stream) {
+  struct RowRange {
+    const Tensor* t;
+    const Tensor* scale;        // FP8 weights: t's block scales
+    std::int64_t first, count;  // rows [first, first + count) of t
+  };
+
+  explicit WeightUploader(cudaStream_t stream) : stream_(stream) {
     for (Staging& s : staging_) ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
   }
-  ~Bf16Uploader() {
+  ~WeightUploader() {
     cudaStreamSynchronize(stream_);  // copies still in flight read the staging buffers
     for (Staging& s : staging_)
       if (s.copied) cudaEventDestroy(s.copied);
   }
-  Bf16Uploader(const Bf16Uploader&) = delete;
-  Bf16Uploader& operator=(const Bf16Uploader&) = delete;
+  WeightUploader(const WeightUploader&) = delete;
+  WeightUploader& operator=(const WeightUploader&) = delete;
 
-  DeviceArray<bf16> operator()(const Tensor& t) { return rows({&t}); }
-  // The parts' rows one after another in one array, e.g. q, k, v -> the merged [qd + 2 kvd, H]
-  // projection; every part has the same row length.
-  DeviceArray<bf16> rows(std::initializer_list<const Tensor*> parts) {
+  DeviceArray<bf16> operator()(const Tensor& t) { return row_ranges({{&t, nullptr, 0, t.numel() ? t.size(0) : 0}}); }
+
+  // A projection made of row ranges of host projections (merged_rows, gate_up_rows): bf16, or
+  // with FP8 weights (block_rows > 0) e4m3 values and their scales, one scale row per weight row.
+  DeviceProjection projection(const std::vector<RowRange>& ranges, int block_rows, int block_cols) {
+    DeviceProjection d;
+    d.in = int(row_length(*ranges.front().t));
+    for (const RowRange& r : ranges) d.out += int(r.count);
+    if (block_rows == 0) {
+      d.bf16_values = row_ranges(ranges);
+      return d;
+    }
+    check(block_cols % 16 == 0, "CudaModelRunner: FP8 weights in blocks of ", block_cols,
+          " inputs; the CUDA products take blocks of a multiple of 16");
+    check(d.in % 16 == 0 && d.in <= kernels::kFp8LinearMaxIn, "CudaModelRunner: an FP8 projection of ", d.in,
+          " inputs; the CUDA products take a multiple of 16 up to ", kernels::kFp8LinearMaxIn);
+    d.block_cols = block_cols;
+    const std::size_t scale_cols = std::size_t(d.in + block_cols - 1) / block_cols;
+    std::vector<std::uint8_t> values;
+    std::vector<float> scales;
+    values.reserve(std::size_t(d.out) * d.in);
+    scales.reserve(std::size_t(d.out) * scale_cols);
+    for (const RowRange& r : ranges) {
+      check(r.t->dtype() == DType::F8E4M3 && r.scale && r.scale->dtype() == DType::F32 && r.scale->dim() == 2 &&
+                std::size_t(r.scale->size(1)) == scale_cols,
+            "CudaModelRunner: an FP8 projection (", r.t->describe(), ") without its float32 block scales");
+      const auto* v = r.t->data_as<std::uint8_t>() + std::size_t(r.first) * d.in;
+      values.insert(values.end(), v, v + std::size_t(r.count) * d.in);
+      const float* s = r.scale->data_as<float>();
+      for (std::int64_t row = r.first; row < r.first + r.count; ++row) {
+        const float* scale_row = s + std::size_t(row / block_rows) * scale_cols;
+        scales.insert(scales.end(), scale_row, scale_row + scale_cols);
+      }
+    }
+    d.fp8_values.upload(values, stream_);
+    d.fp8_scales.upload(scales, stream_);
+    return d;
+  }
+  // The parts' rows one after another, e.g. q, k, v -> the merged [qd + 2 kvd, H] projection;
+  // every part has the same row length.
+  static std::vector<RowRange> merged_rows(std::initializer_list<std::pair<const Tensor*, const Tensor*>> parts) {
     std::vector<RowRange> ranges;
-    for (const Tensor* t : parts) ranges.push_back({t, 0, t->numel() ? t->size(0) : 0});
-    return row_ranges(ranges);
+    for (auto [t, scale] : parts) ranges.push_back({t, scale, 0, t->numel() ? t->size(0) : 0});
+    return ranges;
   }
   // The merged gate/up projection [2 I, H] in the device's block order (kGluBlock gate rows,
   // then the same up rows, ...: linear_output.h).
-  DeviceArray<bf16> gate_up_rows(const Tensor& gate, const Tensor& up) {
+  static std::vector<RowRange> gate_up_rows(const Tensor& gate, const Tensor* gate_scale, const Tensor& up,
+                                            const Tensor* up_scale) {
     std::vector<RowRange> ranges;
     for (std::int64_t first = 0; first < gate.size(0); first += kernels::kGluBlock) {
       const std::int64_t count = std::min<std::int64_t>(kernels::kGluBlock, gate.size(0) - first);
-      ranges.push_back({&gate, first, count});
-      ranges.push_back({&up, first, count});
+      ranges.push_back({&gate, gate_scale, first, count});
+      ranges.push_back({&up, up_scale, first, count});
     }
-    return row_ranges(ranges);
+    return ranges;
   }
   // Returns when every copy has landed, so that the arrays can be used from any stream.
   void finish() { ASYNCT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
  private:
-  struct RowRange {
-    const Tensor* t;
-    std::int64_t first, count;  // rows [first, first + count) of t
-  };
   DeviceArray<bf16> row_ranges(const std::vector<RowRange>& ranges) {
     std::size_t total = 0;
     for (const RowRange& r : ranges) total += std::size_t(r.count) * row_length(*r.t);
@@ -118,7 +159,7 @@ DeviceArray<float> to_device_f32(const Tensor& t) {
 DeviceWeights upload_weights(const ModelWeights& w, const ArchitectureRecipe& recipe, std::size_t cache_elements,
                              cudaStream_t stream) {
   DeviceWeights d;
-  Bf16Uploader upload(stream);
+  WeightUploader upload(stream);
   d.embed_tokens = upload(w.embed_tokens);
   d.final_norm = upload(w.norm);
   if (w.config.tie_word_embeddings) {
@@ -127,19 +168,23 @@ DeviceWeights upload_weights(const ModelWeights& w, const ArchitectureRecipe& re
     d.lm_head_untied = upload(w.lm_head);
     d.lm_head = d.lm_head_untied.get();
   }
+  const int br = w.config.fp8_block_rows, bc = w.config.fp8_block_cols;  // 0: bf16 projections
   for (const LayerWeights& l : w.layers) {
     DeviceLayer dl;
     dl.input_layernorm = upload(l.input_layernorm);
-    dl.qkv_proj = upload.rows({&l.q_proj, &l.k_proj, &l.v_proj});
-    dl.o_proj = upload(l.o_proj);
+    dl.qkv_proj = upload.projection(
+        WeightUploader::merged_rows({{&l.q_proj, &l.q_proj_scale}, {&l.k_proj, &l.k_proj_scale}, {&l.v_proj, &l.v_proj_scale}}),
+        br, bc);
+    dl.o_proj = upload.projection(WeightUploader::merged_rows({{&l.o_proj, &l.o_proj_scale}}), br, bc);
     if (recipe.qk_norm) {
       dl.q_norm = upload(l.q_norm);
       dl.k_norm = upload(l.k_norm);
     }
     dl.post_attention_layernorm = upload(l.post_attention_layernorm);
     // The merged gate/up projection [2I, H] in blocks of gate and up rows (gated_linear).
-    dl.gate_up_proj = upload.gate_up_rows(l.gate_proj, l.up_proj);
-    dl.down_proj = upload(l.down_proj);
+    dl.gate_up_proj =
+        upload.projection(WeightUploader::gate_up_rows(l.gate_proj, &l.gate_proj_scale, l.up_proj, &l.up_proj_scale), br, bc);
+    dl.down_proj = upload.projection(WeightUploader::merged_rows({{&l.down_proj, &l.down_proj_scale}}), br, bc);
     if (recipe.peri_ln) {
       dl.attn_output_layernorm = upload(l.attn_output_layernorm);
       dl.mlp_output_layernorm = upload(l.mlp_output_layernorm);

@@ -9,6 +9,7 @@
 #include "kernels/attention/prefill/prefill.h"
 #include "kernels/sampling/sample_rows.h"
 #include "kernels/sampling/sampling.h"
+#include "kernels/gemm/fp8_linear.h"
 #include "kernels/gemm/skinny_gemm.h"
 
 namespace asynct {
@@ -53,9 +54,7 @@ ModelForward::ModelForward(const ModelWeights& w, const ArchitectureRecipe& reci
 void ModelForward::run(const StepShape& shape, const StepPointers& step, int rows, const Sampling& out,
                        PhaseTimer& timer, cudaStream_t stream) {
   const int t = shape.tokens;
-  const int h = c_.hidden_size, qd = c_.num_attention_heads * c_.head_dim, kvd = c_.num_key_value_heads * c_.head_dim;
-  const int inter = c_.intermediate_size;
-  const std::size_t partial_floats = act.linear_partials.size();
+  const int h = c_.hidden_size;
   std::vector<DeviceLayer>& layers = weights_.layers;
   if (step.tokens_from_rows)  // a chained step: its token ids are the step before's greedy tokens
     kernels::launch_greedy_tokens(step.previous_summaries, step.previous_rows, step.tokens_from_rows, t, c_.vocab_size,
@@ -67,9 +66,7 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
 
   for (std::size_t l = 0; l < layers.size(); ++l) {
     DeviceLayer& layer = layers[l];
-    const kernels::LinearOutput qkv_proj =
-        gemm_.linear_for_reader(act.hidden.get(), layer.qkv_proj.get(), act.qkv.get(), act.linear_partials.get(),
-                                partial_floats, t, h, qd + 2 * kvd, stream);
+    const kernels::LinearOutput qkv_proj = product_for_reader(layer.qkv_proj, act.hidden.get(), act.qkv.get(), t, stream);
     timer.mark("gemm");
     // With a q/k norm, the decode tokens' norm, RoPE and cache write happen in the decode kernel
     // (it reads the projection); the prefill tokens' here, into dense q, k, v (the prefill kernel
@@ -104,9 +101,7 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
     }
     attention(layer, shape, step, qkv_proj, stream);
     timer.mark("attention");
-    const kernels::LinearOutput attn_proj =
-        gemm_.linear_for_reader(act.attn.get(), layer.o_proj.get(), act.attn_out.get(), act.linear_partials.get(),
-                                partial_floats, t, qd, h, stream);
+    const kernels::LinearOutput attn_proj = product_for_reader(layer.o_proj, act.attn.get(), act.attn_out.get(), t, stream);
     timer.mark("gemm");
     // residual += attn (Peri-LN: residual += norm(attn)). Then the MLP's norm.
     if (recipe_.peri_ln)
@@ -116,12 +111,9 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
       kernels::launch_fused_add_norm(attn_proj, act.residual.get(), layer.post_attention_layernorm.get(),
                                      act.hidden.get(), t, h, norm_, stream);
     timer.mark("norms");
-    gemm_.gated_linear(act.hidden.get(), layer.gate_up_proj.get(), act.gate_up.get(), act.act.get(), t, h, inter,
-                       stream);
+    gated_product(layer.gate_up_proj, act.hidden.get(), t, stream);
     timer.mark("gemm");
-    const kernels::LinearOutput mlp_proj =
-        gemm_.linear_for_reader(act.act.get(), layer.down_proj.get(), act.mlp_out.get(), act.linear_partials.get(),
-                                partial_floats, t, inter, h, stream);
+    const kernels::LinearOutput mlp_proj = product_for_reader(layer.down_proj, act.act.get(), act.mlp_out.get(), t, stream);
     timer.mark("gemm");
     // The same step closes the MLP and opens the next layer (or the final norm).
     const bf16* next = l + 1 < layers.size() ? layers[l + 1].input_layernorm.get() : weights_.final_norm.get();
@@ -155,6 +147,22 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
     }
     timer.mark("sample");
   }
+}
+
+kernels::LinearOutput ModelForward::product_for_reader(const DeviceProjection& w, const bf16* x, bf16* y, int rows,
+                                                      cudaStream_t stream) {
+  if (w.is_fp8()) {
+    kernels::launch_fp8_linear(x, w.fp8(), y, rows, false, stream);
+    return kernels::LinearOutput::of(y);
+  }
+  return gemm_.linear_for_reader(x, w.bf16_values.get(), y, act.linear_partials.get(), act.linear_partials.size(), rows,
+                                 w.in, w.out, stream);
+}
+
+void ModelForward::gated_product(const DeviceProjection& w, const bf16* x, int rows, cudaStream_t stream) {
+  if (!w.is_fp8()) return gemm_.gated_linear(x, w.bf16_values.get(), act.gate_up.get(), act.act.get(), rows, w.in, w.out / 2, stream);
+  kernels::launch_fp8_linear(x, w.fp8(), act.gate_up.get(), rows, false, stream);
+  kernels::launch_silu_and_mul(act.gate_up.get(), act.act.get(), rows, w.out / 2, stream);
 }
 
 void ModelForward::copy_blocks(const std::vector<BlockCopy>& copies, cudaStream_t stream) {

@@ -71,6 +71,11 @@ class ModelForward {
   Activations act;
 
  private:
+  // The layers' products on bf16 or FP8 weights: y (or the split partials) for the kernel that
+  // reads it (Gemm::linear_for_reader), and act.act = SiLU(gate) * up (Gemm::gated_linear).
+  kernels::LinearOutput product_for_reader(const DeviceProjection& w, const kernels::bf16* x, kernels::bf16* y, int rows,
+                                           cudaStream_t stream);
+  void gated_product(const DeviceProjection& w, const kernels::bf16* x, int rows, cudaStream_t stream);
   kernels::PagedKv paged(DeviceLayer& l, const StepPointers& step, int max_blocks) const;
   kernels::GateArgs gate(const DeviceLayer& l) const;
   kernels::DecodeParams decode_params(DeviceLayer& l, const StepPointers& step, int s, int max_blocks,

@@ -1,13 +1,21 @@
 // FP8-weight products (fp8_linear.h). The layout of the work:
-//   * a warp owns one output column at a time (one row of W) and walks it with each lane
-//     reading 16 consecutive weights (16 bytes) per 512 inputs; the loads of up to four such
-//     steps are issued before any is used, so a lane keeps 64 bytes in flight (a 2,048-input
-//     row is then one round trip per warp);
-//   * a lane's 16 weights lie in one scale block (block_cols is a multiple of 16), so their dot
-//     product with x is accumulated unscaled and multiplied by the block's scale once;
-//   * the CTA's x rows (a pass of up to four) sit in shared memory as bf16, read by every warp
-//     for every column it owns; the warps stride over the columns, a few CTAs per
-//     multiprocessor, so the whole GPU streams W.
+//   * a CTA owns 16 output columns (16 rows of W: one m16 tile of mma.sync m16n8k16) and a range
+//     of K (its split); its eight warps share the range by 64-input chunks and add their
+//     results through shared memory at the end, in warp order;
+//   * a lane reads 16 consecutive e4m3 weights (16 bytes) of W rows g and g + 8 per chunk
+//     (g = lane / 4), straight from global memory into registers, and the loads of four chunks
+//     are issued before any is used. Which inputs of a k16 step a lane holds is the mma's
+//     business only as far as A and B agree: lane (g, t) takes the 16 inputs [16 t, 16 t + 16)
+//     of the chunk, step s the four [16 t + 4 s, + 4), as the mma's k slots 2t, 2t+1, 2t+8,
+//     2t+9 — for W's rows and x's alike, so every product pairs the same input;
+//   * the weights become bf16 in registers: e4m3 -> half (exact) -> float, times the block's
+//     scale (a lane's 16 weights lie in one block), rounded to bf16 (2^-9 relative, far under
+//     e4m3's own 2^-4 step);
+//   * x (up to 32 rows, four n8 tiles) sits in shared memory as bf16 for the CTA's K range,
+//     rows padded by 16 bytes so the eight rows a quarter-warp reads fall in distinct banks.
+// The split count comes from the shape alone (fp8_linear.h): a range as long as the shared
+// memory holds for 32 rows, and for partial outputs enough splits to give every
+// multiprocessor two CTAs.
 #include "kernels/gemm/fp8_linear.h"
 
 #include <algorithm>
@@ -19,144 +27,243 @@
 #include "kernels/common/bf16.cuh"
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/device_info.h"
+#include "kernels/common/mma_sync.cuh"
 
 namespace asynct::kernels {
 namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kValuesPerLane = 16;                   // one 16-byte load of e4m3
-constexpr int kValuesPerStep = 32 * kValuesPerLane;  // a warp's 512 inputs per step
-constexpr int kStepsInFlight = 4;
-constexpr int kCtasPerSm = 4;
+constexpr int kTileM = 16;          // W rows (output columns) per CTA
+constexpr int kChunk = 64;          // inputs per chunk: 16 per lane group of four
+constexpr int kChunksInFlight = 4;  // chunks whose loads a warp issues before using them
+constexpr int kRowPad = 8;          // bf16 values of padding after each x row in shared memory
+// Shared memory for x: 96 KB (two CTAs a multiprocessor) for products left as partials, 200 KB
+// for dense ones (they cannot split K), counted at 32 rows.
+constexpr int kPartialXBytes = 96 * 1024;
+constexpr int kDenseXBytes = 200 * 1024;
+constexpr int kMaxPartialSplits = 4;  // the readers load every split (skinny_gemm.cu says why 4)
+
+struct Fp8Args {
+  const bf16* x;
+  Fp8Matrix w;
+  int rows;
+  int k_per_split;  // a multiple of kChunk
+  // Dense output (y, bf16 or fp32) or split partials [split][rows][out] at split_out.
+  void* y;
+  bool out_fp32;
+  float* split_out;
+  long long split_stride;
+};
 
 __device__ __forceinline__ uint4 load_once(const std::uint8_t* p) {
-  uint4 v;  // W is read once per pass: keep it out of L1
+  uint4 v;  // W is read once: keep it out of L1
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
 }
 
-// The 16 e4m3 values of a 16-byte word as floats (e4m3 -> half is exact).
-__device__ __forceinline__ void fp8x16_to_float(const uint4& v, float (&out)[16]) {
-  const unsigned words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-#pragma unroll
-    for (int half_word = 0; half_word < 2; ++half_word) {
-      const auto pair = static_cast<__nv_fp8x2_storage_t>((words[w] >> (16 * half_word)) & 0xffffu);
-      const __half2 h(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3));
-      const float2 f = __half22float2(h);
-      out[4 * w + 2 * half_word] = f.x;
-      out[4 * w + 2 * half_word + 1] = f.y;
-    }
-  }
+// Two e4m3 values (the low 16 bits of `pair`, low byte first) times `scale`, as a bf16x2 register.
+__device__ __forceinline__ unsigned scaled_bf16x2(unsigned pair, float scale) {
+  const __half2 h(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3));
+  const float2 f = __half22float2(h);
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+  unsigned out;
+  memcpy(&out, &b, 4);
+  return out;
 }
 
-// One pass: x rows [row0, row0 + kRows) (those past `rows` are zeros and not written).
-template <int kRows>
-__global__ void __launch_bounds__(kThreads) fp8_linear_kernel(const bf16* __restrict__ x, Fp8Matrix w, void* y,
-                                                              int rows, bool out_fp32) {
+template <int kTilesN>  // n8 tiles of x rows: 1, 2 or 4
+__global__ void __launch_bounds__(kThreads) fp8_linear_kernel(Fp8Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16* xs = reinterpret_cast<bf16*>(smem);  // [kRows][in]
-  const int row0 = blockIdx.y * kRows, in = w.in;
-  {
-    const int chunks = kRows * in / 8;
-    for (int i = threadIdx.x; i < chunks; i += kThreads) {
-      const int r = i / (in / 8), c = i % (in / 8);
-      Bf16x8 v{};
-      if (row0 + r < rows) v = load_bf16x8(x + std::int64_t(row0 + r) * in + 8 * c);
-      store_bf16x8(xs + std::int64_t(r) * in + 8 * c, v);
-    }
+  constexpr int kRowsPad = 8 * kTilesN;
+  const Fp8Matrix& w = a.w;
+  const int m0 = blockIdx.x * kTileM, split = blockIdx.y;
+  const int k_begin = split * a.k_per_split, k_end = min(w.in, k_begin + a.k_per_split);
+  const int chunks = (k_end - k_begin + kChunk - 1) / kChunk;
+  const int x_stride = chunks * kChunk + kRowPad;  // bf16 values per x row in shared memory
+  bf16* xs = reinterpret_cast<bf16*>(smem);       // [kRowsPad][x_stride]
+  float* reduce = reinterpret_cast<float*>(smem + std::size_t(kRowsPad) * x_stride * sizeof(bf16));  // [warps][tiles][32][4]
+
+  // x's rows for the range, zeros past the rows and past `in`.
+  for (int i = threadIdx.x; i < kRowsPad * chunks * (kChunk / 8); i += kThreads) {
+    const int r = i / (chunks * (kChunk / 8)), c = i % (chunks * (kChunk / 8));
+    const int k = k_begin + 8 * c;
+    Bf16x8 v{};
+    if (r < a.rows && k < k_end) v = load_bf16x8(a.x + std::int64_t(r) * w.in + k);
+    store_bf16x8(xs + r * x_stride + 8 * c, v);
   }
   __syncthreads();
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int row_lo = m0 + g, row_hi = m0 + g + 8;
+  const bool lo_valid = row_lo < w.out, hi_valid = row_hi < w.out;
+  const std::uint8_t* w_lo = w.values + std::int64_t(lo_valid ? row_lo : 0) * w.in;
+  const std::uint8_t* w_hi = w.values + std::int64_t(hi_valid ? row_hi : 0) * w.in;
   const int scale_cols = w.scale_cols();
-  for (int n = blockIdx.x * kWarps + warp; n < w.out; n += gridDim.x * kWarps) {
-    const std::uint8_t* w_row = w.values + std::int64_t(n) * in;
-    const float* s_row = w.scales + std::int64_t(n) * scale_cols;
-    float acc[kRows] = {};
-    for (int k_begin = 0; k_begin < in; k_begin += kStepsInFlight * kValuesPerStep) {
-      uint4 words[kStepsInFlight];
+  const float* s_lo = w.scales + std::int64_t(lo_valid ? row_lo : 0) * scale_cols;
+  const float* s_hi = w.scales + std::int64_t(hi_valid ? row_hi : 0) * scale_cols;
+
+  float c[kTilesN][4] = {};
+  for (int first = warp; first < chunks; first += kWarps * kChunksInFlight) {
+    uint4 lo[kChunksInFlight], hi[kChunksInFlight];
 #pragma unroll
-      for (int s = 0; s < kStepsInFlight; ++s) {
-        const int k = k_begin + s * kValuesPerStep + lane * kValuesPerLane;
-        words[s] = k < in ? load_once(w_row + k) : make_uint4(0u, 0u, 0u, 0u);
-      }
-#pragma unroll
-      for (int s = 0; s < kStepsInFlight; ++s) {
-        const int k = k_begin + s * kValuesPerStep + lane * kValuesPerLane;
-        if (k >= in) break;
-        float wf[kValuesPerLane];
-        fp8x16_to_float(words[s], wf);
-        const float scale = s_row[k / w.block_cols];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          float xf[kValuesPerLane];
-          to_float8(load_bf16x8(xs + std::int64_t(r) * in + k), xf);
-          to_float8(load_bf16x8(xs + std::int64_t(r) * in + k + 8), xf + 8);
-          float dot = 0.0f;
-#pragma unroll
-          for (int e = 0; e < kValuesPerLane; ++e) dot = fmaf(wf[e], xf[e], dot);
-          acc[r] = fmaf(scale, dot, acc[r]);
-        }
-      }
+    for (int i = 0; i < kChunksInFlight; ++i) {
+      const int chunk = first + i * kWarps;
+      const int k = k_begin + chunk * kChunk + 16 * t;
+      const bool in_range = chunk < chunks && k < k_end;
+      lo[i] = in_range && lo_valid ? load_once(w_lo + k) : make_uint4(0u, 0u, 0u, 0u);
+      hi[i] = in_range && hi_valid ? load_once(w_hi + k) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
+    for (int i = 0; i < kChunksInFlight; ++i) {
+      const int chunk = first + i * kWarps;
+      if (chunk >= chunks) break;
+      const int k = k_begin + chunk * kChunk + 16 * t;
+      const int block = min(k, w.in - 1) / w.block_cols;
+      const float scale_lo = lo_valid ? s_lo[block] : 0.0f, scale_hi = hi_valid ? s_hi[block] : 0.0f;
+      const unsigned wl[4] = {lo[i].x, lo[i].y, lo[i].z, lo[i].w}, wh[4] = {hi[i].x, hi[i].y, hi[i].z, hi[i].w};
+      // x row g of each n8 tile: the lane's 16 inputs of this chunk.
+      unsigned xb[kTilesN][8];
 #pragma unroll
-      for (int offset = 16; offset >= 1; offset >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], offset);
-    if (lane < kRows && row0 + lane < rows) {
-      float value = acc[0];
+      for (int n = 0; n < kTilesN; ++n) {
+        const bf16* row = xs + (8 * n + g) * x_stride + chunk * kChunk + 16 * t;
+        const uint4 v0 = *reinterpret_cast<const uint4*>(row), v1 = *reinterpret_cast<const uint4*>(row + 8);
+        xb[n][0] = v0.x, xb[n][1] = v0.y, xb[n][2] = v0.z, xb[n][3] = v0.w;
+        xb[n][4] = v1.x, xb[n][5] = v1.y, xb[n][6] = v1.z, xb[n][7] = v1.w;
+      }
 #pragma unroll
-      for (int r = 1; r < kRows; ++r)
-        if (lane == r) value = acc[r];
-      const std::int64_t at = std::int64_t(row0 + lane) * w.out + n;
-      if (out_fp32)
-        static_cast<float*>(y)[at] = value;
-      else
-        static_cast<bf16*>(y)[at] = __float2bfloat16_rn(value);
+      for (int s = 0; s < 4; ++s) {  // k16 step s: inputs [16 t + 4 s, + 4) as slots 2t, 2t+1, 2t+8, 2t+9
+        const unsigned afrag[4] = {scaled_bf16x2(wl[s], scale_lo), scaled_bf16x2(wh[s], scale_hi),
+                                   scaled_bf16x2(wl[s] >> 16, scale_lo), scaled_bf16x2(wh[s] >> 16, scale_hi)};
+#pragma unroll
+        for (int n = 0; n < kTilesN; ++n) mma_bf16(c[n], afrag, xb[n][2 * s], xb[n][2 * s + 1]);
+      }
     }
+  }
+
+  // The warps' sums, added in warp order.
+#pragma unroll
+  for (int n = 0; n < kTilesN; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) reduce[((warp * kTilesN + n) * 32 + lane) * 4 + r] = c[n][r];
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTilesN * 32 * 4; i += kThreads) {
+    float sum = 0.0f;
+    for (int v = 0; v < kWarps; ++v) sum += reduce[v * kTilesN * 128 + i];
+    const int n = i / 128, l = (i / 4) % 32, r = i % 4;
+    const int col = m0 + (l >> 2) + (r >= 2 ? 8 : 0);  // W row: the output column
+    const int x_row = 8 * n + 2 * (l & 3) + (r & 1);
+    if (col >= w.out || x_row >= a.rows) continue;
+    const std::int64_t at = std::int64_t(x_row) * w.out + col;
+    if (a.split_out)
+      a.split_out[split * a.split_stride + at] = sum;
+    else if (a.out_fp32)
+      static_cast<float*>(a.y)[at] = sum;
+    else
+      static_cast<bf16*>(a.y)[at] = __float2bfloat16_rn(sum);
   }
 }
 
-template <int kRows>
-void launch_rows(const bf16* x, const Fp8Matrix& w, void* y, int rows, bool out_fp32, cudaStream_t stream) {
-  const std::size_t smem = std::size_t(kRows) * w.in * sizeof(bf16);
+// The longest K range whose x rows (32, padded) fit `bytes`, in whole chunks.
+constexpr int max_k_per_split(int bytes) {
+  return (bytes / (kFp8LinearMaxRows * int(sizeof(bf16))) - kRowPad) / kChunk * kChunk;
+}
+static_assert(max_k_per_split(kDenseXBytes) == kFp8LinearDenseMaxIn, "fp8_linear.h states the dense limit");
+static_assert(kMaxLinearSplits * max_k_per_split(kPartialXBytes) == kFp8LinearPartialsMaxIn, "... and the split one");
+
+std::size_t smem_bytes(int tiles_n, int k_per_split) {
+  return std::size_t(8 * tiles_n) * (k_per_split + kRowPad) * sizeof(bf16) +
+         std::size_t(kWarps) * tiles_n * 32 * 4 * sizeof(float);
+}
+
+template <int kTilesN>
+void launch_tiles(const Fp8Args& a, int splits, cudaStream_t stream) {
+  const std::size_t smem = smem_bytes(kTilesN, a.k_per_split);
   if (smem > 48 * 1024)
-    ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(fp8_linear_kernel<kRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          int(smem)));
-  const int column_ctas = (w.out + kWarps - 1) / kWarps;
-  const int passes = (rows + kRows - 1) / kRows;
-  const int ctas = std::max(1, std::min(column_ctas, kCtasPerSm * current_device_info().sm_count));
-  fp8_linear_kernel<kRows><<<dim3(unsigned(ctas), unsigned(passes)), kThreads, smem, stream>>>(x, w, y, rows, out_fp32);
+    ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(fp8_linear_kernel<kTilesN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const unsigned tiles_m = unsigned((a.w.out + kTileM - 1) / kTileM);
+  fp8_linear_kernel<kTilesN><<<dim3(tiles_m, unsigned(splits)), kThreads, smem, stream>>>(a);
   check_launch("fp8_linear");
+}
+
+void launch(Fp8Args a, int splits, cudaStream_t stream) {
+  const int tiles_n = (a.rows + 7) / 8;
+  if (tiles_n == 1) return launch_tiles<1>(a, splits, stream);
+  if (tiles_n == 2) return launch_tiles<2>(a, splits, stream);
+  return launch_tiles<4>(a, splits, stream);
+}
+
+void check_product(const char* who, const bf16* x, const Fp8Matrix& w, int rows) {
+  check(rows >= 1 && rows <= kFp8LinearMaxRows && w.out >= 1 && w.in >= 1 && x && w.values && w.scales, who,
+        ": product of [", rows, " x ", w.in, "] -> ", w.out, " (1 to ", kFp8LinearMaxRows, " rows)");
+  check(fp8_linear_supports(x, w), who, ": needs `in` and the scale blocks multiples of 16 and 16-byte aligned x and ",
+        "weights (in ", w.in, ", blocks of ", w.block_cols, ")");
+}
+
+__global__ void fp8_dequantize_kernel(Fp8Matrix w, bf16* out) {
+  const std::int64_t pairs = std::int64_t(w.out) * w.in / 2;
+  const int scale_cols = w.scale_cols();
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < pairs; i += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t at = 2 * i, row = at / w.in, col = at % w.in;  // `in` is even: a pair is in one row and block
+    const unsigned pair = *reinterpret_cast<const unsigned short*>(w.values + at);
+    const unsigned b = scaled_bf16x2(pair, w.scales[row * scale_cols + col / w.block_cols]);
+    *reinterpret_cast<unsigned*>(out + at) = b;
+  }
 }
 
 }  // namespace
 
 bool fp8_linear_supports(const void* x, const Fp8Matrix& w) {
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  return w.in > 0 && w.in % kValuesPerLane == 0 && w.in <= kFp8LinearMaxIn && w.block_cols > 0 &&
-         w.block_cols % kValuesPerLane == 0 && aligned(x) && aligned(w.values);
+  return w.in > 0 && w.in % 16 == 0 && w.block_cols > 0 && w.block_cols % 16 == 0 && aligned(x) && aligned(w.values);
 }
 
 void launch_fp8_linear(const bf16* x, const Fp8Matrix& w, void* y, int rows, bool out_fp32, cudaStream_t stream) {
-  check(rows >= 1 && w.out >= 1 && w.in >= 1 && x && y && w.values && w.scales, "fp8_linear: empty product [", rows,
-        " x ", w.in, "] -> ", w.out);
-  check((rows + kFp8LinearRowsPerPass - 1) / kFp8LinearRowsPerPass <= 65535, "fp8_linear: ", rows, " rows (at most ",
-        65535 * kFp8LinearRowsPerPass, ")");
-  check(fp8_linear_supports(x, w), "fp8_linear: needs `in` a multiple of 16 up to ", kFp8LinearMaxIn,
-        ", scale blocks of a multiple of 16 inputs and 16-byte aligned x and weights (in ", w.in, ", blocks of ",
-        w.block_cols, ")");
-  switch (std::min(rows, kFp8LinearRowsPerPass)) {
-    case 1: return launch_rows<1>(x, w, y, rows, out_fp32, stream);
-    case 2: return launch_rows<2>(x, w, y, rows, out_fp32, stream);
-    case 3: return launch_rows<3>(x, w, y, rows, out_fp32, stream);
-    default: return launch_rows<kFp8LinearRowsPerPass>(x, w, y, rows, out_fp32, stream);
-  }
+  check_product("fp8_linear", x, w, rows);
+  check(y != nullptr, "fp8_linear: no output");
+  check(w.in <= kFp8LinearDenseMaxIn, "fp8_linear: ", w.in, " inputs; a dense product takes at most ", kFp8LinearDenseMaxIn,
+        " (leave it to its reader as partials: launch_fp8_linear_partials)");
+  Fp8Args a{x, w, rows, (w.in + kChunk - 1) / kChunk * kChunk, y, out_fp32, nullptr, 0};
+  launch(a, 1, stream);
+}
+
+LinearOutput launch_fp8_linear_partials(const bf16* x, const Fp8Matrix& w, float* partials, std::size_t partial_floats,
+                                        int rows, cudaStream_t stream) {
+  check_product("fp8_linear_partials", x, w, rows);
+  const long long stride = (std::int64_t(kFp8LinearMaxRows) * w.out + 3) / 4 * 4;
+  check(partials != nullptr && reinterpret_cast<std::uintptr_t>(partials) % 16 == 0 &&
+            partial_floats >= std::size_t(kMaxLinearSplits) * std::size_t(stride),
+        "fp8_linear_partials: room for ", kMaxLinearSplits, " splits of ", kFp8LinearMaxRows, " x ", w.out,
+        " floats needed (16-byte aligned)");
+  // Splits: as many as x's shared memory needs, and up to kMaxPartialSplits more while the
+  // column tiles leave multiprocessors without two CTAs.
+  const int k_chunks = (w.in + kChunk - 1) / kChunk;
+  const int needed = (w.in + max_k_per_split(kPartialXBytes) - 1) / max_k_per_split(kPartialXBytes);
+  const int tiles_m = (w.out + kTileM - 1) / kTileM, sm_count = current_device_info().sm_count;
+  int splits = std::max(needed, std::min(kMaxPartialSplits, (2 * sm_count + tiles_m - 1) / tiles_m));
+  splits = std::clamp(splits, 1, std::min(kMaxLinearSplits, k_chunks));
+  check(needed <= kMaxLinearSplits, "fp8_linear_partials: ", w.in, " inputs need ", needed, " splits (at most ",
+        kMaxLinearSplits, ")");
+  const int k_per_split = (k_chunks + splits - 1) / splits * kChunk;
+  splits = (w.in + k_per_split - 1) / k_per_split;  // no empty split
+  Fp8Args a{x, w, rows, k_per_split, nullptr, false, partials, stride};
+  launch(a, splits, stream);
+  LinearOutput out;
+  out.partials = partials;
+  out.splits = splits;
+  out.split_stride = stride;
+  return out;
+}
+
+void launch_fp8_dequantize(const Fp8Matrix& w, bf16* out, cudaStream_t stream) {
+  check(w.out >= 1 && w.in >= 2 && w.in % 2 == 0 && w.values && w.scales && out && w.block_cols % 2 == 0,
+        "fp8_dequantize: a [", w.out, " x ", w.in, "] matrix in blocks of ", w.block_cols);
+  const std::int64_t pairs = std::int64_t(w.out) * w.in / 2;
+  const int blocks = int(std::min<std::int64_t>((pairs + 255) / 256, 8LL * current_device_info().sm_count * 8));
+  fp8_dequantize_kernel<<<blocks, 256, 0, stream>>>(w, out);
+  check_launch("fp8_dequantize");
 }
 
 }  // namespace asynct::kernels

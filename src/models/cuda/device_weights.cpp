@@ -57,8 +57,8 @@ class WeightUploader {
     }
     check(block_cols % 16 == 0, "CudaModelRunner: FP8 weights in blocks of ", block_cols,
           " inputs; the CUDA products take blocks of a multiple of 16");
-    check(d.in % 16 == 0 && d.in <= kernels::kFp8LinearMaxIn, "CudaModelRunner: an FP8 projection of ", d.in,
-          " inputs; the CUDA products take a multiple of 16 up to ", kernels::kFp8LinearMaxIn);
+    check(d.in % 16 == 0, "CudaModelRunner: an FP8 projection of ", d.in,
+          " inputs; the CUDA products take a multiple of 16");
     d.block_cols = block_cols;
     const std::size_t scale_cols = std::size_t(d.in + block_cols - 1) / block_cols;
     std::vector<std::uint8_t> values;
@@ -69,7 +69,7 @@ class WeightUploader {
       check(r.t->dtype() == DType::F8E4M3 && r.scale && r.scale->dtype() == DType::F32 && r.scale->dim() == 2 &&
                 std::size_t(r.scale->size(1)) == scale_cols,
             "CudaModelRunner: an FP8 projection (", r.t->describe(), ") without its float32 block scales");
-      const auto* v = r.t->data_as<std::uint8_t>() + std::size_t(r.first) * d.in;
+      const auto* v = reinterpret_cast<const std::uint8_t*>(r.t->data_as<fp8_e4m3_bits>()) + std::size_t(r.first) * d.in;
       values.insert(values.end(), v, v + std::size_t(r.count) * d.in);
       const float* s = r.scale->data_as<float>();
       for (std::int64_t row = r.first; row < r.first + r.count; ++row) {

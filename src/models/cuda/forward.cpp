@@ -49,6 +49,13 @@ ModelForward::ModelForward(const ModelWeights& w, const ArchitectureRecipe& reci
   norm_.clip = recipe_.norm == NormKind::UClip ? recipe_.norm_clip : INFINITY;
   const std::size_t cache = std::size_t(num_blocks) * block_size * c_.num_key_value_heads * c_.head_dim;
   weights_ = upload_weights(w, recipe_, cache, stream);
+  // FP8 products of more rows than the FP8 kernel takes run on a bf16 copy of one matrix at a
+  // time (fp8_linear.h): room for the largest, allocated now (a graph capture cannot).
+  std::size_t largest = 0;
+  for (const DeviceLayer& l : weights_.layers)
+    for (const DeviceProjection* p : {&l.qkv_proj, &l.o_proj, &l.gate_up_proj, &l.down_proj})
+      if (p->is_fp8()) largest = std::max(largest, std::size_t(p->out) * p->in);
+  if (largest) fp8_scratch_.resize(largest);
 }
 
 void ModelForward::run(const StepShape& shape, const StepPointers& step, int rows, const Sampling& out,
@@ -151,18 +158,29 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
 
 kernels::LinearOutput ModelForward::product_for_reader(const DeviceProjection& w, const bf16* x, bf16* y, int rows,
                                                       cudaStream_t stream) {
-  if (w.is_fp8()) {
-    kernels::launch_fp8_linear(x, w.fp8(), y, rows, false, stream);
-    return kernels::LinearOutput::of(y);
-  }
-  return gemm_.linear_for_reader(x, w.bf16_values.get(), y, act.linear_partials.get(), act.linear_partials.size(), rows,
-                                 w.in, w.out, stream);
+  if (!w.is_fp8())
+    return gemm_.linear_for_reader(x, w.bf16_values.get(), y, act.linear_partials.get(), act.linear_partials.size(),
+                                   rows, w.in, w.out, stream);
+  if (rows <= kernels::kFp8LinearMaxRows && w.in <= kernels::kFp8LinearPartialsMaxIn)
+    return kernels::launch_fp8_linear_partials(x, w.fp8(), act.linear_partials.get(), act.linear_partials.size(), rows,
+                                               stream);
+  gemm_.linear(x, dequantized(w, stream), y, rows, w.in, w.out, false, stream);
+  return kernels::LinearOutput::of(y);
 }
 
 void ModelForward::gated_product(const DeviceProjection& w, const bf16* x, int rows, cudaStream_t stream) {
-  if (!w.is_fp8()) return gemm_.gated_linear(x, w.bf16_values.get(), act.gate_up.get(), act.act.get(), rows, w.in, w.out / 2, stream);
-  kernels::launch_fp8_linear(x, w.fp8(), act.gate_up.get(), rows, false, stream);
-  kernels::launch_silu_and_mul(act.gate_up.get(), act.act.get(), rows, w.out / 2, stream);
+  const int inter = w.out / 2;
+  if (!w.is_fp8()) return gemm_.gated_linear(x, w.bf16_values.get(), act.gate_up.get(), act.act.get(), rows, w.in, inter, stream);
+  if (rows <= kernels::kFp8LinearMaxRows && w.in <= kernels::kFp8LinearDenseMaxIn) {
+    kernels::launch_fp8_linear(x, w.fp8(), act.gate_up.get(), rows, false, stream);
+    return kernels::launch_silu_and_mul(act.gate_up.get(), act.act.get(), rows, inter, stream);
+  }
+  gemm_.gated_linear(x, dequantized(w, stream), act.gate_up.get(), act.act.get(), rows, w.in, inter, stream);
+}
+
+const bf16* ModelForward::dequantized(const DeviceProjection& w, cudaStream_t stream) {
+  kernels::launch_fp8_dequantize(w.fp8(), fp8_scratch_.get(), stream);
+  return fp8_scratch_.get();
 }
 
 void ModelForward::copy_blocks(const std::vector<BlockCopy>& copies, cudaStream_t stream) {

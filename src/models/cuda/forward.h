@@ -76,6 +76,8 @@ class ModelForward {
   kernels::LinearOutput product_for_reader(const DeviceProjection& w, const kernels::bf16* x, kernels::bf16* y, int rows,
                                            cudaStream_t stream);
   void gated_product(const DeviceProjection& w, const kernels::bf16* x, int rows, cudaStream_t stream);
+  // An FP8 projection dequantized into fp8_scratch_ (for products past the FP8 kernel's rows).
+  const kernels::bf16* dequantized(const DeviceProjection& w, cudaStream_t stream);
   kernels::PagedKv paged(DeviceLayer& l, const StepPointers& step, int max_blocks) const;
   kernels::GateArgs gate(const DeviceLayer& l) const;
   kernels::DecodeParams decode_params(DeviceLayer& l, const StepPointers& step, int s, int max_blocks,
@@ -89,6 +91,7 @@ class ModelForward {
   int num_blocks_, block_size_, sm_count_;
   kernels::Gemm gemm_;
   DeviceWeights weights_;
+  kernels::DeviceArray<kernels::bf16> fp8_scratch_;
 };
 
 }  // namespace asynct

@@ -193,8 +193,9 @@ int main(int argc, char** argv) {
       ->check(integer_in(0, std::numeric_limits<int>::max()));
   serve_cmd->add_option("--max-cache-mib", serve.max_cache_mib, "the most memory the KV cache may take, in MiB")
       ->check(integer_in(std::int64_t(1), std::int64_t(1) << 30));
-  serve_cmd->add_option("--max-batched-tokens", serve.max_batched_tokens, "new tokens in one step (chunked prefill)")
-      ->check(integer_in(1, 1 << 20));
+  serve_cmd->add_option("--max-batched-tokens", serve.max_batched_tokens,
+                        "new tokens in one step (chunked prefill); 0: 2048 on the GPU, on the CPU what it prefills in ~0.25 s")
+      ->check(integer_in(0, 1 << 20));
   serve_cmd->add_option("--max-body-mib", serve.max_body_mib, "larger request bodies get 413")->check(integer_in(std::int64_t(1), std::int64_t(1024)));
   serve_cmd->add_flag("!--no-cuda-graphs", serve.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
   serve_cmd->add_flag("!--no-prefix-caching", serve.prefix_caching,

@@ -22,6 +22,7 @@
 #include "jobs/model_text.h"
 #include "models/config.h"
 #include "models/runner_factory.h"
+#include "models/step_budget.h"
 #include "models/weights.h"
 #ifdef ASYNCT_WITH_SERVER
 #include "serve/engine_worker.h"
@@ -152,7 +153,10 @@ int run_serve(const ServeOptions& o) {
   const std::string device = resolve_device(o.device, o.cpu_reference);
   require_device(device);
   check_block_size(o.block_size, device == "cuda" ? Backend::Cuda : Backend::Cpu);
-  RunnerOptions ro{.device = device, .block_size = o.block_size, .max_tokens_per_step = o.max_batched_tokens,
+  // A step's new tokens bound how soon a disconnect or SIGTERM takes effect.
+  const int step_tokens =
+      o.max_batched_tokens > 0 ? o.max_batched_tokens : default_step_tokens(config, backend_name(device, o.cpu_reference));
+  RunnerOptions ro{.device = device, .block_size = o.block_size, .max_tokens_per_step = step_tokens,
                    .cuda_graphs = o.cuda_graphs, .kv_cache_dtype = o.kv_cache_dtype, .quantization = o.quantization,
                    .cpu_reference = o.cpu_reference};
   const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
@@ -172,7 +176,7 @@ int run_serve(const ServeOptions& o) {
   ModelWeights weights = load_weights(o.model_dir);
   EngineOptions engine_options;
   engine_options.max_num_seqs = o.max_num_seqs;
-  engine_options.max_num_batched_tokens = o.max_batched_tokens;
+  engine_options.max_num_batched_tokens = step_tokens;
   engine_options.max_model_len = int(context);
   engine_options.prefix_caching = o.prefix_caching;
   engine_options.speculative = o.speculative;
@@ -220,13 +224,13 @@ int run_serve(const ServeOptions& o) {
   });
   std::fprintf(stderr,
                "asynct serve: %s (%s), %s backend%s, KV cache %d blocks of %d tokens (%s, %.1f MiB: %lld tokens), context %lld, "
-               "up to %d sequences a step and %d waiting, prefix caching %s; %s, chat %s; API key %s, CORS %s\n"
+               "up to %d sequences and %d new tokens a step, %d waiting, prefix caching %s; %s, chat %s; API key %s, CORS %s\n"
                "asynct serve: listening on http://%s:%d/v1 (model '%s')\n",
                config.architecture_name().c_str(), o.model_dir.c_str(), backend.c_str(),
                o.quantization == "fp8" || config.fp8_weights() ? ", FP8 weights" : "", num_blocks, o.block_size,
                kv_cache_dtype_name(kv_dtype), double(num_blocks) * double(block_bytes) / double(1 << 20),
                static_cast<long long>(std::int64_t(num_blocks) * o.block_size), static_cast<long long>(context),
-               o.max_num_seqs, o.max_waiting, o.prefix_caching ? "on" : "off", text->summary().c_str(),
+               o.max_num_seqs, step_tokens, o.max_waiting, o.prefix_caching ? "on" : "off", text->summary().c_str(),
                text->has_chat_template() ? "on" : "off (no chat template)", o.api_key.empty() ? "off" : "on",
                o.allowed_origins.empty() ? "off" : o.allowed_origins.c_str(), o.host.c_str(), port, http.model_name.c_str());
   std::fflush(stderr);

@@ -31,7 +31,7 @@ struct ServeOptions {
   int block_size = 16;
   int num_blocks = 0;               // 0: max_num_seqs requests of max_model_len, up to max_cache_mib
   std::int64_t max_cache_mib = 8192;
-  int max_batched_tokens = 2048;
+  int max_batched_tokens = 0;  // 0: default_step_tokens (models/runner_factory.h)
   std::int64_t max_body_mib = 8;    // larger request bodies get 413
   bool cuda_graphs = true;
   bool prefix_caching = true;       // EngineOptions::prefix_caching (off there by default)

@@ -18,6 +18,8 @@
 #include "models/cpu_fast/cpu_fast_runner.h"
 #include "models/cpu_fast/kernels.h"
 #include "models/cpu_fast/thread_pool.h"
+#include "models/step_budget.h"
+#include "core/parallel.h"
 #include "reference/attention.h"
 #include "reference/layers.h"
 #include "reference/norms.h"
@@ -290,6 +292,29 @@ TEST(CpuFastRunner, RefusesFp8WeightsAndBadGeometry) {
   testing::expect_error([&] { CpuFastModelRunner(quantize_fp8(random_weights(config, 1)), 4, 16); },
                         "the production CPU backend does not read them yet");
   testing::expect_error([&] { CpuFastModelRunner(random_weights(config, 1), 0, 16); }, "at least one block");
+}
+
+// A server step's new tokens when --max-batched-tokens is not given: the GPU's 2048; on the
+// CPU what the backend prefills in ~0.25 s, fewer for the slower reference and a larger model,
+// multiples of 8 within 8..2048.
+TEST(CpuFastRunner, DefaultStepTokensFollowTheBackendsRate) {
+  ModelConfig small = tiny_config(Architecture::Llama);
+  small.hidden_size = 576, small.intermediate_size = 1536, small.num_hidden_layers = 30;  // SmolLM2-135M
+  small.num_attention_heads = 9, small.num_key_value_heads = 3, small.head_dim = 64;
+  ModelConfig large = small;
+  large.hidden_size = 2048, large.intermediate_size = 6144, large.num_hidden_layers = 28;  // 1.7B
+  large.num_attention_heads = 16, large.num_key_value_heads = 8, large.head_dim = 128;
+  EXPECT_EQ(default_step_tokens(small, "cuda"), 2048);
+  const int fast = default_step_tokens(small, "cpu"), reference = default_step_tokens(small, "cpu-reference");
+  for (int t : {fast, reference, default_step_tokens(large, "cpu")}) {
+    EXPECT_GE(t, 8);
+    EXPECT_LE(t, 2048);
+    EXPECT_EQ(t % 8, 0);
+  }
+  EXPECT_LT(reference, fast);
+  EXPECT_LE(default_step_tokens(large, "cpu"), fast);
+  // A 135M model's 0.25 s on the production backend: 2 * 106M FLOPs a token at 55 GFLOP/s a thread.
+  EXPECT_NEAR(fast, 0.25 * 55e9 * thread_limit() / 2.12e8, 8.0 + 0.01 * fast);
 }
 
 // SmolLM2-135M-Instruct (scripts/fetch_smollm2.sh) on two golden chat prompts: prefill and 16

@@ -77,8 +77,10 @@ CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int
     } else {
       layer.attention_gate = Gate::make_softmax();
     }
-    layer.key_cache.assign(cache_values, 0);
-    layer.value_cache.assign(cache_values, 0);
+    // Not zeroed: a slot is read only after it is written, and untouched pages cost no memory
+    // (a server's cache is sized for its whole context; a short request touches a few blocks).
+    layer.key_cache = std::make_unique_for_overwrite<std::uint16_t[]>(cache_values);
+    layer.value_cache = std::make_unique_for_overwrite<std::uint16_t[]>(cache_values);
     layers_.push_back(std::move(layer));
   }
   for (int i = 0; i < c.head_dim / 2; ++i)
@@ -128,14 +130,14 @@ void CpuFastModelRunner::attention_block(Layer& layer, const StepBatch& batch) {
       const std::int64_t slot = batch.slot_mapping[std::size_t(i)];
       if (slot < 0) continue;
       const std::int64_t at = slot * hkv * d;
-      cpu_fast::float_to_bf16_row(row + std::int64_t(hq) * d, layer.key_cache.data() + at, hkv * d);
-      cpu_fast::float_to_bf16_row(row + std::int64_t(hq + hkv) * d, layer.value_cache.data() + at, hkv * d);
+      cpu_fast::float_to_bf16_row(row + std::int64_t(hq) * d, layer.key_cache.get() + at, hkv * d);
+      cpu_fast::float_to_bf16_row(row + std::int64_t(hq + hkv) * d, layer.value_cache.get() + at, hkv * d);
     }
   });
   q_.resize(std::size_t(t) * std::size_t(hq) * std::size_t(d));
   for (std::int64_t i = 0; i < t; ++i) std::memcpy(q_.data() + i * hq * d, qkv_.data() + i * width, sizeof(float) * std::size_t(hq * d));
   attn_.resize(q_.size());
-  const cpu_fast::PagedKv kv{layer.key_cache.data(), layer.value_cache.data(), block_size_, hkv, d};
+  const cpu_fast::PagedKv kv{layer.key_cache.get(), layer.value_cache.get(), block_size_, hkv, d};
   cpu_fast::paged_attention(pool_, q_.data(), hq, batch, kv, layer.attention_gate, float(1.0 / std::sqrt(double(d))),
                             attn_.data());
   proj_.resize(std::size_t(t * h));
@@ -181,9 +183,8 @@ void CpuFastModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) {
     check(copy.from >= 0 && copy.from < num_blocks_ && copy.to >= 0 && copy.to < num_blocks_ && copy.from != copy.to,
           "copy_blocks: block ", copy.from, " to ", copy.to, " (the cache has ", num_blocks_, ")");
     for (Layer& layer : layers_)
-      for (std::vector<std::uint16_t>* cache : {&layer.key_cache, &layer.value_cache})
-        std::copy_n(cache->data() + std::size_t(copy.from) * per_block, per_block,
-                    cache->data() + std::size_t(copy.to) * per_block);
+      for (std::uint16_t* cache : {layer.key_cache.get(), layer.value_cache.get()})
+        std::copy_n(cache + std::size_t(copy.from) * per_block, per_block, cache + std::size_t(copy.to) * per_block);
   }
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "core/gate.h"
@@ -38,7 +39,7 @@ class CpuFastModelRunner : public ModelRunner {
     const std::uint16_t *q, *k, *v, *o, *gate, *up, *down;  // bf16 projections
     std::vector<float> input_norm, post_attention_norm, q_norm, k_norm, attn_output_norm, mlp_output_norm;
     Gate attention_gate;
-    std::vector<std::uint16_t> key_cache, value_cache;  // bf16 [blocks, block_size, Hkv, D]
+    std::unique_ptr<std::uint16_t[]> key_cache, value_cache;  // bf16 [blocks, block_size, Hkv, D]
   };
   struct Result {
     std::vector<float> logits;  // [rows, vocab], which output points into

@@ -120,7 +120,7 @@ int run_generate(const GenerateOptions& o) {
   RunnerOptions ro{.device = device, .block_size = o.block_size, .max_tokens_per_step = o.max_batched_tokens,
                    .cuda_graphs = o.cuda_graphs, .kv_cache_dtype = o.kv_cache_dtype, .quantization = o.quantization,
                    .cpu_reference = o.cpu_reference};
-  const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
+  const KvCacheDtype kv_dtype = check_runner_options(ro, device);
   validate_speculative(o.speculative);
 
   // Each request within the model's context; 64-bit counts throughout (2048 requests of a

@@ -81,7 +81,7 @@ int run_perplexity(const PerplexityOptions& o) {
   check_block_size(kBlockSize, device == "cuda" ? Backend::Cuda : Backend::Cpu);
   RunnerOptions ro{.device = device, .block_size = kBlockSize, .cuda_graphs = false, .kv_cache_dtype = o.kv_cache_dtype,
                    .quantization = o.quantization, .cpu_reference = o.cpu_reference};
-  const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
+  const KvCacheDtype kv_dtype = check_runner_options(ro, device);
 
   const std::string text = read_text_file(o.file, "--file", "score");
   const std::unique_ptr<ModelText> tokenizer = ModelText::open(o.model_dir, ChatFormat{});

@@ -337,7 +337,7 @@ int run_scenarios(const ScenarioOptions& options) {
     options_check.kv_cache_dtype = o.kv_cache_dtype;
     options_check.quantization = o.quantization;
     options_check.cpu_reference = o.cpu_reference;
-    check_runner_options(options_check, ModelConfig{}, o.device);  // before any weights are made
+    check_runner_options(options_check, o.device);  // before any weights are made
     validate_speculative(o.speculative);
   }
   if (o.config == "auto") o.config = gpu ? "1.7b" : "tiny";

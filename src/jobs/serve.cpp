@@ -159,7 +159,7 @@ int run_serve(const ServeOptions& o) {
   RunnerOptions ro{.device = device, .block_size = o.block_size, .max_tokens_per_step = step_tokens,
                    .cuda_graphs = o.cuda_graphs, .kv_cache_dtype = o.kv_cache_dtype, .quantization = o.quantization,
                    .cpu_reference = o.cpu_reference};
-  const KvCacheDtype kv_dtype = check_runner_options(ro, config, device);
+  const KvCacheDtype kv_dtype = check_runner_options(ro, device);
   validate_speculative(o.speculative);
 
   const std::int64_t block_bytes = kv_cache_bytes_per_token(config, kv_dtype, backend_name(device, o.cpu_reference)) * o.block_size;

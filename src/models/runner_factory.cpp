@@ -38,21 +38,18 @@ void require_device(const std::string& device) {
 #endif
 }
 
-KvCacheDtype check_runner_options(const RunnerOptions& o, const ModelConfig& config, const std::string& device) {
+KvCacheDtype check_runner_options(const RunnerOptions& o, const std::string& device) {
   check(!o.cpu_reference || device == "cpu", "--cpu-reference runs on the CPU, not on ", device);
   const std::string backend = backend_name(device, o.cpu_reference);
   const KvCacheDtype kv_dtype = resolve_kv_cache_dtype(o.kv_cache_dtype, backend);
   check(o.quantization == "none" || o.quantization == "fp8", "--quantization must be none or fp8, got '", o.quantization, "'");
-  check(backend != "cpu" || (o.quantization == "none" && !config.fp8_weights()),
-        "FP8 weights: the production CPU backend's products do not read them yet (the CPU reference runs them: "
-        "--cpu-reference)");
   return kv_dtype;
 }
 
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& o, std::string* chosen) {
   const std::string device = resolve_device(o.device, o.cpu_reference);
   require_device(device);
-  const KvCacheDtype kv_dtype = check_runner_options(o, weights.config, device);
+  const KvCacheDtype kv_dtype = check_runner_options(o, device);
   *chosen = backend_name(device, o.cpu_reference);
   if (o.quantization == "fp8") weights = quantize_fp8(std::move(weights));
 #ifdef ASYNCT_WITH_CUDA

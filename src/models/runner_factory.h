@@ -44,11 +44,11 @@ struct RunnerOptions {
   bool cpu_reference = false;
 };
 
-// Checks the options a model of this config runs with on `device` (as resolve_device gives it),
-// before anything is loaded: the KV-cache type, the quantization, and what the backend runs of
-// them (only the CPU reference reads FP8 weights and an FP8 cache yet). Throws Error naming
-// the option. Returns the KV-cache type.
-KvCacheDtype check_runner_options(const RunnerOptions& options, const ModelConfig& config, const std::string& device);
+// Checks the options a model runs with on `device` (as resolve_device gives it), before
+// anything is loaded: the KV-cache type (only the CPU reference reads an FP8 cache yet) and the
+// quantization (every backend reads FP8 weights). Throws Error naming the option. Returns the
+// KV-cache type.
+KvCacheDtype check_runner_options(const RunnerOptions& options, const std::string& device);
 
 // Throws Error when "cuda" is asked for and not available; *chosen says which backend runs.
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& options, std::string* chosen);

@@ -17,11 +17,9 @@ using cpu_fast::LinearPart;
 
 namespace {
 
-int checked_num_blocks(int num_blocks, int block_size, const ModelConfig& config) {
+int checked_num_blocks(int num_blocks, int block_size) {
   check_block_size(block_size, Backend::Cpu);
   check(num_blocks >= 1, "CpuFastModelRunner: need at least one block");
-  check(!config.fp8_weights(),
-        "FP8 weights: the production CPU backend does not read them yet (--cpu-reference runs them)");
   return num_blocks;
 }
 
@@ -33,12 +31,28 @@ const std::uint16_t* bf16_data(Tensor& t, const char* name) {
   return reinterpret_cast<const std::uint16_t*>(t.data());
 }
 
+// A projection as the products read it: bf16 (bf16_data), or e4m3 with its block scales.
+cpu_fast::Projection projection(Tensor& weight, const Tensor& scale, const ModelConfig& c, const char* name) {
+  cpu_fast::Projection p;
+  if (!c.fp8_weights()) {
+    p.bf16 = bf16_data(weight, name);
+    return p;
+  }
+  check(weight.dtype() == DType::F8E4M3 && scale.defined() && scale.dtype() == DType::F32, "CpuFastModelRunner: ", name,
+        " is not FP8 with float32 scales");
+  p.fp8 = reinterpret_cast<const std::uint8_t*>(weight.data());
+  p.scales = scale.data_as<float>();
+  p.block_rows = c.fp8_block_rows;
+  p.block_cols = c.fp8_block_cols;
+  return p;
+}
+
 std::vector<float> floats(const Tensor& t) { return t.defined() && t.numel() > 0 ? t.to_float_vector() : std::vector<float>(); }
 
 }  // namespace
 
 CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size)
-    : num_blocks_(checked_num_blocks(num_blocks, block_size, weights.config)), block_size_(block_size),
+    : num_blocks_(checked_num_blocks(num_blocks, block_size)), block_size_(block_size),
       weights_(std::move(weights)), recipe_(recipe_of(weights_.config)) {
   const ModelConfig& c = weights_.config;
   norm_clip_ = recipe_.norm == NormKind::UClip ? recipe_.norm_clip : std::numeric_limits<float>::infinity();
@@ -52,13 +66,13 @@ CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     LayerWeights& w = weights_.layers[std::size_t(l)];
     Layer layer;
-    layer.q = bf16_data(w.q_proj, "q_proj");
-    layer.k = bf16_data(w.k_proj, "k_proj");
-    layer.v = bf16_data(w.v_proj, "v_proj");
-    layer.o = bf16_data(w.o_proj, "o_proj");
-    layer.gate = bf16_data(w.gate_proj, "gate_proj");
-    layer.up = bf16_data(w.up_proj, "up_proj");
-    layer.down = bf16_data(w.down_proj, "down_proj");
+    layer.q = projection(w.q_proj, w.q_proj_scale, c, "q_proj");
+    layer.k = projection(w.k_proj, w.k_proj_scale, c, "k_proj");
+    layer.v = projection(w.v_proj, w.v_proj_scale, c, "v_proj");
+    layer.o = projection(w.o_proj, w.o_proj_scale, c, "o_proj");
+    layer.gate = projection(w.gate_proj, w.gate_proj_scale, c, "gate_proj");
+    layer.up = projection(w.up_proj, w.up_proj_scale, c, "up_proj");
+    layer.down = projection(w.down_proj, w.down_proj_scale, c, "down_proj");
     layer.input_norm = floats(w.input_layernorm);
     layer.post_attention_norm = floats(w.post_attention_layernorm);
     if (recipe_.qk_norm) {
@@ -103,7 +117,7 @@ void CpuFastModelRunner::attention_block(Layer& layer, const StepBatch& batch) {
   const int hq = c.num_attention_heads, hkv = c.num_key_value_heads, d = c.head_dim, half = d / 2;
   const std::int64_t width = std::int64_t(hq + 2 * hkv) * d;
   qkv_.resize(std::size_t(t * width));
-  cpu_fast::linear_bf16(pool_, x_norm_.data(), t, h, int(h),
+  cpu_fast::linear(pool_, x_norm_.data(), t, h, int(h),
                         {{layer.q, hq * d, 0}, {layer.k, hkv * d, std::int64_t(hq) * d},
                          {layer.v, hkv * d, std::int64_t(hq + hkv) * d}},
                         qkv_.data(), width);
@@ -141,14 +155,14 @@ void CpuFastModelRunner::attention_block(Layer& layer, const StepBatch& batch) {
   cpu_fast::paged_attention(pool_, q_.data(), hq, batch, kv, layer.attention_gate, float(1.0 / std::sqrt(double(d))),
                             attn_.data());
   proj_.resize(std::size_t(t * h));
-  cpu_fast::linear_bf16(pool_, attn_.data(), t, std::int64_t(hq) * d, hq * d, {{layer.o, int(h), 0}}, proj_.data(), h);
+  cpu_fast::linear(pool_, attn_.data(), t, std::int64_t(hq) * d, hq * d, {{layer.o, int(h), 0}}, proj_.data(), h);
 }
 
 void CpuFastModelRunner::mlp_block(const Layer& layer) {
   const ModelConfig& c = weights_.config;
   const std::int64_t t = std::int64_t(x_.size()) / c.hidden_size, h = c.hidden_size, inter = c.intermediate_size;
   gate_up_.resize(std::size_t(t * 2 * inter));
-  cpu_fast::linear_bf16(pool_, x_norm_.data(), t, h, int(h), {{layer.gate, int(inter), 0}, {layer.up, int(inter), inter}},
+  cpu_fast::linear(pool_, x_norm_.data(), t, h, int(h), {{layer.gate, int(inter), 0}, {layer.up, int(inter), inter}},
                         gate_up_.data(), 2 * inter);
   act_.resize(std::size_t(t * inter));
   for_rows(t, [&](std::int64_t first, std::int64_t last) {
@@ -157,7 +171,7 @@ void CpuFastModelRunner::mlp_block(const Layer& layer) {
                            act_.data() + i * inter);
   });
   proj_.resize(std::size_t(t * h));
-  cpu_fast::linear_bf16(pool_, act_.data(), t, inter, int(inter), {{layer.down, int(h), 0}}, proj_.data(), h);
+  cpu_fast::linear(pool_, act_.data(), t, inter, int(inter), {{layer.down, int(h), 0}}, proj_.data(), h);
 }
 
 void CpuFastModelRunner::submit(const StepBatch& batch) {
@@ -244,8 +258,8 @@ CpuFastModelRunner::Result CpuFastModelRunner::run(const StepBatch& batch, const
                        last.data() + std::int64_t(i) * h);
   Result r;
   r.logits.resize(rows * vocab);
-  cpu_fast::linear_bf16(pool_, last.data(), std::int64_t(rows), h, int(h),
-                        {{reinterpret_cast<const std::uint16_t*>(weights_.lm_head.data()), int(vocab), 0}},
+  cpu_fast::linear(pool_, last.data(), std::int64_t(rows), h, int(h),
+                        {{{.bf16 = reinterpret_cast<const std::uint16_t*>(weights_.lm_head.data())}, int(vocab), 0}},
                         r.logits.data(), std::int64_t(vocab));
 
   // Sampling as the reference runner samples; rows with more than an argmax on the pool's threads.

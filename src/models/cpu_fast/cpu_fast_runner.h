@@ -1,5 +1,5 @@
-// The production CPU backend: the model's forward pass on the weights as loaded (bf16, mapped
-// checkpoint views, no float32 copy), a bf16 paged KV cache, float32 arithmetic in vector
+// The production CPU backend: the model's forward pass on the weights as loaded (bf16 mapped
+// checkpoint views, no float32 copy; or the projections in FP8 with their block scales), a bf16 paged KV cache, float32 arithmetic in vector
 // kernels (kernels.h) on every thread of a persistent pool (ASYNCT_THREADS caps it). The CPU
 // reference (models/cpu/cpu_model_runner.h) is its oracle: logits agree to the bf16 cache's and
 // float32 sums' rounding, greedy tokens on the golden prompts are the same.
@@ -12,6 +12,7 @@
 #include "core/gate.h"
 #include "engine/model_runner.h"
 #include "models/architecture.h"
+#include "models/cpu_fast/linear.h"
 #include "models/cpu_fast/thread_pool.h"
 #include "models/weights.h"
 
@@ -19,9 +20,8 @@ namespace asynct {
 
 class CpuFastModelRunner : public ModelRunner {
  public:
-  // Throws Error for a block size the CPU backend does not run, no blocks, or FP8 weights
-  // (which only the reference reads for now). Projections held as float32 (a float32 or
-  // float16 checkpoint) are rounded to bf16 once, here.
+  // Throws Error for a block size the CPU backend does not run or no blocks. Projections held
+  // as float32 (a float32 or float16 checkpoint) are rounded to bf16 once, here.
   CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size);
 
   // A step runs in submit(); collect() hands its output out. Steps pipeline as the
@@ -36,7 +36,7 @@ class CpuFastModelRunner : public ModelRunner {
 
  private:
   struct Layer {
-    const std::uint16_t *q, *k, *v, *o, *gate, *up, *down;  // bf16 projections
+    cpu_fast::Projection q, k, v, o, gate, up, down;
     std::vector<float> input_norm, post_attention_norm, q_norm, k_norm, attn_output_norm, mlp_output_norm;
     Gate attention_gate;
     std::unique_ptr<std::uint16_t[]> key_cache, value_cache;  // bf16 [blocks, block_size, Hkv, D]

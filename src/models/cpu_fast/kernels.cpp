@@ -424,6 +424,28 @@ void gemm_bf16(const float* x, std::int64_t ldx, int rows, const std::uint16_t* 
   DISPATCH(gemm_avx2(x, ldx, rows, w, nw, in, y, ldy), gemm_generic(x, ldx, rows, w, nw, in, y, ldy));
 }
 
+void gemm_f32(const float* x, std::int64_t ldx, int rows, const float* w, int nw, int in, float* y, std::int64_t ldy) {
+#ifdef ASYNCT_X86
+  if (vector_kernels()) {  // 4 weight rows a tile; the tile kernel reads all 4, so a last short one is copied
+    const int full = nw / 4 * 4;
+    for (int o = 0; o < full; o += 4) gemm_tile4_avx2(x, ldx, rows, w + std::int64_t(o) * in, 4, in, y + o, ldy);
+    if (full < nw) {
+      thread_local std::vector<float> tile;
+      tile.assign(std::size_t(4) * std::size_t(in), 0.0f);
+      std::copy_n(w + std::int64_t(full) * in, std::size_t(nw - full) * std::size_t(in), tile.data());
+      gemm_tile4_avx2(x, ldx, rows, tile.data(), nw - full, in, y + full, ldy);
+    }
+    return;
+  }
+#endif
+  for (int o = 0; o < nw; ++o)
+    for (int r = 0; r < rows; ++r) {
+      float sum = 0.0f;
+      for (int i = 0; i < in; ++i) sum += x[r * ldx + i] * w[std::int64_t(o) * in + i];
+      y[r * ldy + o] = sum;
+    }
+}
+
 float dot_bf16(const float* a, const std::uint16_t* b, int n) { DISPATCH(dot_avx2(a, b, n), dot_generic(a, b, n)); }
 
 void axpy_bf16(float* out, float weight, const std::uint16_t* v, int n) {

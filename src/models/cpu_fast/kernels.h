@@ -18,6 +18,15 @@ void use_generic_kernels(bool generic);
 void gemm_bf16(const float* x, std::int64_t ldx, int rows, const std::uint16_t* w, int nw, int in, float* y,
                std::int64_t ldy);
 
+// The same tile with W float32 [nw, in] (weights converted from another format).
+void gemm_f32(const float* x, std::int64_t ldx, int rows, const float* w, int nw, int in, float* y, std::int64_t ldy);
+
+// The same tile with W e4m3 (fp8_kernels.cpp): rows [first, first + nw) of a matrix whose row r
+// starts at w + r * in, weight (r, k) its value times scales[(r / block_rows) * scale_cols + k /
+// block_cols] (scale_cols = ceil(in / block_cols)); `w` points at row `first`.
+void gemm_fp8(const float* x, std::int64_t ldx, int rows, const std::uint8_t* w, const float* scales, int block_rows,
+              int block_cols, int first, int nw, int in, float* y, std::int64_t ldy);
+
 // sum_i a[i] * b[i], b bf16.
 float dot_bf16(const float* a, const std::uint16_t* b, int n);
 // out[i] += weight * v[i], v bf16.

@@ -6,7 +6,7 @@
 
 namespace asynct::cpu_fast {
 
-void linear_bf16(ThreadPool& pool, const float* x, std::int64_t rows, std::int64_t ldx, int in,
+void linear(ThreadPool& pool, const float* x, std::int64_t rows, std::int64_t ldx, int in,
                  const std::vector<LinearPart>& parts, float* y, std::int64_t ldy) {
   if (rows == 0) return;  // a prefill chunk with no row to sample
   // Decode rows read each weight once: pieces of 32 output rows spread the weights' bytes evenly
@@ -29,8 +29,14 @@ void linear_bf16(ThreadPool& pool, const float* x, std::int64_t rows, std::int64
     const std::int64_t r0 = std::int64_t(i / tasks.size()) * row_piece;
     const LinearPart& part = parts[std::size_t(t.part)];
     const int nw = std::min(features, part.out - t.first);
-    gemm_bf16(x + r0 * ldx, ldx, int(std::min(row_piece, rows - r0)), part.weight + std::int64_t(t.first) * in, nw, in,
-              y + r0 * ldy + part.y_offset + t.first, ldy);
+    const int n_rows = int(std::min(row_piece, rows - r0));
+    float* out = y + r0 * ldy + part.y_offset + t.first;
+    const Projection& w = part.weight;
+    if (w.bf16)
+      gemm_bf16(x + r0 * ldx, ldx, n_rows, w.bf16 + std::int64_t(t.first) * in, nw, in, out, ldy);
+    else
+      gemm_fp8(x + r0 * ldx, ldx, n_rows, w.fp8 + std::int64_t(t.first) * in, w.scales, w.block_rows, w.block_cols,
+               t.first, nw, in, out, ldy);
   });
 }
 

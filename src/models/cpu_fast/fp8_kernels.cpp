@@ -1,0 +1,138 @@
+// The production CPU runner's products on FP8 weights (kernels.h: gemm_fp8): e4m3 values read as
+// stored, times their blocks' scales, float32 arithmetic. Decode rows take each weight row once,
+// straight from memory, its blocks' dot products scaled once each; more rows convert 4 weight
+// rows at a time to float32 and share them (gemm_f32).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/fp8.h"
+#include "models/cpu_fast/kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define ASYNCT_X86 1
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace asynct::cpu_fast {
+namespace {
+
+// Weight row r's scales.
+const float* scale_row(const float* scales, int block_rows, int block_cols, int in, int r) {
+  const int scale_cols = (in + block_cols - 1) / block_cols;
+  return scales + std::int64_t(r / block_rows) * scale_cols;
+}
+
+void row_to_float_generic(const std::uint8_t* w, const float* scales, int block_cols, int in, float* out) {
+  for (int k = 0; k < in; ++k) out[k] = fp8_e4m3_to_float(w[k]) * scales[k / block_cols];
+}
+
+float dot_generic(const float* x, const std::uint8_t* w, const float* scales, int block_cols, int in) {
+  float sum = 0.0f;
+  for (int k = 0; k < in; ++k) sum += x[k] * (fp8_e4m3_to_float(w[k]) * scales[k / block_cols]);
+  return sum;
+}
+
+#ifdef ASYNCT_X86
+// e4m3 is half precision with 3 of its 5 exponent bits and 3 of its 10 mantissa bits: the bits
+// s eeee mmm placed at half's 15, 13..10 and 9..7 make a half of the value times 2^-8, exactly,
+// subnormals included (half's own subnormals hold them). So 16 values are a sign extension, a
+// shift and a mask, then F16C's exact conversion; the 2^8 goes into the block's scale.
+constexpr float kHalfBias = 256.0f;
+
+AVX2 inline void load_fp8x16(const std::uint8_t* p, __m256& lo, __m256& hi) {
+  const __m256i wide = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i half = _mm256_and_si256(_mm256_slli_epi16(wide, 7), _mm256_set1_epi16(std::int16_t(0xBF80)));
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(half));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(half, 1));
+}
+
+AVX2 void row_to_float_avx2(const std::uint8_t* w, const float* scales, int block_cols, int in, float* out) {
+  for (int k0 = 0; k0 < in; k0 += block_cols) {
+    const int k1 = std::min(in, k0 + block_cols);
+    const float s = scales[k0 / block_cols];
+    const __m256 scale = _mm256_set1_ps(s * kHalfBias);
+    int k = k0;
+    for (; k + 16 <= k1; k += 16) {
+      __m256 lo, hi;
+      load_fp8x16(w + k, lo, hi);
+      _mm256_storeu_ps(out + k, _mm256_mul_ps(lo, scale));
+      _mm256_storeu_ps(out + k + 8, _mm256_mul_ps(hi, scale));
+    }
+    for (; k < k1; ++k) out[k] = fp8_e4m3_to_float(w[k]) * s;
+  }
+}
+
+// Each block's dot product in two accumulators, added into the total times the block's scale.
+AVX2 float dot_avx2(const float* x, const std::uint8_t* w, const float* scales, int block_cols, int in) {
+  __m256 total = _mm256_setzero_ps();
+  float tail = 0.0f;
+  for (int k0 = 0; k0 < in; k0 += block_cols) {
+    const int k1 = std::min(in, k0 + block_cols);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int k = k0;
+    for (; k + 16 <= k1; k += 16) {
+      __m256 lo, hi;
+      load_fp8x16(w + k, lo, hi);
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), lo, a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), hi, a1);
+    }
+    const float s = scales[k0 / block_cols];
+    total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(s * kHalfBias), total);
+    for (; k < k1; ++k) tail += x[k] * (fp8_e4m3_to_float(w[k]) * s);
+  }
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
+  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+  sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+  return _mm_cvtss_f32(sum) + tail;
+}
+#endif
+
+}  // namespace
+
+void gemm_fp8(const float* x, std::int64_t ldx, int rows, const std::uint8_t* w, const float* scales, int block_rows,
+              int block_cols, int first, int nw, int in, float* y, std::int64_t ldy) {
+#ifdef ASYNCT_X86
+  const bool vector = vector_kernels();
+#else
+  const bool vector = false;
+#endif
+  if (rows <= 2) {  // decode rows: each weight row read once, straight from memory
+    for (int o = 0; o < nw; ++o) {
+      const std::uint8_t* row = w + std::int64_t(o) * in;
+      const float* s = scale_row(scales, block_rows, block_cols, in, first + o);
+      for (int r = 0; r < rows; ++r) {
+#ifdef ASYNCT_X86
+        if (vector) {
+          y[r * ldy + o] = dot_avx2(x + r * ldx, row, s, block_cols, in);
+          continue;
+        }
+#endif
+        y[r * ldy + o] = dot_generic(x + r * ldx, row, s, block_cols, in);
+      }
+    }
+    return;
+  }
+  // More rows: 4 weight rows at a time as float32, shared by every row of x.
+  thread_local std::vector<float> tile;
+  tile.resize(std::size_t(4) * std::size_t(in));
+  for (int o = 0; o < nw; o += 4) {
+    const int n = std::min(4, nw - o);
+    for (int i = 0; i < n; ++i) {
+      const std::uint8_t* row = w + std::int64_t(o + i) * in;
+      const float* s = scale_row(scales, block_rows, block_cols, in, first + o + i);
+      float* out = tile.data() + std::size_t(i) * std::size_t(in);
+#ifdef ASYNCT_X86
+      if (vector) {
+        row_to_float_avx2(row, s, block_cols, in, out);
+        continue;
+      }
+#endif
+      row_to_float_generic(row, s, block_cols, in, out);
+    }
+    gemm_f32(x, ldx, rows, tile.data(), n, in, y + o, ldy);
+  }
+}
+
+}  // namespace asynct::cpu_fast

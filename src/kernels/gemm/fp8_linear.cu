@@ -1,7 +1,8 @@
 // FP8-weight products (fp8_linear.h). The layout of the work:
-//   * a CTA owns 16 output columns (16 rows of W: one m16 tile of mma.sync m16n8k16) and a range
-//     of K (its split); its eight warps share the range by 64-input chunks and add their
-//     results through shared memory at the end, in warp order;
+//   * a CTA takes 16 output columns at a time (16 rows of W: one m16 tile of mma.sync m16n8k16)
+//     over a range of K (its split), looping over column tiles (as many CTAs as the GPU holds
+//     at once); its eight warps share the range by 64-input chunks and add their results
+//     through shared memory, in warp order;
 //   * a lane reads 16 consecutive e4m3 weights (16 bytes) of W rows g and g + 8 per chunk
 //     (g = lane / 4), straight from global memory into registers, and the loads of four chunks
 //     are issued before any is used. Which inputs of a k16 step a lane holds is the mma's
@@ -12,10 +13,10 @@
 //     scale (a lane's 16 weights lie in one block), rounded to bf16 (2^-9 relative, far under
 //     e4m3's own 2^-4 step);
 //   * x (up to 32 rows, four n8 tiles) sits in shared memory as bf16 for the CTA's K range,
-//     rows padded by 16 bytes so the eight rows a quarter-warp reads fall in distinct banks.
-// The split count comes from the shape alone (fp8_linear.h): a range as long as the shared
-// memory holds for 32 rows, and for partial outputs enough splits to give every
-// multiprocessor two CTAs.
+//     staged once a CTA while its first weights load, rows padded by 16 bytes so the eight
+//     rows a quarter-warp reads fall in distinct banks.
+// The split count comes from the shape alone (fp8_linear.h): K is split only where x's 32 rows
+// of the whole range would not fit the shared memory.
 #include "kernels/gemm/fp8_linear.h"
 
 #include <algorithm>
@@ -38,11 +39,9 @@ constexpr int kTileM = 16;          // W rows (output columns) per CTA
 constexpr int kChunk = 64;          // inputs per chunk: 16 per lane group of four
 constexpr int kChunksInFlight = 4;  // chunks whose loads a warp issues before using them
 constexpr int kRowPad = 8;          // bf16 values of padding after each x row in shared memory
-// Shared memory for x: 96 KB (two CTAs a multiprocessor) for products left as partials, 200 KB
-// for dense ones (they cannot split K), counted at 32 rows.
-constexpr int kPartialXBytes = 96 * 1024;
-constexpr int kDenseXBytes = 200 * 1024;
-constexpr int kMaxPartialSplits = 4;  // the readers load every split (skinny_gemm.cu says why 4)
+// Shared memory for x, counted at 32 rows: K splits only where a range longer than this holds
+// cannot be staged (the split count is the shape's alone: fp8_linear.h).
+constexpr int kXBytes = 200 * 1024;
 
 struct Fp8Args {
   const bf16* x;
@@ -75,94 +74,100 @@ __device__ __forceinline__ unsigned scaled_bf16x2(unsigned pair, float scale) {
 }
 
 template <int kTilesN>  // n8 tiles of x rows: 1, 2 or 4
-__global__ void __launch_bounds__(kThreads) fp8_linear_kernel(Fp8Args a) {
+__global__ void __launch_bounds__(kThreads, 2) fp8_linear_kernel(Fp8Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int kRowsPad = 8 * kTilesN;
   const Fp8Matrix& w = a.w;
-  const int m0 = blockIdx.x * kTileM, split = blockIdx.y;
+  const int split = blockIdx.y, tiles_m = (w.out + kTileM - 1) / kTileM;
   const int k_begin = split * a.k_per_split, k_end = min(w.in, k_begin + a.k_per_split);
   const int chunks = (k_end - k_begin + kChunk - 1) / kChunk;
   const int x_stride = chunks * kChunk + kRowPad;  // bf16 values per x row in shared memory
   bf16* xs = reinterpret_cast<bf16*>(smem);       // [kRowsPad][x_stride]
   float* reduce = reinterpret_cast<float*>(smem + std::size_t(kRowsPad) * x_stride * sizeof(bf16));  // [warps][tiles][32][4]
-
-  // x's rows for the range, zeros past the rows and past `in`.
-  for (int i = threadIdx.x; i < kRowsPad * chunks * (kChunk / 8); i += kThreads) {
-    const int r = i / (chunks * (kChunk / 8)), c = i % (chunks * (kChunk / 8));
-    const int k = k_begin + 8 * c;
-    Bf16x8 v{};
-    if (r < a.rows && k < k_end) v = load_bf16x8(a.x + std::int64_t(r) * w.in + k);
-    store_bf16x8(xs + r * x_stride + 8 * c, v);
-  }
-  __syncthreads();
-
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int row_lo = m0 + g, row_hi = m0 + g + 8;
-  const bool lo_valid = row_lo < w.out, hi_valid = row_hi < w.out;
-  const std::uint8_t* w_lo = w.values + std::int64_t(lo_valid ? row_lo : 0) * w.in;
-  const std::uint8_t* w_hi = w.values + std::int64_t(hi_valid ? row_hi : 0) * w.in;
   const int scale_cols = w.scale_cols();
-  const float* s_lo = w.scales + std::int64_t(lo_valid ? row_lo : 0) * scale_cols;
-  const float* s_hi = w.scales + std::int64_t(hi_valid ? row_hi : 0) * scale_cols;
 
-  float c[kTilesN][4] = {};
-  for (int first = warp; first < chunks; first += kWarps * kChunksInFlight) {
-    uint4 lo[kChunksInFlight], hi[kChunksInFlight];
+  bool x_staged = false;
+  for (int tile = blockIdx.x; tile < tiles_m; tile += gridDim.x) {  // CTA-uniform
+    const int m0 = tile * kTileM, row_lo = m0 + g, row_hi = m0 + g + 8;
+    const bool lo_valid = row_lo < w.out, hi_valid = row_hi < w.out;
+    const std::uint8_t* w_lo = w.values + std::int64_t(lo_valid ? row_lo : 0) * w.in;
+    const std::uint8_t* w_hi = w.values + std::int64_t(hi_valid ? row_hi : 0) * w.in;
+    const float* s_lo = w.scales + std::int64_t(lo_valid ? row_lo : 0) * scale_cols;
+    const float* s_hi = w.scales + std::int64_t(hi_valid ? row_hi : 0) * scale_cols;
+    float c[kTilesN][4] = {};
+    for (int first = warp; first < max(chunks, kWarps); first += kWarps * kChunksInFlight) {
+      uint4 lo[kChunksInFlight], hi[kChunksInFlight];
 #pragma unroll
-    for (int i = 0; i < kChunksInFlight; ++i) {
-      const int chunk = first + i * kWarps;
-      const int k = k_begin + chunk * kChunk + 16 * t;
-      const bool in_range = chunk < chunks && k < k_end;
-      lo[i] = in_range && lo_valid ? load_once(w_lo + k) : make_uint4(0u, 0u, 0u, 0u);
-      hi[i] = in_range && hi_valid ? load_once(w_hi + k) : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int i = 0; i < kChunksInFlight; ++i) {
-      const int chunk = first + i * kWarps;
-      if (chunk >= chunks) break;
-      const int k = k_begin + chunk * kChunk + 16 * t;
-      const int block = min(k, w.in - 1) / w.block_cols;
-      const float scale_lo = lo_valid ? s_lo[block] : 0.0f, scale_hi = hi_valid ? s_hi[block] : 0.0f;
-      const unsigned wl[4] = {lo[i].x, lo[i].y, lo[i].z, lo[i].w}, wh[4] = {hi[i].x, hi[i].y, hi[i].z, hi[i].w};
-      // x row g of each n8 tile: the lane's 16 inputs of this chunk.
-      unsigned xb[kTilesN][8];
-#pragma unroll
-      for (int n = 0; n < kTilesN; ++n) {
-        const bf16* row = xs + (8 * n + g) * x_stride + chunk * kChunk + 16 * t;
-        const uint4 v0 = *reinterpret_cast<const uint4*>(row), v1 = *reinterpret_cast<const uint4*>(row + 8);
-        xb[n][0] = v0.x, xb[n][1] = v0.y, xb[n][2] = v0.z, xb[n][3] = v0.w;
-        xb[n][4] = v1.x, xb[n][5] = v1.y, xb[n][6] = v1.z, xb[n][7] = v1.w;
+      for (int i = 0; i < kChunksInFlight; ++i) {
+        const int chunk = first + i * kWarps;
+        const int k = k_begin + chunk * kChunk + 16 * t;
+        const bool in_range = chunk < chunks && k < k_end;
+        lo[i] = in_range && lo_valid ? load_once(w_lo + k) : make_uint4(0u, 0u, 0u, 0u);
+        hi[i] = in_range && hi_valid ? load_once(w_hi + k) : make_uint4(0u, 0u, 0u, 0u);
+      }
+      // x's rows for the range (zeros past the rows and past `in`), once a CTA, while the first
+      // weights are on their way. Every warp takes the loop's first pass (first < kWarps).
+      if (!x_staged) {
+        for (int i = threadIdx.x; i < kRowsPad * chunks * (kChunk / 8); i += kThreads) {
+          const int r = i / (chunks * (kChunk / 8)), col = i % (chunks * (kChunk / 8));
+          const int k = k_begin + 8 * col;
+          Bf16x8 v{};
+          if (r < a.rows && k < k_end) v = load_bf16x8(a.x + std::int64_t(r) * w.in + k);
+          store_bf16x8(xs + r * x_stride + 8 * col, v);
+        }
+        __syncthreads();
+        x_staged = true;
       }
 #pragma unroll
-      for (int s = 0; s < 4; ++s) {  // k16 step s: inputs [16 t + 4 s, + 4) as slots 2t, 2t+1, 2t+8, 2t+9
-        const unsigned afrag[4] = {scaled_bf16x2(wl[s], scale_lo), scaled_bf16x2(wh[s], scale_hi),
-                                   scaled_bf16x2(wl[s] >> 16, scale_lo), scaled_bf16x2(wh[s] >> 16, scale_hi)};
+      for (int i = 0; i < kChunksInFlight; ++i) {
+        const int chunk = first + i * kWarps;
+        if (chunk >= chunks) break;
+        const int k = k_begin + chunk * kChunk + 16 * t;
+        const int block = min(k, w.in - 1) / w.block_cols;
+        const float scale_lo = lo_valid ? s_lo[block] : 0.0f, scale_hi = hi_valid ? s_hi[block] : 0.0f;
+        const unsigned wl[4] = {lo[i].x, lo[i].y, lo[i].z, lo[i].w}, wh[4] = {hi[i].x, hi[i].y, hi[i].z, hi[i].w};
+        // x row g of each n8 tile: the lane's 16 inputs of this chunk.
+        unsigned xb[kTilesN][8];
 #pragma unroll
-        for (int n = 0; n < kTilesN; ++n) mma_bf16(c[n], afrag, xb[n][2 * s], xb[n][2 * s + 1]);
+        for (int n = 0; n < kTilesN; ++n) {
+          const bf16* row = xs + (8 * n + g) * x_stride + chunk * kChunk + 16 * t;
+          const uint4 v0 = *reinterpret_cast<const uint4*>(row), v1 = *reinterpret_cast<const uint4*>(row + 8);
+          xb[n][0] = v0.x, xb[n][1] = v0.y, xb[n][2] = v0.z, xb[n][3] = v0.w;
+          xb[n][4] = v1.x, xb[n][5] = v1.y, xb[n][6] = v1.z, xb[n][7] = v1.w;
+        }
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {  // k16 step s: inputs [16 t + 4 s, + 4) as slots 2t, 2t+1, 2t+8, 2t+9
+          const unsigned afrag[4] = {scaled_bf16x2(wl[s], scale_lo), scaled_bf16x2(wh[s], scale_hi),
+                                     scaled_bf16x2(wl[s] >> 16, scale_lo), scaled_bf16x2(wh[s] >> 16, scale_hi)};
+#pragma unroll
+          for (int n = 0; n < kTilesN; ++n) mma_bf16(c[n], afrag, xb[n][2 * s], xb[n][2 * s + 1]);
+        }
       }
     }
-  }
 
-  // The warps' sums, added in warp order.
+    // The warps' sums, added in warp order.
 #pragma unroll
-  for (int n = 0; n < kTilesN; ++n)
+    for (int n = 0; n < kTilesN; ++n)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) reduce[((warp * kTilesN + n) * 32 + lane) * 4 + r] = c[n][r];
-  __syncthreads();
-  for (int i = threadIdx.x; i < kTilesN * 32 * 4; i += kThreads) {
-    float sum = 0.0f;
-    for (int v = 0; v < kWarps; ++v) sum += reduce[v * kTilesN * 128 + i];
-    const int n = i / 128, l = (i / 4) % 32, r = i % 4;
-    const int col = m0 + (l >> 2) + (r >= 2 ? 8 : 0);  // W row: the output column
-    const int x_row = 8 * n + 2 * (l & 3) + (r & 1);
-    if (col >= w.out || x_row >= a.rows) continue;
-    const std::int64_t at = std::int64_t(x_row) * w.out + col;
-    if (a.split_out)
-      a.split_out[split * a.split_stride + at] = sum;
-    else if (a.out_fp32)
-      static_cast<float*>(a.y)[at] = sum;
-    else
-      static_cast<bf16*>(a.y)[at] = __float2bfloat16_rn(sum);
+      for (int r = 0; r < 4; ++r) reduce[((warp * kTilesN + n) * 32 + lane) * 4 + r] = c[n][r];
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTilesN * 32 * 4; i += kThreads) {
+      float sum = 0.0f;
+      for (int v = 0; v < kWarps; ++v) sum += reduce[v * kTilesN * 128 + i];
+      const int n = i / 128, l = (i / 4) % 32, r = i % 4;
+      const int col = m0 + (l >> 2) + (r >= 2 ? 8 : 0);  // W row: the output column
+      const int x_row = 8 * n + 2 * (l & 3) + (r & 1);
+      if (col >= w.out || x_row >= a.rows) continue;
+      const std::int64_t at = std::int64_t(x_row) * w.out + col;
+      if (a.split_out)
+        a.split_out[split * a.split_stride + at] = sum;
+      else if (a.out_fp32)
+        static_cast<float*>(a.y)[at] = sum;
+      else
+        static_cast<bf16*>(a.y)[at] = __float2bfloat16_rn(sum);
+    }
+    __syncthreads();  // the reduce buffer is read before the next tile writes it
   }
 }
 
@@ -170,8 +175,8 @@ __global__ void __launch_bounds__(kThreads) fp8_linear_kernel(Fp8Args a) {
 constexpr int max_k_per_split(int bytes) {
   return (bytes / (kFp8LinearMaxRows * int(sizeof(bf16))) - kRowPad) / kChunk * kChunk;
 }
-static_assert(max_k_per_split(kDenseXBytes) == kFp8LinearDenseMaxIn, "fp8_linear.h states the dense limit");
-static_assert(kMaxLinearSplits * max_k_per_split(kPartialXBytes) == kFp8LinearPartialsMaxIn, "... and the split one");
+static_assert(max_k_per_split(kXBytes) == kFp8LinearDenseMaxIn, "fp8_linear.h states the dense limit");
+static_assert(kMaxLinearSplits * max_k_per_split(kXBytes) == kFp8LinearPartialsMaxIn, "... and the split one");
 
 std::size_t smem_bytes(int tiles_n, int k_per_split) {
   return std::size_t(8 * tiles_n) * (k_per_split + kRowPad) * sizeof(bf16) +
@@ -183,8 +188,12 @@ void launch_tiles(const Fp8Args& a, int splits, cudaStream_t stream) {
   const std::size_t smem = smem_bytes(kTilesN, a.k_per_split);
   if (smem > 48 * 1024)
     ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(fp8_linear_kernel<kTilesN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  const unsigned tiles_m = unsigned((a.w.out + kTileM - 1) / kTileM);
-  fp8_linear_kernel<kTilesN><<<dim3(tiles_m, unsigned(splits)), kThreads, smem, stream>>>(a);
+  // As many CTAs as fit the GPU at once (two a multiprocessor by registers, one when x's 32
+  // rows fill the shared memory), each looping over column tiles: x is staged once a CTA.
+  const int tiles_m = (a.w.out + kTileM - 1) / kTileM;
+  const int per_sm = smem > 110 * 1024 ? 1 : 2;
+  const int ctas = std::max(1, std::min(tiles_m, per_sm * current_device_info().sm_count / splits));
+  fp8_linear_kernel<kTilesN><<<dim3(unsigned(ctas), unsigned(splits)), kThreads, smem, stream>>>(a);
   check_launch("fp8_linear");
 }
 
@@ -237,14 +246,10 @@ LinearOutput launch_fp8_linear_partials(const bf16* x, const Fp8Matrix& w, float
             partial_floats >= std::size_t(kMaxLinearSplits) * std::size_t(stride),
         "fp8_linear_partials: room for ", kMaxLinearSplits, " splits of ", kFp8LinearMaxRows, " x ", w.out,
         " floats needed (16-byte aligned)");
-  // Splits: as many as x's shared memory needs, and up to kMaxPartialSplits more while the
-  // column tiles leave multiprocessors without two CTAs.
+  // Splits: as many as x's shared memory needs.
   const int k_chunks = (w.in + kChunk - 1) / kChunk;
-  const int needed = (w.in + max_k_per_split(kPartialXBytes) - 1) / max_k_per_split(kPartialXBytes);
-  const int tiles_m = (w.out + kTileM - 1) / kTileM, sm_count = current_device_info().sm_count;
-  int splits = std::max(needed, std::min(kMaxPartialSplits, (2 * sm_count + tiles_m - 1) / tiles_m));
-  splits = std::clamp(splits, 1, std::min(kMaxLinearSplits, k_chunks));
-  check(needed <= kMaxLinearSplits, "fp8_linear_partials: ", w.in, " inputs need ", needed, " splits (at most ",
+  int splits = (w.in + kFp8LinearDenseMaxIn - 1) / kFp8LinearDenseMaxIn;
+  check(splits <= kMaxLinearSplits, "fp8_linear_partials: ", w.in, " inputs need ", splits, " splits (at most ",
         kMaxLinearSplits, ")");
   const int k_per_split = (k_chunks + splits - 1) / splits * kChunk;
   splits = (w.in + k_per_split - 1) / k_per_split;  // no empty split

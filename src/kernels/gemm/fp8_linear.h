@@ -33,7 +33,7 @@ constexpr int kFp8LinearMaxRows = 32;
 // The widest `in` of a dense product (launch_fp8_linear): one CTA holds x's rows for all of K.
 constexpr int kFp8LinearDenseMaxIn = 3136;
 // ... and of one left as partials (launch_fp8_linear_partials): kMaxLinearSplits ranges.
-constexpr int kFp8LinearPartialsMaxIn = 11776;
+constexpr int kFp8LinearPartialsMaxIn = 25088;
 
 // Whether the kernel takes this matrix: `in` and block_cols multiples of 16 (a lane's 16
 // weights lie in one block), x and the values 16-byte aligned. launch_* throw asynct::Error

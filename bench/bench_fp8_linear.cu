@@ -17,6 +17,7 @@
 #include "kernels/elementwise/elementwise.h"
 #include "kernels/gemm/fp8_linear.h"
 #include "kernels/gemm/gemm.h"
+#include "probe_util.h"
 
 using namespace asynct;
 using kernels::bf16;
@@ -25,35 +26,16 @@ namespace {
 
 constexpr int kPerGraph = 48;
 
+// Microseconds a launch: the median of 7 timings of kPerGraph launches replayed from a graph,
+// after an eager round (plans, tuning, attributes).
 template <typename Issue>
 float median_us(cudaStream_t stream, Issue issue) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  for (int i = 0; i < kPerGraph; ++i) issue(i);  // eager first: plans, tuning, attributes
-  ASYNCT_CUDA_CHECK(cudaStreamSynchronize(stream));
-  ASYNCT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   for (int i = 0; i < kPerGraph; ++i) issue(i);
-  ASYNCT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  ASYNCT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  ASYNCT_CUDA_CHECK(cudaEventCreate(&start));
-  ASYNCT_CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> times;
-  for (int run = 0; run < 7; ++run) {
-    ASYNCT_CUDA_CHECK(cudaEventRecord(start, stream));
-    ASYNCT_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    ASYNCT_CUDA_CHECK(cudaEventRecord(stop, stream));
-    ASYNCT_CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    ASYNCT_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    times.push_back(ms * 1000.0f / kPerGraph);
-  }
-  std::sort(times.begin(), times.end());
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return times[times.size() / 2];
+  ASYNCT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> ms = run_times_ms(stream, true, 7, [&] {
+    for (int i = 0; i < kPerGraph; ++i) issue(i);
+  });
+  return ms[ms.size() / 2] * 1000.0f / kPerGraph;
 }
 
 struct Shape {

@@ -8,12 +8,7 @@
 
 #include "core/fp8.h"
 #include "models/cpu_fast/kernels.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define ASYNCT_X86 1
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#endif
+#include "models/cpu_fast/x86_target.h"
 
 namespace asynct::cpu_fast {
 namespace {

@@ -7,12 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define ASYNCT_X86 1
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#endif
+#include "models/cpu_fast/x86_target.h"
 
 namespace asynct::cpu_fast {
 

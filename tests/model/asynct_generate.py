@@ -23,12 +23,12 @@ def device_options(device):
     return ["--device", "cpu", "--cpu-reference"] if device == "cpu-reference" else ["--device", device]
 
 
-def generate(binary, model_dir, prompts, max_tokens, device, workdir, name="logits.json"):
+def generate(binary, model_dir, prompts, max_tokens, device, workdir, name="logits.json", extra=()):
     """[{"tokens": [...], "first_logits": [...]}] for each prompt, greedy, never stopped at EOS.
-    device: cpu, cuda or cpu-reference."""
+    device: cpu, cuda or cpu-reference; extra: more asynct options (e.g. --quantization fp8)."""
     logits_path = os.path.join(workdir, name)
     cmd = [binary, "generate", "--model", model_dir, "--max-tokens", str(max_tokens), "--ignore-eos",
-           "--logits", logits_path] + device_options(device)
+           "--logits", logits_path] + device_options(device) + list(extra)
     option = prompt_ids_option(binary)
     for ids in prompts:
         cmd += [option, ",".join(map(str, ids))]

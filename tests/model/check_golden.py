@@ -44,6 +44,9 @@ def main():
     parser.add_argument("--tolerance", type=float, default=1e-3, help="absolute, on the logits")
     parser.add_argument("--prompts", type=int, default=0, help="only the first N prompts (0: all)")
     parser.add_argument("--steps", type=int, default=0, help="only the first N greedy tokens (0: all)")
+    parser.add_argument("--asynct-option", action="append", default=[], metavar="OPTION",
+                        help="passed to asynct generate (repeat it), e.g. --asynct-option=--quantization=fp8; "
+                             "the report then says how far the greedy tokens follow the golden ones")
     parser.add_argument("--logit-steps", type=int, default=0,
                         help="compare the logits of only the first N steps (0: all the golden file has)")
     args = parser.parse_args()
@@ -64,12 +67,13 @@ def main():
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as workdir:
         try:
+            extra = [part for option in args.asynct_option for part in option.split("=", 1)]
             greedy = asynct_generate.generate(args.asynct, args.model, [r["prompt_ids"] for r in records], steps,
-                                              args.device, workdir, "greedy.json")
+                                              args.device, workdir, "greedy.json", extra)
             # Each later step's logits from a prompt of its own: the prompt + the golden's first k tokens.
             forced_prompts = [r["prompt_ids"] + r["tokens"][:k] for r in records for k in range(1, logit_steps)]
             forced = asynct_generate.generate(args.asynct, args.model, forced_prompts, 1, args.device, workdir,
-                                              "forced.json") if forced_prompts else []
+                                              "forced.json", extra) if forced_prompts else []
         except asynct_generate.EngineError as e:
             print(f"FAIL: {e}")
             return 1
@@ -77,7 +81,7 @@ def main():
 
     print(f"golden: {document['reference']}; {len(records)} prompts, {steps} greedy steps, "
           f"top-{document['top_k']} logits of {logit_steps} steps; asynct --device {args.device}, "
-          f"tolerance {args.tolerance:.0e} ({seconds:.1f} s)")
+          f"{' '.join(args.asynct_option)}{' ' if args.asynct_option else ''}tolerance {args.tolerance:.0e} ({seconds:.1f} s)")
     print(f"{'prompt':42} {'ids':>4} {'top logits err':>14} {'greedy':>7}  result")
     failures = 0
     for n, record in enumerate(records):

@@ -433,7 +433,18 @@ std::vector<RequestOutput> Engine::apply(const StepState& s, const StepOutput& o
     seq.num_computed += scheduled[i].num_tokens;
     if (options_.prefix_caching) file_full_blocks(seq);
     if (s.chained) stats_.decode_tokens += scheduled[i].num_tokens;
-    if (s.sample_row[i] >= 0) take_token(seq, s.sample_row[i], out, done);
+    if (s.sample_row[i] >= 0) {
+      take_token(seq, s.sample_row[i], out, done);
+    } else if (seq.request.cancelled) {  // a chunk of its prompt: it may end here
+      bool cancelled = false;
+      try {
+        cancelled = seq.request.cancelled();
+      } catch (...) {
+        if (!callback_error_) callback_error_ = std::current_exception();
+        cancelled = true;
+      }
+      if (cancelled) end_running(seq, "abort", done);
+    }
   }
   for (const auto& [fork, row] : s.forks) take_token(*fork, row, out, done);
   stats_.sample_ms += std::chrono::duration<double, std::milli>(Clock::now() - t).count();
@@ -496,7 +507,14 @@ bool Engine::take_token(Sequence& seq, int row, const StepOutput& out, std::vect
   }
   std::string reason;
   if (!finished(seq, go_on, &reason)) return false;
+  end_running(seq, reason, done);
+  return true;
+}
+
+void Engine::end_running(Sequence& seq, const std::string& reason, std::vector<RequestOutput>& done) {
   done.push_back(output_of(seq, reason));
+  for (const auto& fork : seq.forks) done.push_back(output_of(*fork, "abort"));  // only a prompt's end forks them
+  seq.forks.clear();
   // A step queued behind this one computed a token for it too: that row is dropped.
   if (next_queued_)
     for (Scheduled& e : next_.scheduled)
@@ -504,7 +522,6 @@ bool Engine::take_token(Sequence& seq, int row, const StepOutput& out, std::vect
   blocks_.release(seq.block_table);
   auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == &seq; });
   running_.erase(it);
-  return true;
 }
 
 void Engine::file_full_blocks(Sequence& seq) {

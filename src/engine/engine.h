@@ -77,13 +77,17 @@ struct Request {
   // An exception from it ends the request the same way, and is rethrown from step() once the
   // step is fully applied; the requests that finished in that step come from the next step().
   std::function<bool(const GeneratedToken&)> on_token;
+  // Asked after each chunk of the prompt (chunked prefill) that yields no token yet: true ends
+  // the request there with finish_reason "abort", with its choices not yet forked (a client
+  // that left, a server shutting down), instead of at its first token, after the whole prompt.
+  std::function<bool()> cancelled;
 };
 
 struct RequestOutput {
   std::int64_t id = 0;
   std::vector<std::int32_t> tokens;  // generated tokens
   // "eos" (an end-of-sequence token; before the others), "stop" (a stop token, or on_token
-  // ended it), "length" (max_tokens), "abort" (Engine::abort_waiting).
+  // ended it), "length" (max_tokens), "abort" (Engine::abort_waiting, Request::cancelled).
   std::string finish_reason;
   int preemptions = 0;
   // Prompt tokens it did not compute when it first ran: found in the prefix cache, or (a forked
@@ -211,6 +215,9 @@ class Engine {
   void check_row(const Sequence& seq, int row, const StepState& s, const StepOutput& out) const;
   // Returns true when the sequence ended (it is gone then).
   bool take_token(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done);
+  // Ends a running sequence: its output (and its choices' not yet forked, as "abort") to
+  // `done`, its row in a step queued behind dropped, its blocks released.
+  void end_running(Sequence& seq, const std::string& reason, std::vector<RequestOutput>& done);
   // Takes a speculative step's tokens for `seq`, from row `row` on: each draft the model chose,
   // then the model's own token; lets go of the blocks of the drafts it did not keep.
   void take_drafted_tokens(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done);

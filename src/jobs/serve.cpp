@@ -214,8 +214,8 @@ int run_serve(const ServeOptions& o) {
   watcher.serve([&](int signal) {
     std::fprintf(stderr, "asynct serve: %s: ending %d requests in flight\n", signal == SIGINT ? "SIGINT" : "SIGTERM",
                  worker.in_flight());
-    // Every request ends at its next token and its stream gets its last chunk, within the
-    // deadline; then the server closes.
+    // Every request ends at its next token or prompt chunk and its stream gets its last chunk,
+    // within the deadline; then the server closes.
     worker.drain();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kDrainSeconds);
     while ((worker.in_flight() > 0 || server.open_streams() > 0) && std::chrono::steady_clock::now() < deadline)

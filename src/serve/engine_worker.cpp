@@ -152,7 +152,8 @@ void EngineWorker::run() {
     }
     for (Pending& p : incoming) add(p);
     // A request whose reader left while it waits for a place ends now, without its prefill;
-    // a running one ends at its next token (on_token).
+    // a running one after its prompt's next chunk (Request::cancelled) or at its next token
+    // (on_token).
     for (const auto& [id, active] : active_)
       if (active->stream->cancelled() && engine_->abort_waiting(id)) active->aborted = true;
     if (!engine_->has_unfinished()) {
@@ -232,6 +233,11 @@ void EngineWorker::add(Pending& p) {
         to_wake_.push_back(a->stream);
       }
       return !a->text->stopped();
+    };
+    // ... and one whose reader left during its prompt ends at the next chunk.
+    q->request.cancelled = [a = active.get()] {
+      if (a->stream->cancelled()) a->aborted = true;
+      return a->aborted;
     };
     actives.push_back(std::move(active));
     requests.push_back(std::move(q->request));

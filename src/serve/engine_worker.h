@@ -1,7 +1,8 @@
 // The engine on its own thread, for a server: HTTP threads submit requests and read each one's
 // stream of text pieces; the engine thread adds them between steps and steps while any is
-// unfinished. A stream the client abandons is cancelled: its request ends at its next token
-// (finish reason "abort") and its blocks are freed.
+// unfinished. A stream the client abandons is cancelled: its request ends at its next token, or
+// during its prompt after the chunk being computed (finish reason "abort"), and its blocks are
+// freed.
 //
 // At most max_in_flight requests are in flight at once, from submit() until their reader lets go
 // of the stream (running or waiting in the engine, or their text still being sent): submit()
@@ -54,7 +55,7 @@ class RequestStream {
   // Waits until the engine has taken the request (true), or has refused it: false, with its
   // final event (the error) in `refused`.
   bool wait_taken(StreamEvent& refused);
-  // The reader has gone: the request ends at its next token.
+  // The reader has gone: the request ends at its next token or its prompt's next chunk.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
 
@@ -113,8 +114,8 @@ class EngineWorker {
   int max_in_flight() const { return max_in_flight_; }
   // Whether submit() refuses every request now (draining or stopped): the server's 503.
   bool draining() const { return draining_; }
-  // Refuses new requests and cancels every one in flight: each ends at its next token with
-  // finish reason "abort" (its reader gets the final event). The thread keeps stepping.
+  // Refuses new requests and cancels every one in flight: each ends at its next token or prompt
+  // chunk with finish reason "abort" (its reader gets the final event). The thread keeps stepping.
   void drain();
   // drain(), then stops the thread once every request has ended.
   void stop();

@@ -534,6 +534,38 @@ TEST(Engine, AbortWaitingEndsOnlyAWaitingRequest) {
   }
 }
 
+// A request cancelled during its prompt (Request::cancelled, asked after each chunk) ends after
+// the chunk being computed, with no token and finish_reason "abort", its choices not yet forked
+// with it; the others run on unchanged, and no block stays used. A prompt of 21 tokens in
+// chunks of 4 (the step budget), cancelled after its second chunk.
+TEST(Engine, ARequestCancelledDuringItsPromptEndsAfterTheChunk) {
+  const std::vector<Request> rs = requests(0.0f);
+  const auto full = generate({Architecture::AsyncT}, rs);
+  for (bool pipeline : {true, false}) {
+    Engine e = make_engine({Architecture::AsyncT, 64, 16, /*budget=*/4, 64, pipeline});
+    int asked = 0;
+    Request cancelled = rs[0];
+    cancelled.cancelled = [&asked] { return ++asked == 2; };
+    const std::vector<std::int64_t> group = e.add_request_group({cancelled, cancelled});
+    std::vector<std::int64_t> ids = {group[0]};
+    for (std::size_t i = 1; i < rs.size(); ++i) ids.push_back(e.add_request(rs[i]));
+    std::map<std::int64_t, RequestOutput> out;
+    while (e.has_unfinished())
+      for (RequestOutput& o : e.step()) out[o.id] = std::move(o);
+    EXPECT_EQ(asked, 2) << "asked after each chunk until it said yes";
+    for (std::int64_t id : group) {
+      EXPECT_EQ(out[id].finish_reason, "abort") << "choice " << id;
+      EXPECT_TRUE(out[id].tokens.empty());
+    }
+    for (std::size_t i = 1; i < rs.size(); ++i) {
+      EXPECT_EQ(out[ids[i]].tokens, full[i]) << "request " << i;
+      EXPECT_EQ(out[ids[i]].finish_reason, "length") << "request " << i;
+    }
+    EXPECT_EQ(e.kv_blocks_used(), 0);
+    EXPECT_EQ(e.num_running() + e.num_waiting(), 0);
+  }
+}
+
 // An exception from on_token ends its request and reaches the caller of step() once the step
 // is applied; that step's finished requests come from the next step(), and the rest run on.
 TEST(Engine, AnExceptionFromOnTokenReachesTheCallerAfterTheStep) {

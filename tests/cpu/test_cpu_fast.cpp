@@ -81,7 +81,7 @@ TEST_P(CpuFastKernels, Fp8GemmMatchesTheDequantizedReference) {
   Random rng(3);
   for (const int rows : {1, 2, 3, 7, 13})
     for (const int in : {8, 13, 67, 200, 300})
-      for (const auto [block_rows, block_cols] : {std::pair{1, 128}, std::pair{16, 16}, std::pair{3, 48}}) {
+      for (const auto& [block_rows, block_cols] : {std::pair{1, 128}, std::pair{16, 16}, std::pair{3, 48}}) {
         const int total_rows = 40, first = 5, out = 33;
         Tensor values = Tensor::empty(DType::F8E4M3, {total_rows, in});
         for (std::int64_t i = 0; i < values.numel(); ++i)

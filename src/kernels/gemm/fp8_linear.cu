@@ -185,9 +185,13 @@ std::size_t smem_bytes(int tiles_n, int k_per_split) {
 
 template <int kTilesN>
 void launch_tiles(const Fp8Args& a, int splits, cudaStream_t stream) {
+  static const bool big_shared_memory_allowed = [] {  // above 48 KB needs an opt-in, once
+    ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(fp8_linear_kernel<kTilesN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          int(smem_bytes(kTilesN, kFp8LinearDenseMaxIn))));
+    return true;
+  }();
+  (void)big_shared_memory_allowed;
   const std::size_t smem = smem_bytes(kTilesN, a.k_per_split);
-  if (smem > 48 * 1024)
-    ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(fp8_linear_kernel<kTilesN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   // As many CTAs as fit the GPU at once (two a multiprocessor by registers, one when x's 32
   // rows fill the shared memory), each looping over column tiles: x is staged once a CTA.
   const int tiles_m = (a.w.out + kTileM - 1) / kTileM;

@@ -95,12 +95,9 @@ Tensor CpuModelRunner::mlp_block(int layer, const Tensor& x) {
 }
 
 void CpuModelRunner::submit(const StepBatch& batch) {
-  check(queued_.size() < 2, "submit: two steps are queued already; collect one first");
   const ModelConfig& c = weights_.config;
-  check_step_batch(batch, {num_blocks_, block_size_, c.vocab_size, c.max_position_embeddings,
-                           int(last_summaries_.size())});
-  queued_.push_back(run(batch, step_input_tokens(batch, last_summaries_)));
-  last_summaries_ = queued_.back().output.summaries;
+  steps_.submit(batch, {num_blocks_, block_size_, c.vocab_size, c.max_position_embeddings},
+                [&](const std::vector<std::int32_t>& tokens) { return run(batch, tokens); });
 }
 
 void CpuModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) {
@@ -115,13 +112,6 @@ void CpuModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) {
         std::copy_n(base + std::size_t(copy.from) * per_block, per_block, base + std::size_t(copy.to) * per_block);
       }
   }
-}
-
-const StepOutput& CpuModelRunner::collect() {
-  check(!queued_.empty(), "collect: no step was submitted");
-  collected_ = std::move(queued_.front());
-  queued_.pop_front();
-  return collected_.output;
 }
 
 CpuModelRunner::Result CpuModelRunner::run(const StepBatch& batch, const std::vector<std::int32_t>& tokens) {

@@ -4,12 +4,12 @@
 // that type stores it when it is written: what a cache of that type reads back.
 #pragma once
 
-#include <deque>
 #include <vector>
 
 #include "core/gate.h"
 #include "engine/model_runner.h"
 #include "models/architecture.h"
+#include "models/host_step_queue.h"
 #include "models/kv_cache_format.h"
 #include "models/weights.h"
 #include "reference/norms.h"
@@ -26,7 +26,7 @@ class CpuModelRunner : public ModelRunner {
   // are that step's tokens, greedy or drawn), which lets the engine's pipelined path run, and
   // be tested, without a GPU.
   void submit(const StepBatch& batch) override;
-  const StepOutput& collect() override;
+  const StepOutput& collect() override { return steps_.collect(); }
   bool pipelines_steps() const override { return true; }
   void copy_blocks(const std::vector<BlockCopy>& copies) override;  // at once: submit() has run its steps
   int num_blocks() const override { return num_blocks_; }
@@ -55,9 +55,7 @@ class CpuModelRunner : public ModelRunner {
   NormConfig norm_;
   std::vector<Gate> gates_;  // per layer
   std::vector<Tensor> key_cache_, value_cache_;  // per layer [blocks, block_size, Hkv, D]
-  std::deque<Result> queued_;  // submitted, not collected (at most two)
-  Result collected_;           // what the last collect() handed out
-  std::vector<LogitSummary> last_summaries_;  // of the last step submitted
+  HostStepQueue<Result> steps_;
 };
 
 }  // namespace asynct

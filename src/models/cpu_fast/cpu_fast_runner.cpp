@@ -175,19 +175,9 @@ void CpuFastModelRunner::mlp_block(const Layer& layer) {
 }
 
 void CpuFastModelRunner::submit(const StepBatch& batch) {
-  check(queued_.size() < 2, "submit: two steps are queued already; collect one first");
   const ModelConfig& c = weights_.config;
-  check_step_batch(batch, {num_blocks_, block_size_, c.vocab_size, c.max_position_embeddings,
-                           int(last_summaries_.size())});
-  queued_.push_back(run(batch, step_input_tokens(batch, last_summaries_)));
-  last_summaries_ = queued_.back().output.summaries;
-}
-
-const StepOutput& CpuFastModelRunner::collect() {
-  check(!queued_.empty(), "collect: no step was submitted");
-  collected_ = std::move(queued_.front());
-  queued_.pop_front();
-  return collected_.output;
+  steps_.submit(batch, {num_blocks_, block_size_, c.vocab_size, c.max_position_embeddings},
+                [&](const std::vector<std::int32_t>& tokens) { return run(batch, tokens); });
 }
 
 void CpuFastModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) {

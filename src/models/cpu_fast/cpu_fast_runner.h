@@ -5,7 +5,6 @@
 // float32 sums' rounding, greedy tokens on the golden prompts are the same.
 #pragma once
 
-#include <deque>
 #include <memory>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "models/architecture.h"
 #include "models/cpu_fast/linear.h"
 #include "models/cpu_fast/thread_pool.h"
+#include "models/host_step_queue.h"
 #include "models/weights.h"
 
 namespace asynct {
@@ -27,7 +27,7 @@ class CpuFastModelRunner : public ModelRunner {
   // A step runs in submit(); collect() hands its output out. Steps pipeline as the
   // reference's do (the tokens a chained batch takes are the step before's).
   void submit(const StepBatch& batch) override;
-  const StepOutput& collect() override;
+  const StepOutput& collect() override { return steps_.collect(); }
   bool pipelines_steps() const override { return true; }
   void copy_blocks(const std::vector<BlockCopy>& copies) override;
   int num_blocks() const override { return num_blocks_; }
@@ -63,9 +63,7 @@ class CpuFastModelRunner : public ModelRunner {
   // Per-step work buffers, kept between steps.
   std::vector<float> x_, x_norm_, qkv_, q_, attn_, proj_, gate_up_, act_;
   std::vector<float> cos_, sin_;
-  std::deque<Result> queued_;
-  Result collected_;
-  std::vector<LogitSummary> last_summaries_;
+  HostStepQueue<Result> steps_;
 };
 
 }  // namespace asynct

@@ -14,7 +14,7 @@
 #include "core/fp8.h"
 #include "engine/step_batch.h"
 #include "io/safetensors.h"
-#include "jobs/model_text.h"
+#include "text/model_text.h"
 #include "models/config.h"
 #include "models/cpu/cpu_model_runner.h"
 #include "models/kv_cache_format.h"

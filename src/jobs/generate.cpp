@@ -13,7 +13,7 @@
 #include "engine/engine.h"
 #include "engine/step_batch.h"
 #include "jobs/generate_output.h"
-#include "jobs/model_text.h"
+#include "text/model_text.h"
 #include "models/runner_factory.h"
 
 namespace asynct {

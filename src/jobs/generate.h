@@ -1,7 +1,7 @@
 // `asynct generate`: text or token ids in, text or token ids out (with logprobs, as JSON when
 // asked), and timing.
 //
-// Text prompts (--prompt) are tokenized with the checkpoint's tokenizer (jobs/model_text.h),
+// Text prompts (--prompt) are tokenized with the checkpoint's tokenizer (text/model_text.h),
 // through its chat template with --chat; their output is text that ends before the first stop
 // string (text/completion_text.h). One text prompt streams its text to stdout as tokens come;
 // several print each text when its request finishes, labelled. Token-id prompts

@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 #include "engine/step_batch.h"
-#include "jobs/model_text.h"
+#include "text/model_text.h"
 #include "models/config.h"
 #include "models/runner_factory.h"
 #include "models/weights.h"

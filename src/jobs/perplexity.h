@@ -1,7 +1,7 @@
 // `asynct perplexity`: a checkpoint's perplexity over a text file, as llama.cpp's
 // llama-perplexity and lm-eval's rolling log-likelihood measure it.
 //
-// The file is tokenized as a plain prompt is (jobs/model_text.h: the special tokens
+// The file is tokenized as a plain prompt is (text/model_text.h: the special tokens
 // HuggingFace's tokenizer(text) adds, none for Qwen3 and SmolLM2), and its first max_tokens
 // tokens are used (0: all). The tokens t_0 .. t_{n-1} are cut into windows of `context` tokens
 // that overlap by one: window k holds t_s .. t_{s+C-1} with s = k (C - 1) (the last one holds

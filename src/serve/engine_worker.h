@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "jobs/model_text.h"
+#include "text/model_text.h"
 #include "serve/metrics.h"
 
 namespace asynct::serve {

@@ -29,7 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "jobs/model_text.h"
+#include "text/model_text.h"
 #include "serve/engine_worker.h"
 #include "serve/metrics.h"
 

@@ -1,4 +1,4 @@
-// ModelText (jobs/model_text.h) on the Qwen3 tokenizer files: the special tokens a plain prompt
+// ModelText (text/model_text.h) on the Qwen3 tokenizer files: the special tokens a plain prompt
 // gets (none for Qwen3; bos_token with add_bos_token), chats through the Qwen3 and SmolLM2
 // templates (system message, enable_thinking), chat_template.jinja before tokenizer_config.json,
 // the output text, and every error named with its file.
@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "jobs/model_text.h"
+#include "text/model_text.h"
 #include "support/temp_dir.h"
 #include "text/tokenizer.h"
 #include "text_model_dir.h"

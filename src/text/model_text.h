@@ -1,5 +1,5 @@
-// The text side of `asynct generate`: a checkpoint directory's tokenizer files turn prompts
-// into token ids and generated ids back into text.
+// A checkpoint's text, for the jobs (`asynct generate`, perplexity) and the server: its tokenizer
+// files turn prompts and chats into token ids and generated ids back into text.
 //
 // Files: DIR/tokenizer.json (the tokenizer; text/tokenizer.h), DIR/tokenizer_config.json
 // (special tokens, add_bos_token, the chat template) and DIR/chat_template.jinja (a chat

@@ -1,4 +1,4 @@
-#include "jobs/model_text.h"
+#include "text/model_text.h"
 
 #include <filesystem>
 #include <fstream>

@@ -22,6 +22,8 @@ struct ChoiceState {
   bool first = true;             // no chunk sent yet
   bool done = false;             // its last chunk sent
   std::int64_t token_bytes = 0;  // the bytes of the tokens whose logprobs were sent
+  std::optional<ToolCallReader> calls;  // with tools: the answer read for calls as it streams
+  int calls_sent = 0;
 };
 struct StreamState {
   CompletionRequest request;
@@ -64,7 +66,13 @@ struct WholeState {
       cancel();  // the other choices end too
       return;
     }
-    choice.finish_reason = openai_finish_reason(event.finish_reason);
+    if (request.tools.read_calls()) {
+      AnswerPart answer = read_tool_calls(choice.text);
+      choice.text = std::move(answer.content);
+      choice.tool_calls = std::move(answer.calls);
+      for (ToolCall& call : choice.tool_calls) call.id = new_tool_call_id();
+    }
+    choice.finish_reason = openai_finish_reason(event.finish_reason, !choice.tool_calls.empty());
     choice.logprobs = logprobs_of(tokens[i]);
     usage.completion_tokens += event.completion_tokens;
     if (i % std::size_t(request.n) == 0) usage.cached_tokens += event.cached_tokens;  // each prompt's, once: its first choice's
@@ -125,6 +133,11 @@ void HttpServer::complete(Endpoint endpoint, const std::string& body, httplib::R
       throw ApiError(400, "response_format: this server has no structured output", "response_format");
     constraint = options_.structured_output->compile(r.response_format);
   }
+  if (r.tools.forced()) {  // one call, its arguments valid for the function's schema
+    if (!options_.structured_output)
+      throw ApiError(400, "tool_choice: this server has no structured output to force a call with", "tool_choice");
+    constraint = options_.structured_output->compile_tool_call(forced_call_schema(r.tools));
+  }
   std::vector<std::vector<std::int32_t>> ids(prompts);
   std::vector<std::unique_ptr<OutputText>> outs;  // each choice's text
   {
@@ -132,7 +145,7 @@ void HttpServer::complete(Endpoint endpoint, const std::string& body, httplib::R
     try {
       if (chat) {
         if (!text_.has_chat_template()) throw ApiError(400, "this model has no chat template: use /v1/completions", "messages");
-        ids[0] = text_.chat_ids(r.messages);
+        ids[0] = text_.chat_ids(r.messages, r.tools.tools);
       } else {
         for (std::size_t p = 0; p < prompts; ++p)
           ids[p] = r.prompts[p].ids.empty() ? text_.prompt_ids(r.prompts[p].text, "prompt") : r.prompts[p].ids;
@@ -232,16 +245,32 @@ void HttpServer::complete(Endpoint endpoint, const std::string& body, httplib::R
   state->request = std::move(r);
   state->streams = streams;
   state->choices.resize(streams.size());
+  if (state->request.tools.read_calls())
+    for (ChoiceState& c : state->choices) c.calls.emplace();
   state->id = id;
   state->created = created;
   state->usage.prompt_tokens = prompt_tokens;
   // One event of choice i as SSE: a text chunk, or its last chunk (an error object when it failed).
   const auto chunk_text = [this](StreamState& st, std::size_t i, const StreamEvent& event) {
     ChoiceState& c = st.choices[i];
+    // With tools, the text read for calls: what is safe to send now, and the calls completed.
+    AnswerPart part{event.text, {}};
+    if (c.calls && event.error.empty()) {
+      part = c.calls->push(event.text);
+      if (event.done) {
+        AnswerPart rest = c.calls->finish();
+        part.content += rest.content;
+        for (ToolCall& call : rest.calls) part.calls.push_back(std::move(call));
+      }
+      for (ToolCall& call : part.calls) call.id = new_tool_call_id();
+    }
+    const int calls_before = c.calls_sent;
+    c.calls_sent += int(part.calls.size());
     std::string text;
     if (!event.done) {
       const std::vector<TokenLogprob> logprobs = logprobs_of(event.tokens);
-      text = sse(completion_chunk(st.request, st.id, st.created, event.text, "", c.first, logprobs, c.token_bytes, int(i)));
+      text = sse(completion_chunk(st.request, st.id, st.created, part.content, "", c.first, logprobs, c.token_bytes, int(i),
+                                  part.calls, calls_before));
       for (const TokenLogprob& t : logprobs) c.token_bytes += std::int64_t(t.token.size());
       c.first = false;
     } else if (!event.error.empty()) {
@@ -251,8 +280,9 @@ void HttpServer::complete(Endpoint endpoint, const std::string& body, httplib::R
       st.usage.completion_tokens += event.completion_tokens;
       // Each prompt's cached tokens, once: its first choice's.
       if (i % std::size_t(st.request.n) == 0) st.usage.cached_tokens += event.cached_tokens;
-      text = sse(completion_chunk(st.request, st.id, st.created, event.text, openai_finish_reason(event.finish_reason),
-                                  c.first, {}, c.token_bytes, int(i)));
+      text = sse(completion_chunk(st.request, st.id, st.created, part.content,
+                                  openai_finish_reason(event.finish_reason, c.calls_sent > 0), c.first, {}, c.token_bytes,
+                                  int(i), part.calls, calls_before));
       c.done = true;
     }
     return text;

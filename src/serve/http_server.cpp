@@ -306,7 +306,7 @@ void HttpServer::handle_tokenize(const httplib::Request&, httplib::Response& res
     try {
       if (r.chat) {
         if (!text_.has_chat_template()) throw ApiError(400, "this model has no chat template: tokenize a prompt", "messages");
-        ids = text_.chat_ids(r.messages, r.add_generation_prompt);
+        ids = text_.chat_ids(r.messages, r.tools, r.add_generation_prompt);
       } else {
         ids = text_.prompt_ids(r.prompt, "prompt", r.add_special_tokens);
       }

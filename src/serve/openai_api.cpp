@@ -97,6 +97,37 @@ std::string message_content(const json& message, std::size_t index) {
   return text;
 }
 
+// An assistant message's tool_calls: [{"id", "type": "function", "function": {"name", "arguments":
+// JSON text of an object}}], the arguments handed to the template as the object (as
+// transformers' templates expect; Qwen3's writes either).
+json assistant_tool_calls(const json& calls, const std::string& param) {
+  if (!calls.is_array()) throw bad(param, param + " must be a list of tool calls");
+  json out = json::array();
+  for (std::size_t c = 0; c < calls.size(); ++c) {
+    const json& call = calls[c];
+    const std::string at = param + "[" + std::to_string(c) + "]";
+    const json* function = call.is_object() ? field(call, "function") : nullptr;
+    if (!function || !function->is_object()) throw bad(param, at + ".function must be an object {\"name\", \"arguments\"}");
+    const json* name = field(*function, "name");
+    if (!name || !name->is_string()) throw bad(param, at + ".function.name must be a string");
+    const json* arguments = field(*function, "arguments");
+    json parsed = json::object();
+    if (arguments && arguments->is_string()) {
+      parsed = json::parse(arguments->get<std::string>(), nullptr, false);
+      if (parsed.is_discarded() || !parsed.is_object())
+        throw bad(param, at + ".function.arguments must be the JSON text of an object");
+    } else if (arguments && arguments->is_object()) {
+      parsed = *arguments;
+    } else if (arguments) {
+      throw bad(param, at + ".function.arguments must be a string (JSON text of an object)");
+    }
+    const json* id = field(call, "id");
+    if (id && !id->is_string()) throw bad(param, at + ".id must be a string");
+    out.push_back({{"id", id ? *id : json("")}, {"type", "function"}, {"function", {{"name", *name}, {"arguments", parsed}}}});
+  }
+  return out;
+}
+
 json chat_messages(const json& body) {
   const json* v = field(body, "messages");
   if (!v) throw bad("messages", "messages is missing");
@@ -110,10 +141,22 @@ json chat_messages(const json& body) {
     const auto role = m.find("role");
     if (role == m.end() || !role->is_string()) throw bad(param + ".role", param + ".role must be a string");
     const std::string r = role->get<std::string>();
-    if (r != "system" && r != "user" && r != "assistant" && r != "developer")
-      throw bad(param + ".role", param + ".role '" + r + "' is not one of system, developer, user, assistant");
-    // A developer message is OpenAI's newer name for a system message.
-    out.push_back({{"role", r == "developer" ? "system" : r}, {"content", message_content(m, i)}});
+    if (r != "system" && r != "user" && r != "assistant" && r != "developer" && r != "tool")
+      throw bad(param + ".role", param + ".role '" + r + "' is not one of system, developer, user, assistant, tool");
+    if (r == "assistant" && field(m, "tool_calls") && !field(m, "tool_calls")->empty()) {
+      // An earlier answer that called tools: its text may be absent (then "", which every template
+      // takes: Qwen3's looks inside it).
+      json message = {{"role", "assistant"}, {"content", field(m, "content") ? message_content(m, i) : std::string()}};
+      message["tool_calls"] = assistant_tool_calls(m["tool_calls"], param + ".tool_calls");
+      out.push_back(std::move(message));
+    } else if (r == "tool") {
+      const json* id = field(m, "tool_call_id");
+      if (!id || !id->is_string()) throw bad(param + ".tool_call_id", param + ".tool_call_id must be a string (the call's id)");
+      out.push_back({{"role", "tool"}, {"tool_call_id", *id}, {"content", message_content(m, i)}});
+    } else {
+      // A developer message is OpenAI's newer name for a system message.
+      out.push_back({{"role", r == "developer" ? "system" : r}, {"content", message_content(m, i)}});
+    }
   }
   return out;
 }
@@ -216,6 +259,19 @@ json base_object(const CompletionRequest& r, const std::string& id, std::int64_t
               {"system_fingerprint", r.system_fingerprint.empty() ? json(nullptr) : json(r.system_fingerprint)}};
 }
 
+// A message's tool_calls (whole: in a response) or a delta's (each with its index in the choice's calls).
+json tool_calls_json(const std::vector<ToolCall>& calls, int first_index, bool whole) {
+  json out = json::array();
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    json call = whole ? json::object() : json{{"index", first_index + int(i)}};
+    call["id"] = calls[i].id;
+    call["type"] = "function";
+    call["function"] = {{"name", calls[i].name}, {"arguments", calls[i].arguments}};
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 json usage_json(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens}, {"completion_tokens", u.completion_tokens},
           {"total_tokens", u.prompt_tokens + u.completion_tokens},
@@ -298,6 +354,7 @@ TokenizeRequest parse_tokenize_request(const std::string& text, const std::strin
   if (r.chat == (field(body, "prompt") != nullptr)) throw bad("prompt", "give either prompt (a string) or messages");
   if (r.chat) {
     r.messages = chat_messages(body);
+    r.tools = parse_tools(body).tools;
     r.add_generation_prompt = boolean(body, "add_generation_prompt").value_or(true);
   } else {
     const json* p = field(body, "prompt");
@@ -477,16 +534,22 @@ CompletionRequest parse_completion_request(Endpoint endpoint, const std::string&
   refuse_unless_neutral(body, "echo", json(false), "is not supported");
   refuse_unless_neutral(body, "best_of", json(1), "is not supported (one choice a request)");
   refuse_unless_neutral(body, "suffix", json(nullptr), "is not supported");
-  if (chat && field(body, "tools") && !field(body, "tools")->empty()) throw bad("tools", "tools are not supported yet");
-  // Fields OpenAI honours that asynct does not implement yet: refused unless neutral, never ignored.
+  // The legacy function fields: refused unless neutral, never ignored.
   if (const json* v = field(body, "functions"); v && !(v->is_array() && v->empty()))
-    throw bad("functions", "functions are not supported yet");
+    throw bad("functions", "functions (deprecated by OpenAI) are not supported: use tools");
   if (const json* v = field(body, "function_call"); v && *v != json("none"))
-    throw bad("function_call", "function_call is not supported yet");
-  if (const json* v = field(body, "tool_choice"); v && *v != json("none"))
-    throw bad("tool_choice", "tool_choice is not supported yet (tools are not)");
+    throw bad("function_call", "function_call (deprecated by OpenAI) is not supported: use tool_choice");
+  if (chat) {
+    r.tools = parse_tools(body);
+  } else {
+    for (const char* name : {"tools", "tool_choice"})
+      if (field(body, name)) throw bad(name, std::string(name) + " is for /v1/chat/completions");
+  }
   r.logit_bias = logit_bias_field(body);
   r.response_format = response_format_field(body);
+  if (r.tools.read_calls() && r.response_format.kind != ResponseFormat::Kind::Text)
+    throw bad("response_format", "response_format and tools together are not supported: the answer is either "
+                                 "constrained JSON or may call a tool (send tool_choice \"none\" for the first)");
   validate_sampling(s);  // the engine's own ranges (a backstop: the checks above are stricter)
   return r;
 }
@@ -497,9 +560,11 @@ json completion_response(const CompletionRequest& r, const std::string& id, std:
   out["choices"] = json::array();
   for (std::size_t i = 0; i < choices.size(); ++i) {
     json choice = {{"index", i}};
-    if (r.endpoint == Endpoint::ChatCompletions)
-      choice["message"] = {{"role", "assistant"}, {"content", choices[i].text}};
-    else
+    if (r.endpoint == Endpoint::ChatCompletions) {
+      const bool text = !r.tools.read_calls() || !choices[i].text.empty();
+      choice["message"] = {{"role", "assistant"}, {"content", text ? json(choices[i].text) : json(nullptr)}};
+      if (!choices[i].tool_calls.empty()) choice["message"]["tool_calls"] = tool_calls_json(choices[i].tool_calls, 0, true);
+    } else
       choice["text"] = choices[i].text;
     choice["logprobs"] = logprobs_value(r, choices[i].logprobs, 0);
     choice["finish_reason"] = finish_value(choices[i].finish_reason);
@@ -511,18 +576,23 @@ json completion_response(const CompletionRequest& r, const std::string& id, std:
 
 json completion_response(const CompletionRequest& r, const std::string& id, std::int64_t created, const std::string& text,
                          const std::string& finish_reason, const Usage& usage, const std::vector<TokenLogprob>& logprobs) {
-  return completion_response(r, id, created, std::vector<Choice>{{text, finish_reason, logprobs}}, usage);
+  return completion_response(r, id, created, std::vector<Choice>{{text, finish_reason, logprobs, {}}}, usage);
 }
 
 json completion_chunk(const CompletionRequest& r, const std::string& id, std::int64_t created, const std::string& text,
                       const std::string& finish_reason, bool first, const std::vector<TokenLogprob>& logprobs,
-                      std::int64_t offset, int index) {
+                      std::int64_t offset, int index, const std::vector<ToolCall>& calls, int calls_before) {
   json out = base_object(r, id, created, true);
   json choice = {{"index", index}};
   if (r.endpoint == Endpoint::ChatCompletions) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
-    if (!text.empty() || (first && finish_reason.empty())) delta["content"] = text;
+    // The first chunk opens the text ("", or null where tools are read: an answer of calls has none).
+    if (!text.empty())
+      delta["content"] = text;
+    else if (first && finish_reason.empty() && calls.empty())
+      delta["content"] = r.tools.read_calls() ? json(nullptr) : json("");
+    if (!calls.empty()) delta["tool_calls"] = tool_calls_json(calls, calls_before, false);
     choice["delta"] = delta;
   } else {
     choice["text"] = text;
@@ -541,8 +611,8 @@ json usage_chunk(const CompletionRequest& r, const std::string& id, std::int64_t
   return out;
 }
 
-std::string openai_finish_reason(const std::string& engine_reason) {
-  return engine_reason == "length" ? "length" : engine_reason == "abort" ? "abort" : "stop";
+std::string openai_finish_reason(const std::string& engine_reason, bool called_tools) {
+  return engine_reason == "length" ? "length" : engine_reason == "abort" ? "abort" : called_tools ? "tool_calls" : "stop";
 }
 
 }  // namespace asynct::serve

@@ -5,8 +5,9 @@
 //
 // Fields read (others are ignored, as OpenAI ignores unknown ones): model, prompt (a string,
 // token ids, or a list of either: several prompts, whose choices are indexed prompt * n + j and
-// whose usage adds up) or messages (role system / user / assistant, content a
-// string or a list of text parts), max_tokens (chat also max_completion_tokens), temperature,
+// whose usage adds up) or messages (role system / developer / user / assistant / tool, content a
+// string or a list of text parts; an assistant's may hold tool_calls instead, a tool's names its
+// tool_call_id), tools, tool_choice and parallel_tool_calls (serve/tool_calls.h), max_tokens (chat also max_completion_tokens), temperature,
 // top_p, top_k, min_p, presence / frequency / repetition penalty, seed, stop (a string or up to
 // 4), stream, stream_options.include_usage, n, logprobs (completions: how many top ones, 0-20;
 // chat: true, with top_logprobs 0-20), logit_bias ({"token id": bias in [-100, 100]}, at most
@@ -15,8 +16,8 @@
 // output constrained token by token by the schema, serve/structured_output.h), and vLLM's
 // ignore_eos (for benchmarks). A wrong type or a
 // value out of range is an ApiError 400 naming the field, with OpenAI's error object; so is a
-// field asynct does not implement yet (tools, echo, best_of, suffix, and unless neutral
-// functions, function_call, tool_choice), rather than a silent
+// field asynct does not implement (echo, best_of, suffix, and unless neutral the deprecated
+// functions and function_call; response_format beside tools), rather than a silent
 // approximation. n > 1 asks for n choices (seeds seed, seed + 1, ...). Without a seed, a request
 // draws its seed from std::random_device (64 bits): sampled answers differ from one to the next.
 //
@@ -35,6 +36,7 @@
 #include "core/logit_summary.h"
 #include "core/sampling_params.h"
 #include "serve/structured_output.h"
+#include "serve/tool_calls.h"
 
 namespace asynct::serve {
 
@@ -58,7 +60,8 @@ struct CompletionRequest {
     std::vector<std::int32_t> ids;
   };
   std::vector<Prompt> prompts;
-  nlohmann::ordered_json messages;           // chat: [{role, content (a string)}]
+  nlohmann::ordered_json messages;           // chat: [{role, content (a string)}, tool_calls, tool_call_id]
+  ChatTools tools;                           // chat: the tools the template shows and how calls are read
   int max_tokens = 0;                        // 0: not given (the endpoint's default)
   SamplingParams sampling;
   std::vector<LogitBias> logit_bias;         // ids not yet checked against the vocabulary (the route does)
@@ -85,6 +88,7 @@ struct TokenizeRequest {
   bool chat = false;  // messages, not a prompt
   std::string prompt;
   nlohmann::ordered_json messages;
+  nlohmann::ordered_json tools;  // with messages: tools (as the chat route renders them), or null
   bool add_special_tokens = true;
   bool add_generation_prompt = true;
 };
@@ -123,9 +127,10 @@ struct Usage {
 
 // One choice of a whole response.
 struct Choice {
-  std::string text;
+  std::string text;  // with tools read (ChatTools::read_calls), the answer's text apart from its calls: empty is null
   std::string finish_reason;
   std::vector<TokenLogprob> logprobs;
+  std::vector<ToolCall> tool_calls;
 };
 
 // The non-streaming response: each choice with its whole text (and its tokens' logprobs when
@@ -140,16 +145,18 @@ nlohmann::ordered_json completion_response(const CompletionRequest& request, con
 // One stream chunk: `text` (may be empty), the logprobs of the tokens since the last chunk when
 // asked, and, on the last one, the finish reason. The chat stream's first chunk carries the
 // assistant role (first = true). `offset`: the text's bytes sent before this chunk; `index`: the
-// choice's.
+// choice's; `calls`: tool calls completed since the last chunk, each whole in its delta, indexed
+// from `calls_before` (the choice's calls sent before).
 nlohmann::ordered_json completion_chunk(const CompletionRequest& request, const std::string& id, std::int64_t created,
                                         const std::string& text, const std::string& finish_reason, bool first,
                                         const std::vector<TokenLogprob>& logprobs = {}, std::int64_t offset = 0,
-                                        int index = 0);
+                                        int index = 0, const std::vector<ToolCall>& calls = {}, int calls_before = 0);
 // The chunk with the usage and no choices (stream_options.include_usage), before [DONE].
 nlohmann::ordered_json usage_chunk(const CompletionRequest& request, const std::string& id, std::int64_t created,
                                    const Usage& usage);
 
-// OpenAI's finish_reason for the engine's ("eos" and "stop" are both "stop").
-std::string openai_finish_reason(const std::string& engine_reason);
+// OpenAI's finish_reason for the engine's ("eos" and "stop" are both "stop"; an answer that
+// stopped after calling tools: "tool_calls").
+std::string openai_finish_reason(const std::string& engine_reason, bool called_tools = false);
 
 }  // namespace asynct::serve

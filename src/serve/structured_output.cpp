@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "serve/openai_api.h"
+#include "text/tool_prompt.h"
 
 #ifdef ASYNCT_WITH_XGRAMMAR
 #include <xgrammar/xgrammar.h>
@@ -68,6 +69,10 @@ struct StructuredOutput::Impl {
   int vocab_size;
   xgrammar::TokenizerInfo info;
   mutable xgrammar::GrammarCompiler compiler;  // thread-safe, with its own cache
+
+  TokenConstraintFactory factory(const xgrammar::CompiledGrammar& grammar) const {
+    return [grammar, vocab = vocab_size] { return std::make_unique<GrammarConstraint>(grammar, vocab); };
+  }
 };
 
 StructuredOutput::StructuredOutput(const std::string& tokenizer_json, int vocab_size, std::vector<std::int32_t> stop_ids)
@@ -86,8 +91,29 @@ TokenConstraintFactory StructuredOutput::compile(const ResponseFormat& format) c
   } catch (const std::exception& e) {
     throw ApiError(400, std::string("response_format: the schema cannot be compiled: ") + e.what(), "response_format");
   }
-  const int vocab = impl_->vocab_size;
-  return [g = *grammar, vocab] { return std::make_unique<GrammarConstraint>(g, vocab); };
+  return impl_->factory(*grammar);
+}
+
+TokenConstraintFactory StructuredOutput::compile_tool_call(const std::string& call_schema) const {
+  std::optional<xgrammar::CompiledGrammar> grammar;
+  try {
+    const auto literal = [](std::string_view text) {
+      std::string ebnf = "root ::= \"";
+      for (const char c : text) {
+        if (c == '\n' || c == '"' || c == '\\') ebnf += '\\';
+        ebnf += c == '\n' ? 'n' : c;
+      }
+      return xgrammar::Grammar::FromEBNF(ebnf + "\"");
+    };
+    const xgrammar::Grammar call = xgrammar::Grammar::Concat(
+        {literal(std::string(text::kToolCallOpen) + "\n"),
+         xgrammar::Grammar::FromJSONSchema(call_schema, /*any_whitespace=*/false, std::nullopt, std::nullopt, /*strict_mode=*/true),
+         literal("\n" + std::string(text::kToolCallClose))});
+    grammar = impl_->compiler.CompileGrammar(call);
+  } catch (const std::exception& e) {
+    throw ApiError(400, std::string("tools: a function's parameters cannot be compiled: ") + e.what(), "tools");
+  }
+  return impl_->factory(*grammar);
 }
 
 #else  // no xgrammar
@@ -98,12 +124,18 @@ StructuredOutput::StructuredOutput(const std::string&, int, std::vector<std::int
 
 bool StructuredOutput::available() { return false; }
 
-TokenConstraintFactory StructuredOutput::compile(const ResponseFormat&) const {
-  throw ApiError(400,
-                 "response_format: this server was built without xgrammar, so structured output is not available "
-                 "(scripts/fetch_grammar_assets.sh, then rebuild)",
-                 "response_format");
+namespace {
+ApiError no_grammar(const std::string& field) {
+  return ApiError(400,
+                  field + ": this server was built without xgrammar, so structured output is not available "
+                          "(scripts/fetch_grammar_assets.sh, then rebuild)",
+                  field);
 }
+}  // namespace
+
+TokenConstraintFactory StructuredOutput::compile(const ResponseFormat&) const { throw no_grammar("response_format"); }
+
+TokenConstraintFactory StructuredOutput::compile_tool_call(const std::string&) const { throw no_grammar("tool_choice"); }
 
 #endif
 

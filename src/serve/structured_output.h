@@ -1,5 +1,5 @@
-// Structured output (response_format json_object / json_schema): a request's schema, or any
-// JSON, compiled by xgrammar into a grammar over the model's vocabulary, and each of the
+// Structured output (response_format json_object / json_schema, and forced tool calls): a
+// request's schema, or any JSON, compiled by xgrammar into a grammar over the model's vocabulary, and each of the
 // request's sequences given its own matcher as a TokenConstraint (engine/token_constraint.h):
 // the mask before each token, every token taken, complete once the grammar took its stop token.
 // Built without xgrammar (ASYNCT_HAVE_XGRAMMAR off in CMake), available() is false and compile()
@@ -33,6 +33,10 @@ class StructuredOutput {
   // A factory of constraints for one request's sequences. Throws ApiError 400 naming
   // response_format for a schema xgrammar does not take, or when built without xgrammar.
   TokenConstraintFactory compile(const ResponseFormat& format) const;
+  // A factory of constraints that make the answer one tool call (text/tool_prompt.h's form:
+  // <tool_call>, a newline, the call's JSON following `call_schema`, a newline, </tool_call>, then
+  // a stop token). Throws ApiError 400 naming tools as compile() does.
+  TokenConstraintFactory compile_tool_call(const std::string& call_schema) const;
 
  private:
   struct Impl;

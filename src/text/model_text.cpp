@@ -12,6 +12,7 @@
 #include "text/chat_template.h"
 #include "text/completion_text.h"
 #include "text/tokenizer.h"
+#include "text/tool_prompt.h"
 #include "text/utf8.h"
 #endif
 
@@ -141,6 +142,7 @@ class TokenizerFiles final : public ModelText {
     } catch (const Error& e) {
       throw Error("the chat template in " + template_path_ + ": " + e.what());
     }
+    reads_tools_ = text::template_reads_tools(source);
     check(chat.thinking || source.find("enable_thinking") != std::string::npos, "--no-thinking: the chat template in ",
           template_path_, " does not read enable_thinking (a Qwen3-style switch), so it cannot be turned off");
     const auto bad = text::find_invalid_utf8(chat.system);
@@ -168,13 +170,17 @@ class TokenizerFiles final : public ModelText {
 
   bool has_chat_template() const override { return template_.has_value(); }
 
-  std::vector<std::int32_t> chat_ids(const nlohmann::ordered_json& messages, bool add_generation_prompt) const override {
+  std::vector<std::int32_t> chat_ids(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
+                                     bool add_generation_prompt) const override {
     check(template_.has_value(), "this model has no chat template (tokenizer_config.json's chat_template or chat_template.jinja)");
     for (const auto& m : messages) {
-      const auto bad = text::find_invalid_utf8(m.value("content", std::string()));
+      const auto content = m.find("content");
+      if (content == m.end() || !content->is_string()) continue;
+      const auto bad = text::find_invalid_utf8(content->get<std::string>());
       check(!bad, "a message's content is not valid UTF-8 (byte ", bad.value_or(0), ")");
     }
-    return render_chat(messages, nlohmann::ordered_json::object(), "", add_generation_prompt);
+    if (reads_tools_) return render_chat(messages, nlohmann::ordered_json::object(), "", add_generation_prompt, tools);
+    return render_chat(text::messages_with_tools(messages, tools), nlohmann::ordered_json::object(), "", add_generation_prompt);
   }
 
   std::unique_ptr<OutputText> output(const std::vector<std::string>& stop_strings) const override {
@@ -198,10 +204,11 @@ class TokenizerFiles final : public ModelText {
   // The chat through the template, tokenized with nothing added; the template's errors are
   // prefixed with `where` and the template's file.
   std::vector<std::int32_t> render_chat(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& extra,
-                                        const std::string& where, bool add_generation_prompt) const {
+                                        const std::string& where, bool add_generation_prompt,
+                                        const nlohmann::ordered_json& tools = nullptr) const {
     std::string rendered;
     try {
-      rendered = template_->render(chat_template_variables(config_, messages, nullptr, add_generation_prompt, extra));
+      rendered = template_->render(chat_template_variables(config_, messages, tools, add_generation_prompt, extra));
     } catch (const Error& e) {
       throw Error(where + "the chat template in " + template_path_ + ": " + e.what());
     }
@@ -220,6 +227,7 @@ class TokenizerFiles final : public ModelText {
   nlohmann::ordered_json config_;  // null when the directory has no tokenizer_config.json
   std::optional<std::int32_t> bos_, eos_;
   std::optional<ChatTemplate> template_;
+  bool reads_tools_ = false;  // the template renders tools itself
   std::string template_path_;
 };
 

@@ -69,10 +69,15 @@ class ModelText {
                                                bool add_special = true) const = 0;
   // Whether chat_ids() can render (the template loaded: ChatFormat enabled or load_if_present).
   virtual bool has_chat_template() const = 0;
-  // A whole chat's ids: `messages` ([{"role", "content"}], contents UTF-8) through the chat
-  // template with add_generation_prompt (as given), tokenized as prompt_ids() tokenizes a chat.
-  // Throws Error without a template, for content that is not valid UTF-8 or a template that raises.
-  virtual std::vector<std::int32_t> chat_ids(const nlohmann::ordered_json& messages, bool add_generation_prompt = true) const = 0;
+  // A whole chat's ids: `messages` ([{"role", "content"}], contents UTF-8; an assistant's may
+  // carry tool_calls, role "tool" a tool's result) and `tools` (OpenAI's function list, or null)
+  // through the chat template with add_generation_prompt (as given), tokenized as prompt_ids()
+  // tokenizes a chat. A template without a section for tools gets them written into the messages
+  // (text/tool_prompt.h). Throws Error without a template, for content that is not valid UTF-8
+  // or a template that raises.
+  virtual std::vector<std::int32_t> chat_ids(const nlohmann::ordered_json& messages,
+                                             const nlohmann::ordered_json& tools = nullptr,
+                                             bool add_generation_prompt = true) const = 0;
   // A new request's output text, ending before the first of the stop strings (each non-empty
   // UTF-8, else Error). Special tokens and ids the tokenizer lacks add no text.
   virtual std::unique_ptr<OutputText> output(const std::vector<std::string>& stop_strings) const = 0;

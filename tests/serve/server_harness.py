@@ -19,16 +19,17 @@ TIMEOUT = 60  # seconds for any one request
 START_TIMEOUT = 300
 
 
-def write_tiny_llama(directory, tokenizer_dir):
-    """A random tiny LlamaForCausalLM (bf16 safetensors) with tokenizer_dir's tokenizer files."""
+def write_tiny_llama(directory, tokenizer_dir, vocab=49152, eos_token_id=2):
+    """A random tiny LlamaForCausalLM (bf16 safetensors) with tokenizer_dir's tokenizer files. Past
+    2^22 values a tensor repeats its first 2^20 (a large vocabulary's embeddings in a second)."""
     import random
-    vocab, hidden, layers, heads, kv_heads, inter = 49152, 64, 2, 4, 2, 128
+    hidden, layers, heads, kv_heads, inter = 64, 2, 4, 2, 128
     head_dim = hidden // heads
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
               "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
               "num_key_value_heads": kv_heads, "head_dim": head_dim, "vocab_size": vocab,
               "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-              "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2,
+              "tie_word_embeddings": True, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": eos_token_id,
               "torch_dtype": "bfloat16"}
     shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
     for i in range(layers):
@@ -50,10 +51,11 @@ def write_tiny_llama(directory, tokenizer_dir):
             values = [1.0] * count
         else:
             scale = 1.0 if "embed" in name else 0.2
-            values = [rng.gauss(0.0, scale) for _ in range(count)]
+            values = [rng.gauss(0.0, scale) for _ in range(min(count, 1 << 20) if count > 1 << 22 else count)]
         # bf16: the high half of each float32 (truncated; exact enough for random weights)
-        raw = struct.pack(f"<{count}f", *values)
+        raw = struct.pack(f"<{len(values)}f", *values)
         blob = b"".join(raw[i + 2:i + 4] for i in range(0, len(raw), 4))
+        blob = (blob * (count // len(values) + 1))[:2 * count]
         header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + len(blob)]}
         blobs.append(blob)
         offset += len(blob)

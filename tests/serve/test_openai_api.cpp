@@ -387,7 +387,7 @@ TEST(OpenAiApi, ResponsesAndChunksHaveOpenAisShape) {
   EXPECT_EQ(completion_response(text, "c", 1, "x", "length", Usage{})["choices"][0]["text"], "x");
   EXPECT_EQ(completion_chunk(text, "c", 1, "y", "", true)["object"], "text_completion");
   EXPECT_EQ(completion_chunk(text, "c", 1, "y", "", true, {}, 0, 3)["choices"][0]["index"], 3);
-  const json two = completion_response(text, "c", 1, {{"a", "stop", {}}, {"b", "length", {}}}, Usage{2, 5});
+  const json two = completion_response(text, "c", 1, {{"a", "stop", {}, {}}, {"b", "length", {}, {}}}, Usage{2, 5});
   EXPECT_EQ(two["choices"].size(), 2u);
   EXPECT_EQ(two["choices"][1]["index"], 1);
   EXPECT_EQ(two["choices"][1]["text"], "b");

@@ -13,7 +13,9 @@ Checked:
 - 32 concurrent streams, 8 closed mid-stream: every finished one complete and equal to its
   request alone, the server alive after; a whole response's client that leaves ends its request;
 - structured output (with --jsonschema, for a build with xgrammar): json_schema outputs validate,
-  json_object outputs parse (structured_checks.py);
+  json_object outputs parse (structured_checks.py); forced tool calls validate, whole and streamed,
+  and go back with their results, through SmolLM2's template and (--qwen3-tokenizer) Qwen3's
+  (tool_checks.py);
 - logit_bias: -100 on the greedy first token changes it, +100 forces a token (logprobs unbiased);
 - seedless sampling differs from request to request, seeded sampling repeats;
 - lists of prompts, models.retrieve, /tokenize and /detokenize, system_fingerprint;
@@ -41,6 +43,7 @@ import time
 
 from server_harness import TIMEOUT, Checks, Server, generate, raw, upload, write_tiny_llama
 from structured_checks import check_structured_output
+from tool_checks import check_qwen3_tool_calls, check_tool_calls
 
 
 def main():
@@ -50,6 +53,8 @@ def main():
     parser.add_argument("--client", required=True, help="where the openai package is (scripts/fetch_client_assets.sh)")
     parser.add_argument("--jsonschema", help="where the jsonschema package is (scripts/fetch_grammar_assets.sh): "
                                              "checks structured output, which needs a build with xgrammar")
+    parser.add_argument("--qwen3-tokenizer", help="Qwen3's tokenizer files (scripts/fetch_text_assets.sh): with --jsonschema, "
+                                                  "tool calls through a template that renders tools itself")
     args = parser.parse_args()
     if not os.path.isfile(os.path.join(args.tokenizer_from, "tokenizer.json")):
         print(f"skipped: no tokenizer at {args.tokenizer_from} (scripts/fetch_smollm2.sh)")
@@ -264,6 +269,10 @@ def main():
                                          b'"logit_bias": {"seventeen": 5}}', 400, "logit_bias"),
                 ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
                                          b'"tool_choice": "auto"}', 400, "tool_choice"),
+                ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+                                         b'"tools": [{"type": "function", "function": {"name": "a b"}}]}', 400, "tools"),
+                ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "tool", "content": "x"}]}', 400,
+                 "messages[0].tool_call_id"),
             ]
             for path, body, status, param in bad:
                 got_status, payload, _ = raw(server.port, "POST", path, body)
@@ -304,7 +313,7 @@ def main():
             c.equal("/metrics: the chat template's shared prefix came from the prefix cache",
                     metrics.get("asynct_prefix_cache_hits_total", 0) > 0, True)
             c.equal("/metrics: errors by status", [metrics.get(f'asynct_http_errors_total{{status="{s}"}}') for s in (400, 404, 413)],
-                    [17, 1, 2])
+                    [19, 1, 2])
 
             # Several prompts in one completion: choice j of prompt i is index i * n + j, each as the
             # prompt alone would give it; usage adds up; streamed too; token-id lists the same.
@@ -381,7 +390,7 @@ def main():
             c.equal("CORS off by default: a preflight is a 405, no Allow-Origin",
                     (status, response.getheader("Access-Control-Allow-Origin")), (405, None))
 
-            # Structured output (response_format), last on this server: its requests are not in the
+            # Structured output (response_format, tool calls), last on this server: its requests are not in the
             # /metrics counts above.
             if args.jsonschema:  # structured_checks.py
                 sys.path.insert(0, args.jsonschema)
@@ -389,6 +398,15 @@ def main():
                 started = time.monotonic()
                 check_structured_output(client, c, jsonschema, token_ids)
                 print(f"structured output: {time.monotonic() - started:.1f} s", flush=True)
+                started = time.monotonic()
+                check_tool_calls(client, c, jsonschema, lambda body: raw(server.port, "POST", "/tokenize",
+                                                                         json.dumps(body).encode())[1])
+                print(f"tool calls: {time.monotonic() - started:.1f} s", flush=True)
+
+        if args.jsonschema and args.qwen3_tokenizer:  # tool_checks.py
+            started = time.monotonic()
+            check_qwen3_tool_calls(args.asynct, args.qwen3_tokenizer, work, c, jsonschema, openai)
+            print(f"tool calls through Qwen3's template: {time.monotonic() - started:.1f} s", flush=True)
 
         # An API key (and CORS for one origin): every route but /health and /metrics wants it. This
         # server also decodes speculatively: the same text, the drafts counted in /metrics.

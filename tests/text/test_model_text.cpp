@@ -13,6 +13,7 @@
 #include "text/model_text.h"
 #include "support/temp_dir.h"
 #include "text/tokenizer.h"
+#include <nlohmann/json.hpp>
 #include "text_model_dir.h"
 
 namespace {
@@ -119,6 +120,49 @@ TEST_F(ModelTextTest, SmolLM2ChatTemplateAndThinkingItDoesNotHave) {
   EXPECT_TRUE(contains(e, "--no-thinking")) << e;
   EXPECT_TRUE(contains(e, "does not read enable_thinking")) << e;
   EXPECT_TRUE(contains(e, config_path())) << e;
+}
+
+// Tools: a template that renders them (Qwen3's) gets them as the `tools` variable; one without a
+// section for them (SmolLM2's) gets them written into the messages (text/tool_prompt.h): the tools
+// at the end of the system message, earlier calls in the assistant's content, results as a user
+// turn of <tool_response> blocks.
+TEST_F(ModelTextTest, ToolsThroughTheTemplateOrWrittenIntoTheMessages) {
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])");
+  const nlohmann::ordered_json messages = nlohmann::ordered_json::parse(R"([
+    {"role": "user", "content": "Weather in Bern?"},
+    {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+      "function": {"name": "get_weather", "arguments": {"city": "Bern"}}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "21 C"},
+    {"role": "tool", "tool_call_id": "c2", "content": "sunny"}])");
+  ChatFormat server;
+  server.load_if_present = true;
+  const auto rendered = [&](const nlohmann::ordered_json& t) {
+    const std::vector<std::int32_t> ids = ModelText::open(dir_.dir(), server)->chat_ids(messages, t);
+    return tokenizer().decode(ids);
+  };
+  const std::string qwen3 = rendered(tools);
+  EXPECT_TRUE(contains(qwen3, "# Tools")) << qwen3;
+  EXPECT_TRUE(contains(qwen3, R"({"type": "function", "function": {"name": "get_weather")")) << qwen3;
+  EXPECT_TRUE(contains(qwen3, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Bern\"}}\n</tool_call>"))
+      << qwen3;
+  EXPECT_TRUE(contains(qwen3, "<tool_response>\n21 C\n</tool_response>\n<tool_response>\nsunny\n</tool_response>")) << qwen3;
+
+  auto config = read_json(config_path());
+  config["chat_template"] = read_json(std::string(ASYNCT_TEXT_SOURCE_DIR) + "/data/smollm2_tokenizer_config.json")["chat_template"];
+  write_json(config_path(), config);
+  const std::string smollm2 = rendered(tools);
+  EXPECT_EQ(smollm2.rfind("<|im_start|>system\n# Tools\n", 0), 0u) << smollm2;
+  EXPECT_TRUE(contains(smollm2, "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+                                "{\"type\": \"object\"}}}\n</tools>")) << smollm2;
+  EXPECT_TRUE(contains(smollm2, "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                                "\"Bern\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n21 C\n</tool_response>\n"
+                                "<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n")) << smollm2;
+  // Without tools, the earlier calls are still written out, and no tools section is added.
+  const std::string no_tools = rendered(nullptr);
+  EXPECT_FALSE(contains(no_tools, "# Tools")) << no_tools;
+  EXPECT_TRUE(contains(no_tools, "You are a helpful AI assistant named SmolLM")) << no_tools;
+  EXPECT_TRUE(contains(no_tools, "<tool_call>")) << no_tools;
 }
 
 TEST_F(ModelTextTest, ChatTemplateJinjaComesFirst) {

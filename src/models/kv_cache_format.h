@@ -31,13 +31,13 @@ enum class KvCacheDtype { Float32, BF16, Fp8E4M3 };
 // "float32", "bf16", "fp8".
 const char* kv_cache_dtype_name(KvCacheDtype dtype);
 
-// The backends, by the name these functions take: "cpu" (the production CPU backend, which
-// holds a bf16 cache), "cpu-reference" (the CPU reference: every value held as float32, rounded
-// as the type rounds it), "cuda".
+// The backends, by the name these functions take: "cpu" (the production CPU backend: a bf16 or
+// e4m3 cache), "cpu-reference" (the CPU reference: every value held as float32, rounded as the
+// type rounds it), "cuda".
 //
 // --kv-cache-dtype: "auto" (the backend's compute precision: float32 on the CPU reference, bf16
 // on the others), "bf16" or "fp8". Throws Error naming the option for another value, and for
-// fp8 on the production CPU and CUDA backends, which do not read it yet.
+// fp8 on the CUDA backend, which does not read it yet.
 KvCacheDtype resolve_kv_cache_dtype(const std::string& name, const std::string& backend);
 
 // Bytes one value takes in a backend's cache: float32 on the CPU reference, the type itself on

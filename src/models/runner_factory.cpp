@@ -61,7 +61,7 @@ std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptio
   }
 #endif
   if (o.cpu_reference) return std::make_unique<CpuModelRunner>(std::move(weights), o.num_blocks, o.block_size, kv_dtype);
-  return std::make_unique<CpuFastModelRunner>(std::move(weights), o.num_blocks, o.block_size);
+  return std::make_unique<CpuFastModelRunner>(std::move(weights), o.num_blocks, o.block_size, kv_dtype);
 }
 
 }  // namespace asynct

@@ -46,7 +46,11 @@ void paged_attention(ThreadPool& pool, const float* q, int num_q_heads, const St
     scores.resize(std::size_t(n));
     const std::int64_t* rows_of = key_rows[std::size_t(row.seq)].data();
     const std::int64_t head_at = std::int64_t(kv_head) * d;
-    scores_bf16(qh, kv.key + head_at, rows_of, n, d, scale, scores.data());
+    const bool fp8 = kv.key == nullptr;
+    if (fp8)
+      scores_fp8(qh, kv.key_fp8 + head_at, rows_of, n, d, scale * kv.key_scales[kv_head], scores.data());
+    else
+      scores_bf16(qh, kv.key + head_at, rows_of, n, d, scale, scores.data());
     std::fill(o, o + d, 0.0f);
     if (gate.kind == GateKind::Softmax) {
       const float max_score = *std::max_element(scores.begin(), scores.end());
@@ -65,7 +69,13 @@ void paged_attention(ThreadPool& pool, const float* q, int num_q_heads, const St
         scores[std::size_t(j)] = gamma * std::clamp(alpha * (scores[std::size_t(j)] - sigma * pooled * inv_w), 0.0f, 1.0f);
       }
     }
-    weighted_sum_bf16(scores.data(), kv.value + head_at, rows_of, n, d, o);
+    if (fp8) {
+      weighted_sum_fp8(scores.data(), kv.value_fp8 + head_at, rows_of, n, d, o);
+      const float value_scale = kv.value_scales[kv_head];
+      for (int i = 0; i < d; ++i) o[i] *= value_scale;
+    } else {
+      weighted_sum_bf16(scores.data(), kv.value + head_at, rows_of, n, d, o);
+    }
   });
 }
 

@@ -1,4 +1,4 @@
-// Paged attention over the production CPU runner's bf16 cache, for both gates: softmax, and
+// Paged attention over the production CPU runner's cache (bf16 or e4m3), for both gates: softmax, and
 // AsyncT's additive gate (core/gate.h), causal, GQA, each (query row, head) a task of the pool.
 #pragma once
 
@@ -10,10 +10,15 @@
 
 namespace asynct::cpu_fast {
 
-// One layer's cache: bf16 [num_blocks, block_size, num_kv_heads, head_dim] for keys and values.
+// One layer's cache: [num_blocks, block_size, num_kv_heads, head_dim] for keys and values, bf16,
+// or e4m3 (fp8) with a scale per KV head (a value is its e4m3 times its head's scale).
 struct PagedKv {
-  const std::uint16_t* key = nullptr;
+  const std::uint16_t* key = nullptr;  // bf16
   const std::uint16_t* value = nullptr;
+  const std::uint8_t* key_fp8 = nullptr;  // e4m3, when the bf16 pointers are null
+  const std::uint8_t* value_fp8 = nullptr;
+  const float* key_scales = nullptr;  // e4m3: [num_kv_heads]
+  const float* value_scales = nullptr;
   int block_size = 0, num_kv_heads = 0, head_dim = 0;
 };
 

@@ -51,10 +51,13 @@ std::vector<float> floats(const Tensor& t) { return t.defined() && t.numel() > 0
 
 }  // namespace
 
-CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size)
+CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype)
     : num_blocks_(checked_num_blocks(num_blocks, block_size)), block_size_(block_size),
-      weights_(std::move(weights)), recipe_(recipe_of(weights_.config)) {
+      weights_(std::move(weights)), kv_dtype_(kv_dtype), kv_scales_(kv_cache_scales(weights_, kv_dtype)),
+      recipe_(recipe_of(weights_.config)) {
   const ModelConfig& c = weights_.config;
+  check(kv_dtype == KvCacheDtype::BF16 || kv_dtype == KvCacheDtype::Fp8E4M3, "CpuFastModelRunner: a ",
+        kv_cache_dtype_name(kv_dtype), " KV cache; the production CPU backend holds bf16 or fp8");
   norm_clip_ = recipe_.norm == NormKind::UClip ? recipe_.norm_clip : std::numeric_limits<float>::infinity();
   const bool tied = weights_.lm_head.data() == weights_.embed_tokens.data();
   bf16_data(weights_.embed_tokens, "embed_tokens");
@@ -93,8 +96,17 @@ CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int
     }
     // Not zeroed: a slot is read only after it is written, and untouched pages cost no memory
     // (a server's cache is sized for its whole context; a short request touches a few blocks).
-    layer.key_cache = std::make_unique_for_overwrite<std::uint16_t[]>(cache_values);
-    layer.value_cache = std::make_unique_for_overwrite<std::uint16_t[]>(cache_values);
+    if (kv_dtype == KvCacheDtype::Fp8E4M3) {
+      layer.key_fp8 = std::make_unique_for_overwrite<std::uint8_t[]>(cache_values);
+      layer.value_fp8 = std::make_unique_for_overwrite<std::uint8_t[]>(cache_values);
+      for (int head = 0; head < c.num_key_value_heads; ++head) {
+        layer.key_scales.push_back(kv_scales_.key_scale(l, head));
+        layer.value_scales.push_back(kv_scales_.value_scale(l, head));
+      }
+    } else {
+      layer.key_cache = std::make_unique_for_overwrite<std::uint16_t[]>(cache_values);
+      layer.value_cache = std::make_unique_for_overwrite<std::uint16_t[]>(cache_values);
+    }
     layers_.push_back(std::move(layer));
   }
   for (int i = 0; i < c.head_dim / 2; ++i)
@@ -121,7 +133,8 @@ void CpuFastModelRunner::attention_block(Layer& layer, const StepBatch& batch) {
                         {{layer.q, hq * d, 0}, {layer.k, hkv * d, std::int64_t(hq) * d},
                          {layer.v, hkv * d, std::int64_t(hq + hkv) * d}},
                         qkv_.data(), width);
-  // Per token: the q/k norm per head (Qwen3, AsyncT), RoPE, and the cache write in bf16.
+  // Per token: the q/k norm per head (Qwen3, AsyncT), RoPE, and the cache write (bf16, or e4m3 at
+  // each KV head's scale).
   const float eps = recipe_.norm_eps;
   for_rows(t, [&](std::int64_t first, std::int64_t last) {
     float normed[512];  // head_dim <= 512 (checked by the config)
@@ -144,14 +157,25 @@ void CpuFastModelRunner::attention_block(Layer& layer, const StepBatch& batch) {
       const std::int64_t slot = batch.slot_mapping[std::size_t(i)];
       if (slot < 0) continue;
       const std::int64_t at = slot * hkv * d;
-      cpu_fast::float_to_bf16_row(row + std::int64_t(hq) * d, layer.key_cache.get() + at, hkv * d);
-      cpu_fast::float_to_bf16_row(row + std::int64_t(hq + hkv) * d, layer.value_cache.get() + at, hkv * d);
+      const float* key = row + std::int64_t(hq) * d;
+      const float* value = row + std::int64_t(hq + hkv) * d;
+      if (!layer.key_fp8) {
+        cpu_fast::float_to_bf16_row(key, layer.key_cache.get() + at, hkv * d);
+        cpu_fast::float_to_bf16_row(value, layer.value_cache.get() + at, hkv * d);
+        continue;
+      }
+      for (int head = 0; head < hkv; ++head) {
+        const std::int64_t o = std::int64_t(head) * d;
+        cpu_fast::float_to_fp8_row(key + o, layer.key_scales[std::size_t(head)], layer.key_fp8.get() + at + o, d);
+        cpu_fast::float_to_fp8_row(value + o, layer.value_scales[std::size_t(head)], layer.value_fp8.get() + at + o, d);
+      }
     }
   });
   q_.resize(std::size_t(t) * std::size_t(hq) * std::size_t(d));
   for (std::int64_t i = 0; i < t; ++i) std::memcpy(q_.data() + i * hq * d, qkv_.data() + i * width, sizeof(float) * std::size_t(hq * d));
   attn_.resize(q_.size());
-  const cpu_fast::PagedKv kv{layer.key_cache.get(), layer.value_cache.get(), block_size_, hkv, d};
+  const cpu_fast::PagedKv kv{layer.key_cache.get(), layer.value_cache.get(), layer.key_fp8.get(), layer.value_fp8.get(),
+                             layer.key_scales.data(), layer.value_scales.data(), block_size_, hkv, d};
   cpu_fast::paged_attention(pool_, q_.data(), hq, batch, kv, layer.attention_gate, float(1.0 / std::sqrt(double(d))),
                             attn_.data());
   proj_.resize(std::size_t(t * h));
@@ -186,9 +210,12 @@ void CpuFastModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) {
   for (const BlockCopy& copy : copies) {
     check(copy.from >= 0 && copy.from < num_blocks_ && copy.to >= 0 && copy.to < num_blocks_ && copy.from != copy.to,
           "copy_blocks: block ", copy.from, " to ", copy.to, " (the cache has ", num_blocks_, ")");
-    for (Layer& layer : layers_)
+    for (Layer& layer : layers_) {
       for (std::uint16_t* cache : {layer.key_cache.get(), layer.value_cache.get()})
-        std::copy_n(cache + std::size_t(copy.from) * per_block, per_block, cache + std::size_t(copy.to) * per_block);
+        if (cache) std::copy_n(cache + std::size_t(copy.from) * per_block, per_block, cache + std::size_t(copy.to) * per_block);
+      for (std::uint8_t* cache : {layer.key_fp8.get(), layer.value_fp8.get()})
+        if (cache) std::copy_n(cache + std::size_t(copy.from) * per_block, per_block, cache + std::size_t(copy.to) * per_block);
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 // The production CPU backend: the model's forward pass on the weights as loaded (bf16 mapped
-// checkpoint views, no float32 copy; or the projections in FP8 with their block scales), a bf16 paged KV cache, float32 arithmetic in vector
+// checkpoint views, no float32 copy; or the projections in FP8 with their block scales), a paged KV
+// cache in bf16 or e4m3 (--kv-cache-dtype fp8: scales per layer and KV head, models/kv_cache_format.h), float32 arithmetic in vector
 // kernels (kernels.h) on every thread of a persistent pool (ASYNCT_THREADS caps it). The CPU
 // reference (models/cpu/cpu_model_runner.h) is its oracle: logits agree to the bf16 cache's and
 // float32 sums' rounding, greedy tokens on the golden prompts are the same.
@@ -14,15 +15,17 @@
 #include "models/cpu_fast/linear.h"
 #include "models/cpu_fast/thread_pool.h"
 #include "models/host_step_queue.h"
+#include "models/kv_cache_format.h"
 #include "models/weights.h"
 
 namespace asynct {
 
 class CpuFastModelRunner : public ModelRunner {
  public:
-  // Throws Error for a block size the CPU backend does not run or no blocks. Projections held
-  // as float32 (a float32 or float16 checkpoint) are rounded to bf16 once, here.
-  CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size);
+  // Throws Error for a block size the CPU backend does not run, no blocks, or a cache type other
+  // than bf16 and fp8. Projections held as float32 (a float32 or float16 checkpoint) are rounded
+  // to bf16 once, here.
+  CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype = KvCacheDtype::BF16);
 
   // A step runs in submit(); collect() hands its output out. Steps pipeline as the
   // reference's do (the tokens a chained batch takes are the step before's).
@@ -39,7 +42,10 @@ class CpuFastModelRunner : public ModelRunner {
     cpu_fast::Projection q, k, v, o, gate, up, down;
     std::vector<float> input_norm, post_attention_norm, q_norm, k_norm, attn_output_norm, mlp_output_norm;
     Gate attention_gate;
-    std::unique_ptr<std::uint16_t[]> key_cache, value_cache;  // bf16 [blocks, block_size, Hkv, D]
+    // [blocks, block_size, Hkv, D]: bf16, or e4m3 with the layer's scales [Hkv] (the other pair empty).
+    std::unique_ptr<std::uint16_t[]> key_cache, value_cache;
+    std::unique_ptr<std::uint8_t[]> key_fp8, value_fp8;
+    std::vector<float> key_scales, value_scales;
   };
   struct Result {
     std::vector<float> logits;  // [rows, vocab], which output points into
@@ -54,6 +60,8 @@ class CpuFastModelRunner : public ModelRunner {
 
   int num_blocks_, block_size_;
   ModelWeights weights_;  // keeps the mapped views the layers point into alive
+  KvCacheDtype kv_dtype_;
+  KvCacheScales kv_scales_;  // from the weights as given, as the reference takes them
   ArchitectureRecipe recipe_;
   float norm_clip_;
   std::vector<Layer> layers_;

@@ -1,5 +1,6 @@
-// The production CPU runner's products on FP8 weights (kernels.h: gemm_fp8): e4m3 values read as
-// stored, times their blocks' scales, float32 arithmetic. Decode rows take each weight row once,
+// The production CPU runner's FP8 kernels (kernels.h): products on e4m3 weights (gemm_fp8) and
+// attention's reads of an e4m3 cache (scores_fp8, weighted_sum_fp8): values read as stored,
+// times their scales, float32 arithmetic. Decode rows take each weight row once,
 // straight from memory, its blocks' dot products scaled once each; more rows convert 4 weight
 // rows at a time to float32 and share them (gemm_f32).
 #include <algorithm>
@@ -82,9 +83,96 @@ AVX2 float dot_avx2(const float* x, const std::uint8_t* w, const float* scales, 
   sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
   return _mm_cvtss_f32(sum) + tail;
 }
+
+// 8 values: e4m3 bytes to the halves of their values times 2^-8 (load_fp8x16), then floats.
+AVX2 inline __m256 load_fp8x8(const std::uint8_t* p) {
+  const __m128i wide = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(wide, 7), _mm_set1_epi16(std::int16_t(0xBF80))));
+}
+
+AVX2 void scores_avx2(const float* q, const std::uint8_t* keys, const std::int64_t* rows, int n, int d, float scale,
+                      float* out) {
+  const int d8 = d & ~7;
+  const float unbiased = scale * kHalfBias;
+  for (int j = 0; j < n; ++j) {
+    const std::uint8_t* k = keys + rows[j];
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= d8; i += 16) {
+      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_fp8x8(k + i), a0);
+      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load_fp8x8(k + i + 8), a1);
+    }
+    if (i < d8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_fp8x8(k + i), a0);
+    __m256 a = _mm256_add_ps(a0, a1);
+    __m128 sum = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
+    sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
+    float tail = 0.0f;
+    for (int t = d8; t < d; ++t) tail += q[t] * fp8_e4m3_to_float(k[t]);
+    out[j] = _mm_cvtss_f32(sum) * unbiased + tail * scale;
+  }
+}
+
+// 32 columns of the output at a time in registers over all n rows.
+AVX2 void weighted_sum_avx2(const float* p, const std::uint8_t* values, const std::int64_t* rows, int n, int d,
+                            float* out) {
+  int c = 0;
+  for (; c + 32 <= d; c += 32) {
+    __m256 o0 = _mm256_loadu_ps(out + c), o1 = _mm256_loadu_ps(out + c + 8), o2 = _mm256_loadu_ps(out + c + 16),
+           o3 = _mm256_loadu_ps(out + c + 24);
+    for (int j = 0; j < n; ++j) {
+      if (p[j] == 0.0f) continue;  // the async gate's zeros
+      const __m256 w = _mm256_set1_ps(p[j] * kHalfBias);
+      const std::uint8_t* v = values + rows[j] + c;
+      o0 = _mm256_fmadd_ps(w, load_fp8x8(v), o0);
+      o1 = _mm256_fmadd_ps(w, load_fp8x8(v + 8), o1);
+      o2 = _mm256_fmadd_ps(w, load_fp8x8(v + 16), o2);
+      o3 = _mm256_fmadd_ps(w, load_fp8x8(v + 24), o3);
+    }
+    _mm256_storeu_ps(out + c, o0);
+    _mm256_storeu_ps(out + c + 8, o1);
+    _mm256_storeu_ps(out + c + 16, o2);
+    _mm256_storeu_ps(out + c + 24, o3);
+  }
+  for (; c < d; ++c)
+    for (int j = 0; j < n; ++j) out[c] += p[j] * fp8_e4m3_to_float(values[rows[j] + c]);
+}
 #endif
 
+void scores_generic(const float* q, const std::uint8_t* keys, const std::int64_t* rows, int n, int d, float scale,
+                    float* out) {
+  for (int j = 0; j < n; ++j) {
+    float sum = 0.0f;
+    for (int i = 0; i < d; ++i) sum += q[i] * fp8_e4m3_to_float(keys[rows[j] + i]);
+    out[j] = scale * sum;
+  }
+}
+
+void weighted_sum_generic(const float* p, const std::uint8_t* values, const std::int64_t* rows, int n, int d,
+                          float* out) {
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < d; ++i) out[i] += p[j] * fp8_e4m3_to_float(values[rows[j] + i]);
+}
+
 }  // namespace
+
+void scores_fp8(const float* q, const std::uint8_t* keys, const std::int64_t* rows, int n, int d, float scale, float* out) {
+#ifdef ASYNCT_X86
+  if (vector_kernels()) return scores_avx2(q, keys, rows, n, d, scale, out);
+#endif
+  scores_generic(q, keys, rows, n, d, scale, out);
+}
+
+void weighted_sum_fp8(const float* p, const std::uint8_t* values, const std::int64_t* rows, int n, int d, float* out) {
+#ifdef ASYNCT_X86
+  if (vector_kernels()) return weighted_sum_avx2(p, values, rows, n, d, out);
+#endif
+  weighted_sum_generic(p, values, rows, n, d, out);
+}
+
+void float_to_fp8_row(const float* in, float scale, std::uint8_t* out, int n) {
+  for (int i = 0; i < n; ++i) out[i] = float_to_fp8_e4m3(in[i] / scale);  // as the reference rounds (kv_cache_format.h)
+}
 
 void gemm_fp8(const float* x, std::int64_t ldx, int rows, const std::uint8_t* w, const float* scales, int block_rows,
               int block_cols, int first, int nw, int in, float* y, std::int64_t ldy) {

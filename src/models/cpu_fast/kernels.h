@@ -27,6 +27,13 @@ void gemm_f32(const float* x, std::int64_t ldx, int rows, const float* w, int nw
 void gemm_fp8(const float* x, std::int64_t ldx, int rows, const std::uint8_t* w, const float* scales, int block_rows,
               int block_cols, int first, int nw, int in, float* y, std::int64_t ldy);
 
+// An e4m3 cache's reads (fp8_kernels.cpp): scores_bf16 and weighted_sum_bf16 over e4m3 rows, each
+// value as stored (the caller applies its scale: into `scale`, and to the weighted sum's result).
+void scores_fp8(const float* q, const std::uint8_t* keys, const std::int64_t* rows, int n, int d, float scale, float* out);
+void weighted_sum_fp8(const float* p, const std::uint8_t* values, const std::int64_t* rows, int n, int d, float* out);
+// out[i] = e4m3(in[i] / scale), rounded to nearest even, saturating at +-448.
+void float_to_fp8_row(const float* in, float scale, std::uint8_t* out, int n);
+
 // sum_i a[i] * b[i], b bf16.
 float dot_bf16(const float* a, const std::uint16_t* b, int n);
 // out[i] += weight * v[i], v bf16.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The CPU backend beside llama.cpp in the same run, on the same SmolLM2-135M-Instruct weights:
 prompt processing (512 tokens) and generation (128 tokens), bf16 against llama.cpp's BF16 and
-asynct's 8-bit weights (--quantization fp8) against llama.cpp's Q8_0, with the machine's memory
+asynct's 8-bit weights (--quantization int8, and fp8) against llama.cpp's Q8_0, with the machine's memory
 read rate before and after. The two run in turns (llama.cpp, asynct, ...) and each figure is the
 best of its rounds, so that a busy moment does not favour either; run it on a quiet machine
 (llama.cpp's threads spin at barriers: another busy process halves its generation rate).
@@ -56,7 +56,8 @@ def main():
     llama_dir = subprocess.run(["bash", os.path.join(HERE, "fetch_llama_cpp.sh")], check=True, capture_output=True,
                                text=True).stdout.strip()
     pairs = [("bf16", os.path.join(llama_dir, "smollm2-bf16.gguf"), "BF16", []),
-             ("8-bit", os.path.join(llama_dir, "smollm2-q8_0.gguf"), "Q8_0", ["--quantization", "fp8"])]
+             ("int8", os.path.join(llama_dir, "smollm2-q8_0.gguf"), "Q8_0", ["--quantization", "int8"]),
+             ("fp8", os.path.join(llama_dir, "smollm2-q8_0.gguf"), "Q8_0", ["--quantization", "fp8"])]
     best = {}
     reads = []
     for r in range(args.rounds):
@@ -75,7 +76,7 @@ def main():
              f"{min(reads):.1f}-{max(reads):.1f} GB/s during the run",
              "| weights | figure | asynct tokens/s | llama.cpp tokens/s | ratio |", "|---|---|---|---|---|"]
     for label, _, llama_type, options in pairs:
-        ours = "bf16" if not options else "FP8 e4m3, 1 x 128 blocks"
+        ours = {"bf16": "bf16", "int8": "int8, 1 x 32 blocks", "fp8": "FP8 e4m3, 1 x 128 blocks"}[label]
         for figure, what in (("prompt", "prompt processing, 512 tokens"), ("generated", "generation, 128 tokens")):
             a, b = best[("asynct", label, figure)], best[("llama", label, figure)]
             lines.append(f"| {ours} vs {llama_type} | {what} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")

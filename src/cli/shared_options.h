@@ -16,12 +16,13 @@ inline void add_precision_options(CLI::App* cmd, std::string& kv_cache_dtype, st
   cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
                   "KV cache type: auto (the backend's: float32 on the CPU reference, bf16 otherwise), bf16 or fp8 (e4m3 with "
                   "a scale per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights; the CPU "
-                  "reference only for now)")
+                  "backends only for now)")
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--quantization", quantization,
-                  "none (the checkpoint's weights as they are) or fp8 (the projections quantized to e4m3 as they load, a "
-                  "scale per row and 128 inputs; the CPU reference only for now)")
-      ->check(CLI::IsMember({"none", "fp8"}));
+                  "none (the checkpoint's weights as they are), fp8 (the projections quantized to e4m3 as they load, a "
+                  "scale per row and 128 inputs; every backend) or int8 (the projections and the LM head in 8-bit integers, a "
+                  "scale per row and 32 inputs, as llama.cpp's Q8_0; the production CPU backend only)")
+      ->check(CLI::IsMember({"none", "fp8", "int8"}));
 }
 
 // --cpu-reference: the CPU reference backend instead of the production one.

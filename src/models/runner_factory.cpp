@@ -42,7 +42,10 @@ KvCacheDtype check_runner_options(const RunnerOptions& o, const std::string& dev
   check(!o.cpu_reference || device == "cpu", "--cpu-reference runs on the CPU, not on ", device);
   const std::string backend = backend_name(device, o.cpu_reference);
   const KvCacheDtype kv_dtype = resolve_kv_cache_dtype(o.kv_cache_dtype, backend);
-  check(o.quantization == "none" || o.quantization == "fp8", "--quantization must be none or fp8, got '", o.quantization, "'");
+  check(o.quantization == "none" || o.quantization == "fp8" || o.quantization == "int8",
+        "--quantization must be none, fp8 or int8, got '", o.quantization, "'");
+  check(o.quantization != "int8" || backend == "cpu", "--quantization int8 runs on the production CPU backend (--device cpu, "
+                                                      "without --cpu-reference); the ", backend, " backend reads bf16 or fp8");
   return kv_dtype;
 }
 
@@ -61,7 +64,8 @@ std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptio
   }
 #endif
   if (o.cpu_reference) return std::make_unique<CpuModelRunner>(std::move(weights), o.num_blocks, o.block_size, kv_dtype);
-  return std::make_unique<CpuFastModelRunner>(std::move(weights), o.num_blocks, o.block_size, kv_dtype);
+  return std::make_unique<CpuFastModelRunner>(std::move(weights), o.num_blocks, o.block_size, kv_dtype,
+                                              o.quantization == "int8");
 }
 
 }  // namespace asynct

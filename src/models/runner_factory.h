@@ -36,8 +36,9 @@ struct RunnerOptions {
   bool profile = false;          // time the phases of each step (CUDA backend)
   bool cuda_graphs = true;       // replay decode steps as CUDA graphs (CUDA backend)
   std::string kv_cache_dtype = "auto";  // --kv-cache-dtype: auto, bf16 or fp8 (resolve_kv_cache_dtype)
-  // --quantization: "none" (the weights as loaded: bf16, or a checkpoint's FP8) or "fp8"
-  // (quantize_fp8 as they load).
+  // --quantization: "none" (the weights as loaded: bf16, or a checkpoint's FP8), "fp8"
+  // (quantize_fp8 as they load) or "int8" (the production CPU backend's 8-bit integers:
+  // CpuFastModelRunner quantizes bf16 weights as it starts).
   std::string quantization = "none";
   // --cpu-reference: on the CPU, the reference runner (float32 weights, float64 sums: the oracle
   // every backend is tested against) instead of the production one.
@@ -45,9 +46,9 @@ struct RunnerOptions {
 };
 
 // Checks the options a model runs with on `device` (as resolve_device gives it), before
-// anything is loaded: the KV-cache type (only the CPU reference reads an FP8 cache yet) and the
-// quantization (every backend reads FP8 weights). Throws Error naming the option. Returns the
-// KV-cache type.
+// anything is loaded: the KV-cache type (the CUDA backend reads no FP8 cache yet) and the
+// quantization (every backend reads FP8 weights; int8 only the production CPU backend). Throws
+// Error naming the option. Returns the KV-cache type.
 KvCacheDtype check_runner_options(const RunnerOptions& options, const std::string& device);
 
 // Throws Error when "cuda" is asked for and not available; *chosen says which backend runs.

@@ -104,6 +104,56 @@ TEST_P(CpuFastKernels, Fp8GemmMatchesTheDequantizedReference) {
       }
 }
 
+// int8 weights: each block's values are round(w / scale), scale = its largest magnitude / 127;
+// decode rows (quantized the same way) multiply in integers, other rows in float32; both against
+// the reference's product of the dequantized values (and, for decode rows, dequantized x).
+TEST_P(CpuFastKernels, Int8GemmMatchesTheDequantizedReference) {
+  Random rng(6);
+  for (const int in : {8, 32, 67, 200, 576})
+    for (const int rows : {1, 2, 3, 7}) {
+      const int total_rows = 40, first = 5, out = 33;
+      const Tensor w_float = rng.normal({total_rows, in});
+      const std::vector<std::uint16_t> wb = to_bf16(w_float);
+      const cpu_fast::Int8Matrix q = cpu_fast::quantize_int8(wb.data(), total_rows, in);
+      ASSERT_EQ(q.blocks, (in + 31) / 32);
+      // The rule, value by value; and the dequantized matrix for the reference.
+      Tensor w = Tensor::empty(DType::F32, {out, in});
+      for (int r = 0; r < total_rows; ++r)
+        for (int b = 0; b < q.blocks; ++b) {
+          float largest = 0.0f;
+          for (int k = b * 32; k < std::min(in, b * 32 + 32); ++k) largest = std::max(largest, std::fabs(bf16_to_float(wb[std::size_t(r) * in + k])));
+          ASSERT_FLOAT_EQ(q.row_scales(r)[b], largest / 127.0f);
+          for (int k = b * 32; k < b * 32 + 32; ++k) {
+            const int v = q.row(r)[k];
+            if (k >= in) {
+              ASSERT_EQ(v, 0) << "padding";
+              continue;
+            }
+            ASSERT_LE(std::abs(v), 127);
+            ASSERT_EQ(v, int(std::lround(bf16_to_float(wb[std::size_t(r) * in + k]) / q.row_scales(r)[b])));
+            if (r >= first && r < first + out) w.data_as<float>()[std::int64_t(r - first) * in + k] = float(v) * q.row_scales(r)[b];
+          }
+        }
+      const Tensor x = rng.normal({rows, in});
+      std::vector<float> y(std::size_t(rows) * std::size_t(out) + 5, std::numeric_limits<float>::quiet_NaN());
+      cpu_fast::gemm_int8(nullptr, x.data_as<float>(), in, rows, q, first, out, y.data(), out);
+      expect_close(y.data(), linear(x, w).data_as<float>(), std::int64_t(rows) * out, 2e-6 * in,
+                   "int8 gemm, float rows " + std::to_string(rows) + "x" + std::to_string(in));
+      if (rows > 2) continue;
+      cpu_fast::Int8Rows xq;
+      cpu_fast::quantize_rows_int8(x.data_as<float>(), in, rows, in, xq);
+      Tensor xd = Tensor::empty(DType::F32, {rows, in});
+      for (int r = 0; r < rows; ++r)
+        for (int k = 0; k < in; ++k)
+          xd.data_as<float>()[std::int64_t(r) * in + k] =
+              float(xq.values[std::size_t(r * xq.blocks * 32 + k)]) * xq.scales[std::size_t(r * xq.blocks + k / 32)];
+      std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+      cpu_fast::gemm_int8(&xq, x.data_as<float>(), in, rows, q, first, out, y.data(), out);
+      expect_close(y.data(), linear(xd, w).data_as<float>(), std::int64_t(rows) * out, 2e-6 * in,
+                   "int8 gemm, int8 rows " + std::to_string(rows) + "x" + std::to_string(in));
+    }
+}
+
 TEST_P(CpuFastKernels, NormsMatchReference) {
   Random rng(2);
   for (const int n : {1, 7, 8, 9, 64, 67, 576})
@@ -342,6 +392,47 @@ TEST_P(CpuFastRunnerArch, Fp8WeightsMatchTheReference) {
     SCOPED_TRACE("blocks of " + std::to_string(rows) + " x " + std::to_string(cols));
     expect_fast_matches_the_reference(quantize_fp8(random_weights(tiny_config(GetParam()), 11), rows, cols));
   }
+}
+
+// int8 weights (--quantization int8) against the reference on their dequantized values: decode
+// rows are quantized to int8 too (the reference keeps them float), so the logits differ by that
+// rounding: within 2e-2 of the largest logit, greedy tokens the same but for near ties.
+TEST_P(CpuFastRunnerArch, Int8WeightsMatchTheReference) {
+  const ModelWeights weights = random_weights(tiny_config(GetParam()), 11);
+  ModelWeights dequantized = weights;
+  const ModelConfig& c = weights.config;
+  const auto dequantize = [](const Tensor& t) {
+    const Tensor bf16 = t.to(DType::BF16);
+    const cpu_fast::Int8Matrix q =
+        cpu_fast::quantize_int8(reinterpret_cast<const std::uint16_t*>(bf16.data()), int(t.shape()[0]), int(t.shape()[1]));
+    Tensor out = Tensor::empty(DType::F32, t.shape());
+    for (int r = 0; r < q.rows; ++r)
+      for (int k = 0; k < q.in; ++k) out.data_as<float>()[std::int64_t(r) * q.in + k] = float(q.row(r)[k]) * q.row_scales(r)[k / 32];
+    return out;
+  };
+  for (LayerWeights& l : dequantized.layers)
+    for (Tensor* t : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj, &l.down_proj}) *t = dequantize(*t);
+  dequantized.lm_head = dequantize(weights.lm_head);
+  const int bs = 4, blocks = 16;
+  CpuFastModelRunner fast(weights, blocks, bs, KvCacheDtype::BF16, /*int8_weights=*/true);
+  CpuModelRunner ref(dequantized, blocks, bs, KvCacheDtype::BF16);
+  Random rng(5);
+  std::vector<std::int32_t> prompt;
+  for (int i = 0; i < 9; ++i) prompt.push_back(rng.integer(0, c.vocab_size - 1));
+  StepBatch b = make_batch({{prompt, 0, {3, 9, 5}}}, bs);
+  double worst = 0.0;
+  int near_ties = 0;
+  for (int step = 0; step < 4; ++step) {
+    const StepOutput& f = fast.forward(b);
+    const StepOutput& r = ref.forward(b);
+    worst = std::max(worst, step_error(f, r, c.vocab_size, 4e-2, &near_ties));
+    b = make_batch({{{r.summaries[0].token}, 9 + step, {3, 9, 5}}}, bs);
+  }
+  std::printf("int8: largest logit difference / largest logit %.2e; %d near ties\n", worst, near_ties);
+  EXPECT_LE(worst, 2e-2);
+  EXPECT_LE(near_ties, 1);
+  testing::expect_error([&] { CpuFastModelRunner(quantize_fp8(weights), blocks, bs, KvCacheDtype::BF16, true); },
+               "--quantization int8 quantizes bf16 weights");
 }
 
 // An e4m3 cache (--kv-cache-dtype fp8) at the bound rule's scales, with bf16 and with FP8 weights.

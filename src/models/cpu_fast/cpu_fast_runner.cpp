@@ -51,7 +51,8 @@ std::vector<float> floats(const Tensor& t) { return t.defined() && t.numel() > 0
 
 }  // namespace
 
-CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype)
+CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype,
+                                       bool int8_weights)
     : num_blocks_(checked_num_blocks(num_blocks, block_size)), block_size_(block_size),
       weights_(std::move(weights)), kv_dtype_(kv_dtype), kv_scales_(kv_cache_scales(weights_, kv_dtype)),
       recipe_(recipe_of(weights_.config)) {
@@ -59,10 +60,12 @@ CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int
   check(kv_dtype == KvCacheDtype::BF16 || kv_dtype == KvCacheDtype::Fp8E4M3, "CpuFastModelRunner: a ",
         kv_cache_dtype_name(kv_dtype), " KV cache; the production CPU backend holds bf16 or fp8");
   norm_clip_ = recipe_.norm == NormKind::UClip ? recipe_.norm_clip : std::numeric_limits<float>::infinity();
+  check(!int8_weights || !c.fp8_weights(), "--quantization int8 quantizes bf16 weights; these are FP8");
   const bool tied = weights_.lm_head.data() == weights_.embed_tokens.data();
   bf16_data(weights_.embed_tokens, "embed_tokens");
   if (tied) weights_.lm_head = weights_.embed_tokens;
   else bf16_data(weights_.lm_head, "lm_head");
+  lm_head_.bf16 = reinterpret_cast<const std::uint16_t*>(weights_.lm_head.data());
   final_norm_ = floats(weights_.norm);
   const std::size_t cache_values =
       std::size_t(num_blocks) * std::size_t(block_size) * std::size_t(c.num_key_value_heads) * std::size_t(c.head_dim);
@@ -109,8 +112,31 @@ CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int
     }
     layers_.push_back(std::move(layer));
   }
+  if (int8_weights) quantize_int8_weights();
   for (int i = 0; i < c.head_dim / 2; ++i)
     inv_freq_.push_back(std::pow(double(c.rope_theta), -2.0 * double(i) / double(c.head_dim)));
+}
+
+void CpuFastModelRunner::quantize_int8_weights() {
+  const ModelConfig& c = weights_.config;
+  const int h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim,
+            inter = c.intermediate_size;
+  struct Matrix {
+    cpu_fast::Projection* projection;
+    int rows, in;
+  };
+  std::vector<Matrix> matrices;
+  for (Layer& l : layers_)
+    for (const Matrix& m : {Matrix{&l.q, q, h}, Matrix{&l.k, kv, h}, Matrix{&l.v, kv, h}, Matrix{&l.o, h, q},
+                            Matrix{&l.gate, inter, h}, Matrix{&l.up, inter, h}, Matrix{&l.down, h, inter}})
+      matrices.push_back(m);
+  matrices.push_back({&lm_head_, c.vocab_size, h});
+  int8_.resize(matrices.size());
+  pool_.run(matrices.size(), [&](std::size_t i) {
+    const Matrix& m = matrices[i];
+    int8_[i] = std::make_unique<cpu_fast::Int8Matrix>(cpu_fast::quantize_int8(m.projection->bf16, m.rows, m.in));
+    *m.projection = cpu_fast::Projection{.int8 = int8_[i].get()};
+  });
 }
 
 template <typename Fn>
@@ -275,9 +301,8 @@ CpuFastModelRunner::Result CpuFastModelRunner::run(const StepBatch& batch, const
                        last.data() + std::int64_t(i) * h);
   Result r;
   r.logits.resize(rows * vocab);
-  cpu_fast::linear(pool_, last.data(), std::int64_t(rows), h, int(h),
-                        {{{.bf16 = reinterpret_cast<const std::uint16_t*>(weights_.lm_head.data())}, int(vocab), 0}},
-                        r.logits.data(), std::int64_t(vocab));
+  cpu_fast::linear(pool_, last.data(), std::int64_t(rows), h, int(h), {{lm_head_, int(vocab), 0}}, r.logits.data(),
+                   std::int64_t(vocab));
 
   // Sampling as the reference runner samples; rows with more than an argmax on the pool's threads.
   const bool cheap = only_argmax_rows(batch);

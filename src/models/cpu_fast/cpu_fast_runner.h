@@ -24,8 +24,11 @@ class CpuFastModelRunner : public ModelRunner {
  public:
   // Throws Error for a block size the CPU backend does not run, no blocks, or a cache type other
   // than bf16 and fp8. Projections held as float32 (a float32 or float16 checkpoint) are rounded
-  // to bf16 once, here.
-  CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype = KvCacheDtype::BF16);
+  // to bf16 once, here. int8_weights (--quantization int8): the projections and the LM head
+  // quantized to 8-bit integers here (kernels.h: Int8Matrix), from bf16 weights (FP8 ones are an
+  // Error).
+  CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype = KvCacheDtype::BF16,
+                     bool int8_weights = false);
 
   // A step runs in submit(); collect() hands its output out. Steps pipeline as the
   // reference's do (the tokens a chained batch takes are the step before's).
@@ -54,6 +57,7 @@ class CpuFastModelRunner : public ModelRunner {
   Result run(const StepBatch& batch, const std::vector<std::int32_t>& tokens);
   void attention_block(Layer& layer, const StepBatch& batch);  // x_norm_ -> attn_
   void mlp_block(const Layer& layer);                           // x_norm_ -> mlp_
+  void quantize_int8_weights();  // every projection and the LM head to int8 (int8_), on the pool
   // fn(first, last) over rows [0, rows), on the pool when there are enough rows to pay for it.
   template <typename Fn>
   void for_rows(std::int64_t rows, const Fn& fn);
@@ -65,6 +69,8 @@ class CpuFastModelRunner : public ModelRunner {
   ArchitectureRecipe recipe_;
   float norm_clip_;
   std::vector<Layer> layers_;
+  std::vector<std::unique_ptr<cpu_fast::Int8Matrix>> int8_;  // int8 weights, which projections point into
+  cpu_fast::Projection lm_head_;
   std::vector<float> final_norm_;
   std::vector<double> inv_freq_;  // RoPE's theta^(-2i/D)
   ThreadPool pool_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace asynct::cpu_fast {
 
@@ -26,6 +27,32 @@ void gemm_f32(const float* x, std::int64_t ldx, int rows, const float* w, int nw
 // block_cols] (scale_cols = ceil(in / block_cols)); `w` points at row `first`.
 void gemm_fp8(const float* x, std::int64_t ldx, int rows, const std::uint8_t* w, const float* scales, int block_rows,
               int block_cols, int first, int nw, int in, float* y, std::int64_t ldy);
+
+// 8-bit integer weights (int8_kernels.cpp; --quantization int8): each row in blocks of
+// kInt8Block inputs, a block's values int8 in [-127, 127] times its float scale (its largest
+// magnitude / 127), the last block padded with zeros.
+inline constexpr int kInt8Block = 32;
+struct Int8Matrix {
+  int rows = 0, in = 0, blocks = 0;  // blocks = ceil(in / kInt8Block)
+  std::vector<std::int8_t> values;   // [rows, blocks * kInt8Block]
+  std::vector<float> scales;         // [rows, blocks]
+  const std::int8_t* row(int r) const { return values.data() + std::size_t(r) * std::size_t(blocks) * kInt8Block; }
+  const float* row_scales(int r) const { return scales.data() + std::size_t(r) * std::size_t(blocks); }
+};
+// A bf16 matrix [rows, in] quantized (round to nearest).
+Int8Matrix quantize_int8(const std::uint16_t* bf16, int rows, int in);
+// Rows of x quantized the same way, for the integer products.
+struct Int8Rows {
+  int blocks = 0;
+  std::vector<std::int8_t> values;  // [rows, blocks * kInt8Block]
+  std::vector<float> scales;        // [rows, blocks]
+};
+void quantize_rows_int8(const float* x, std::int64_t ldx, int rows, int in, Int8Rows& out);
+// Rows [first, first + nw) of W times x's rows, into y's first nw columns: with xq (x's rows
+// quantized; decode) in integers, each block's sum times both scales; without, x in float32
+// against W's values times their scales.
+void gemm_int8(const Int8Rows* xq, const float* x, std::int64_t ldx, int rows, const Int8Matrix& w, int first, int nw,
+               float* y, std::int64_t ldy);
 
 // An e4m3 cache's reads (fp8_kernels.cpp): scores_bf16 and weighted_sum_bf16 over e4m3 rows, each
 // value as stored (the caller applies its scale: into `scale`, and to the weighted sum's result).

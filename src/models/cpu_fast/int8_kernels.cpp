@@ -48,21 +48,46 @@ AVX2 inline __m256 block_products(const std::int8_t* w, const std::int8_t* x) {
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
 }
 
+// Four accumulators: a block's products take ~15 cycles to reach the sum, so four blocks are in
+// flight at once.
 AVX2 float dot_avx2(const std::int8_t* w, const float* w_scales, const std::int8_t* x, const float* x_scales, int blocks) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int b = 0;
-  for (; b + 2 <= blocks; b += 2) {
-    a0 = _mm256_fmadd_ps(block_products(w + b * kInt8Block, x + b * kInt8Block), _mm256_set1_ps(w_scales[b] * x_scales[b]), a0);
-    a1 = _mm256_fmadd_ps(block_products(w + (b + 1) * kInt8Block, x + (b + 1) * kInt8Block),
-                         _mm256_set1_ps(w_scales[b + 1] * x_scales[b + 1]), a1);
-  }
-  if (b < blocks)
-    a0 = _mm256_fmadd_ps(block_products(w + b * kInt8Block, x + b * kInt8Block), _mm256_set1_ps(w_scales[b] * x_scales[b]), a0);
-  const __m256 a = _mm256_add_ps(a0, a1);
+  for (; b + 4 <= blocks; b += 4)
+    for (int u = 0; u < 4; ++u)
+      acc[u] = _mm256_fmadd_ps(block_products(w + (b + u) * kInt8Block, x + (b + u) * kInt8Block),
+                               _mm256_set1_ps(w_scales[b + u] * x_scales[b + u]), acc[u]);
+  for (; b < blocks; ++b)
+    acc[0] = _mm256_fmadd_ps(block_products(w + b * kInt8Block, x + b * kInt8Block), _mm256_set1_ps(w_scales[b] * x_scales[b]), acc[0]);
+  const __m256 a = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
   __m128 sum = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
   sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
   return _mm_cvtss_f32(sum);
+}
+
+// A full block of 32 values quantized as quantize_block does, but rounding halves to even
+// (the conversion's own rounding) instead of away from zero: x's rows, every decode step.
+AVX2 float quantize_block_avx2(const float* x, std::int8_t* q) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v[4], largest = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    largest = _mm256_max_ps(largest, _mm256_and_ps(v[i], magnitude));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(largest), _mm256_extractf128_ps(largest, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  const float top = _mm_cvtss_f32(m);
+  const float scale = top > 0.0f ? top / 127.0f : 1.0f;
+  const __m256 inverse = _mm256_set1_ps(1.0f / scale);
+  __m256i n[4];
+  for (int i = 0; i < 4; ++i) n[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
+  // int32 -> int16 -> int8, then the lanes put back in order (the packs work within 128-bit halves).
+  const __m256i pack = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                      _mm256_permutevar8x32_epi32(pack, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  return scale;
 }
 
 AVX2 void row_to_float_avx2(const std::int8_t* w, const float* scales, int in, float* out) {
@@ -82,15 +107,14 @@ Int8Matrix quantize_int8(const std::uint16_t* bf16, int rows, int in) {
   m.rows = rows;
   m.in = in;
   m.blocks = (in + kInt8Block - 1) / kInt8Block;
-  m.values.resize(std::size_t(rows) * std::size_t(m.blocks) * kInt8Block);
-  m.scales.resize(std::size_t(rows) * std::size_t(m.blocks));
+  m.scale_bytes = (std::size_t(m.blocks) * sizeof(float) + 31) / 32 * 32;
+  m.row_bytes = m.scale_bytes + std::size_t(m.blocks) * kInt8Block;
+  m.data.assign(std::size_t(rows) * m.row_bytes / sizeof(float), 0.0f);
   std::vector<float> row(static_cast<std::size_t>(in));
   for (int r = 0; r < rows; ++r) {
     bf16_to_float_row(bf16 + std::int64_t(r) * in, row.data(), in);
     for (int b = 0; b < m.blocks; ++b)
-      m.scales[std::size_t(r) * std::size_t(m.blocks) + std::size_t(b)] =
-          quantize_block(row.data() + b * kInt8Block, std::min(kInt8Block, in - b * kInt8Block),
-                         m.values.data() + (std::size_t(r) * std::size_t(m.blocks) + std::size_t(b)) * kInt8Block);
+      m.row_scales(r)[b] = quantize_block(row.data() + b * kInt8Block, std::min(kInt8Block, in - b * kInt8Block), m.row(r) + b * kInt8Block);
   }
   return m;
 }
@@ -100,10 +124,19 @@ void quantize_rows_int8(const float* x, std::int64_t ldx, int rows, int in, Int8
   out.values.resize(std::size_t(rows) * std::size_t(out.blocks) * kInt8Block);
   out.scales.resize(std::size_t(rows) * std::size_t(out.blocks));
   for (int r = 0; r < rows; ++r)
-    for (int b = 0; b < out.blocks; ++b)
-      out.scales[std::size_t(r) * std::size_t(out.blocks) + std::size_t(b)] =
-          quantize_block(x + r * ldx + b * kInt8Block, std::min(kInt8Block, in - b * kInt8Block),
-                         out.values.data() + (std::size_t(r) * std::size_t(out.blocks) + std::size_t(b)) * kInt8Block);
+    for (int b = 0; b < out.blocks; ++b) {
+      const float* block = x + r * ldx + b * kInt8Block;
+      std::int8_t* q = out.values.data() + (std::size_t(r) * std::size_t(out.blocks) + std::size_t(b)) * kInt8Block;
+      float& scale = out.scales[std::size_t(r) * std::size_t(out.blocks) + std::size_t(b)];
+      const int n = std::min(kInt8Block, in - b * kInt8Block);
+#ifdef ASYNCT_X86
+      if (n == kInt8Block && vector_kernels()) {
+        scale = quantize_block_avx2(block, q);
+        continue;
+      }
+#endif
+      scale = quantize_block(block, n, q);
+    }
 }
 
 void gemm_int8(const Int8Rows* xq, const float* x, std::int64_t ldx, int rows, const Int8Matrix& w, int first, int nw,

@@ -30,14 +30,18 @@ void gemm_fp8(const float* x, std::int64_t ldx, int rows, const std::uint8_t* w,
 
 // 8-bit integer weights (int8_kernels.cpp; --quantization int8): each row in blocks of
 // kInt8Block inputs, a block's values int8 in [-127, 127] times its float scale (its largest
-// magnitude / 127), the last block padded with zeros.
+// magnitude / 127), the last block padded with zeros. A row is one run of bytes, its scales
+// (padded to 32 bytes) then its values: a decode product reads the weights as one stream (with
+// the scales apart, their loads stalled it).
 inline constexpr int kInt8Block = 32;
 struct Int8Matrix {
   int rows = 0, in = 0, blocks = 0;  // blocks = ceil(in / kInt8Block)
-  std::vector<std::int8_t> values;   // [rows, blocks * kInt8Block]
-  std::vector<float> scales;         // [rows, blocks]
-  const std::int8_t* row(int r) const { return values.data() + std::size_t(r) * std::size_t(blocks) * kInt8Block; }
-  const float* row_scales(int r) const { return scales.data() + std::size_t(r) * std::size_t(blocks); }
+  std::size_t scale_bytes = 0, row_bytes = 0;
+  std::vector<float> data;           // [rows, row_bytes / 4]: floats so that the scales are aligned
+  const float* row_scales(int r) const { return data.data() + std::size_t(r) * row_bytes / 4; }
+  const std::int8_t* row(int r) const { return reinterpret_cast<const std::int8_t*>(row_scales(r)) + scale_bytes; }
+  float* row_scales(int r) { return data.data() + std::size_t(r) * row_bytes / 4; }
+  std::int8_t* row(int r) { return reinterpret_cast<std::int8_t*>(row_scales(r)) + scale_bytes; }
 };
 // A bf16 matrix [rows, in] quantized (round to nearest).
 Int8Matrix quantize_int8(const std::uint16_t* bf16, int rows, int in);

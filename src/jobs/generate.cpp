@@ -193,7 +193,7 @@ int run_generate(const GenerateOptions& o) {
   std::fprintf(info, "asynct generate: %s (%s), %lld parameters, %s backend%s, KV cache %d blocks of %d tokens (%s MiB) in %s, %s%s\n",
                config.architecture_name().c_str(), o.model_dir.empty() ? ("built-in tiny " + o.builtin).c_str() : o.model_dir.c_str(),
                static_cast<long long>(config.parameter_count()), backend.c_str(),
-               o.quantization == "fp8" || config.fp8_weights() ? ", FP8 weights" : "", num_blocks, o.block_size,
+               weights_label(o.quantization, config).c_str(), num_blocks, o.block_size,
                mib(num_blocks).c_str(), kv_cache_dtype_name(kv_dtype), eos.empty() ? "no end-of-sequence token" : ("end of sequence at " + joined(eos)).c_str(),
                text ? (", " + text->summary()).c_str() : "");
   std::fflush(info);

@@ -115,7 +115,7 @@ int run_perplexity(const PerplexityOptions& o) {
   const std::unique_ptr<ModelRunner> runner = make_runner(std::move(weights), ro, &backend);
   std::fprintf(stderr, "asynct perplexity: %s (%s), %lld parameters, %s backend%s, KV cache in %s, %s\n",
                config.architecture_name().c_str(), o.model_dir.c_str(), static_cast<long long>(config.parameter_count()),
-               backend.c_str(), o.quantization == "fp8" || config.fp8_weights() ? ", FP8 weights" : "",
+               backend.c_str(), weights_label(o.quantization, config).c_str(),
                kv_cache_dtype_name(kv_dtype), tokenizer->summary().c_str());
   std::fprintf(stderr, "%s: %lld tokens%s, %zu windows of up to %d tokens, steps of up to %d tokens\n", o.file.c_str(),
                static_cast<long long>(n),

@@ -227,7 +227,7 @@ int run_serve(const ServeOptions& o) {
                "up to %d sequences and %d new tokens a step, %d waiting, prefix caching %s; %s, chat %s; API key %s, CORS %s\n"
                "asynct serve: listening on http://%s:%d/v1 (model '%s')\n",
                config.architecture_name().c_str(), o.model_dir.c_str(), backend.c_str(),
-               o.quantization == "fp8" || config.fp8_weights() ? ", FP8 weights" : "", num_blocks, o.block_size,
+               weights_label(o.quantization, config).c_str(), num_blocks, o.block_size,
                kv_cache_dtype_name(kv_dtype), double(num_blocks) * double(block_bytes) / double(1 << 20),
                static_cast<long long>(std::int64_t(num_blocks) * o.block_size), static_cast<long long>(context),
                o.max_num_seqs, step_tokens, o.max_waiting, o.prefix_caching ? "on" : "off", text->summary().c_str(),

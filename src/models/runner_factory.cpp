@@ -49,6 +49,11 @@ KvCacheDtype check_runner_options(const RunnerOptions& o, const std::string& dev
   return kv_dtype;
 }
 
+std::string weights_label(const std::string& quantization, const ModelConfig& config) {
+  if (quantization == "int8") return ", int8 weights";
+  return quantization == "fp8" || config.fp8_weights() ? ", FP8 weights" : "";
+}
+
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& o, std::string* chosen) {
   const std::string device = resolve_device(o.device, o.cpu_reference);
   require_device(device);

@@ -51,6 +51,9 @@ struct RunnerOptions {
 // Error naming the option. Returns the KV-cache type.
 KvCacheDtype check_runner_options(const RunnerOptions& options, const std::string& device);
 
+// What a run's header line says of its weights' format: ", FP8 weights", ", int8 weights" or "".
+std::string weights_label(const std::string& quantization, const ModelConfig& config);
+
 // Throws Error when "cuda" is asked for and not available; *chosen says which backend runs.
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& options, std::string* chosen);
 

@@ -338,14 +338,20 @@ TEST(CliGenerate, Fp8WeightsAndKvCache) {
                                s.dir());
   ASSERT_EQ(o.code, 0) << o.describe();
   EXPECT_TRUE(contains(o.out, "cpu-reference backend, FP8 weights, KV cache")) << o.describe();
-  // The production CPU backend reads FP8 weights; its cache is bf16 (an FP8 cache: the reference's alone).
+  // The production CPU backend reads FP8 weights and holds an FP8 cache; int8 weights are its alone.
   const Outcome fast = run_asynct({"generate", "--prompt-ids", "1,2,3", "--max-tokens", "4", "--quantization", "fp8"}, s.dir());
   EXPECT_EQ(fast.code, 0) << fast.describe();
   EXPECT_TRUE(contains(fast.out, "cpu backend, FP8 weights")) << fast.describe();
   const Outcome fast_cache = run_asynct({"generate", "--prompt-ids", "1,2,3", "--kv-cache-dtype", "fp8"}, s.dir());
-  EXPECT_EQ(fast_cache.code, 2) << fast_cache.describe();
-  EXPECT_TRUE(contains(fast_cache.err, "--cpu-reference")) << fast_cache.describe();
+  EXPECT_EQ(fast_cache.code, 0) << fast_cache.describe();
+  EXPECT_TRUE(contains(fast_cache.out, "MiB) in fp8")) << fast_cache.describe();
   EXPECT_TRUE(contains(o.out, "MiB) in fp8")) << o.describe();
+  const Outcome int8 = run_asynct({"generate", "--prompt-ids", "1,2,3", "--max-tokens", "4", "--quantization", "int8"}, s.dir());
+  EXPECT_EQ(int8.code, 0) << int8.describe();
+  const Outcome int8_reference =
+      run_asynct({"generate", "--prompt-ids", "1,2,3", "--quantization", "int8", "--cpu-reference"}, s.dir());
+  EXPECT_EQ(int8_reference.code, 2) << int8_reference.describe();
+  EXPECT_TRUE(contains(int8_reference.err, "--quantization int8 runs on the production CPU backend")) << int8_reference.describe();
   for (const std::vector<std::string>& args : {std::vector<std::string>{"generate", "--kv-cache-dtype", "int8"},
                                                {"generate", "--quantization", "int4"}, {"serve", "--model", ".", "--kv-cache-dtype", "fp4"},
                                                {"bench", "--quantization", "q8"}}) {

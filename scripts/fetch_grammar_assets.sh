@@ -5,8 +5,11 @@
 #       (sha256-checked), a C++ library the build compiles when -DASYNCT_XGRAMMAR_DIR names it
 #       (CMakeLists.txt finds it here by default)
 #   $ASYNCT_CACHE/python-jsonschema/   jsonschema and its dependencies, pinned, for the server test
+#       (not with --build-only: what scripts/run.sh asks, the build needing only the sdist)
 # Safe to run repeatedly: what is there and checks out is kept.
 set -euo pipefail
+build_only=0
+[ "${1:-}" = "--build-only" ] && build_only=1
 cache="${ASYNCT_CACHE:-$HOME/.cache/asynct}"
 target="$cache/xgrammar"
 sdist=xgrammar-0.2.8.tar.gz
@@ -26,6 +29,10 @@ if [ ! -f "$target/xgrammar-0.2.8/CMakeLists.txt" ]; then
   fi
   echo "$sha  $target/$sdist" | sha256sum -c --status || { echo "fetch_grammar_assets: $sdist fails its sha256" >&2; exit 1; }
   tar -xzf "$target/$sdist" -C "$target"
+fi
+if ((build_only)); then
+  echo "$cache"
+  exit 0
 fi
 json_target="$cache/python-jsonschema"
 pins=(jsonschema==4.26.0 attrs==26.1.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==0.30.0

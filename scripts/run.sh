@@ -16,7 +16,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 "$root/scripts/setup.sh" >&2
 # xgrammar's sdist, which the build compiles for structured output (asynct serve's response_format).
-"$root/scripts/fetch_grammar_assets.sh" >/dev/null || echo "asynct run: no xgrammar (above): asynct serve will refuse response_format" >&2
+"$root/scripts/fetch_grammar_assets.sh" --build-only >/dev/null || echo "asynct run: no xgrammar (above): asynct serve will refuse response_format" >&2
 source "$root/scripts/env.sh"
 
 default_question="Why is the sky blue?"
@@ -42,8 +42,9 @@ if command -v nvcc >/dev/null 2>&1 && ! gpu_visible; then
   flags+=(-DASYNCT_CUDA=OFF)
 fi
 
-# Configure quietly unless it fails; then show what CMake said.
-if ! configure_log="$(cmake -S "$root" -B "$build" "${flags[@]}" 2>&1)"; then
+# Configure quietly unless it fails; then show what CMake said. Once configured, the build step
+# below re-runs CMake itself when a CMakeLists.txt changes.
+if [ ! -f "$build/CMakeCache.txt" ] && ! configure_log="$(cmake -S "$root" -B "$build" "${flags[@]}" 2>&1)"; then
   printf '%s\n' "$configure_log" >&2
   echo "asynct run: configuring $build failed" >&2
   exit 1

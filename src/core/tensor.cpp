@@ -226,4 +226,9 @@ std::uint16_t float_to_f16(float f) {
   return std::uint16_t(sign | (biased << 10) | (mant & 0x3ff));
 }
 
+void Tensor::wrong_dtype(DType accessed) const {
+  check(false, "tensor holds ", dtype_name(dtype_), ", accessed as ", dtype_name(accessed));
+  std::abort();  // check(false, ...) throws
+}
+
 }  // namespace asynct

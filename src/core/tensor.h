@@ -45,8 +45,8 @@ class Tensor {
   void* data() const { return data_; }
   template <typename T>
   T* data_as() const {
-    check(dtype_of<T>::value == dtype_, "tensor holds ", dtype_name(dtype_), ", accessed as ",
-          dtype_name(dtype_of<T>::value));
+    if (dtype_of<T>::value != dtype_) [[unlikely]]
+      wrong_dtype(dtype_of<T>::value);  // out of line: element loops call this
     return static_cast<T*>(data_);
   }
 
@@ -79,6 +79,8 @@ class Tensor {
   std::string describe() const;  // "bfloat16[7, 16, 128]"
 
  private:
+  // Throws Error "tensor holds X, accessed as Y".
+  [[noreturn]] void wrong_dtype(DType accessed) const;
   // A new host tensor, zero-filled or (for one about to be overwritten) left uninitialised.
   static Tensor allocate(DType dtype, Shape shape, bool zeroed);
 

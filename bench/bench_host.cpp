@@ -18,7 +18,7 @@
 #include "core/parallel.h"
 #include "core/tensor.h"
 #include "reference/layers.h"
-#include "reference/sampler.h"
+#include "engine/sampler.h"
 
 int main() {
   using namespace asynct;
@@ -28,7 +28,7 @@ int main() {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   for (auto& row : rows)
     for (float& x : row) x = normal(rng);
-  // Each case as a runner samples a row (reference/sampler.h: sample_logit_row), the penalised
+  // Each case as a runner samples a row (engine/sampler.h: sample_logit_row), the penalised
   // ones with a history of 512 distinct tokens (a long prompt and output).
   std::vector<PenaltyToken> history;
   for (int i = 0; i < 512; ++i) history.push_back({(i * 7919) % int(kVocab), i % 3, i % 2});

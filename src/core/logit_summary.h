@@ -1,7 +1,7 @@
 // What a runner gives back for one logit row without moving the vocabulary-wide row: the
 // row's token (its argmax, or the token drawn with the row's sampling parameters), the lowest id
 // whose raw logit is not finite, and the token's logprob when the row asks for logprobs. The
-// host computes it with the reference sampler (reference/sampler.h); the CUDA runner computes
+// host computes it with the host sampler (engine/sampler.h); the CUDA runner computes
 // the same on the device (kernels/sampling.h). The layout is shared between the two.
 #pragma once
 

@@ -1,6 +1,6 @@
 // How a request's tokens are drawn, and what one logit row of a step needs to draw its token:
 // the request's parameters, the draw's index, and the tokens its penalties see. The layouts are
-// plain data shared by the host sampler (reference/sampler.h) and the device sampler, which is
+// plain data shared by the host sampler (engine/sampler.h) and the device sampler, which is
 // why RowSampling and PenaltyToken live here beside SamplingParams (engine/step_batch.h, which
 // carries them in a step, includes this file). The engine checks a request's parameters when it
 // is added; check_step_batch checks every row's.
@@ -13,7 +13,7 @@
 
 namespace asynct {
 
-// The order of operations is the CPU reference sampler's (reference/sampler.h):
+// The order of operations is the host sampler's (engine/sampler.h):
 //  0. the request's logit bias (LogitBias) added to the raw logits;
 //  1. penalties on the biased logits (repetition first, then frequency and presence), then a
 //     constrained row's disallowed tokens (its bitmask, engine/token_constraint.h) set to

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "reference/sampler.h"
+#include "engine/sampler.h"
 
 namespace asynct {
 

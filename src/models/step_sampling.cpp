@@ -2,7 +2,7 @@
 
 #include <span>
 
-#include "reference/sampler.h"
+#include "engine/sampler.h"
 
 namespace asynct {
 

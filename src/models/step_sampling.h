@@ -1,5 +1,5 @@
 // A step's logit rows sampled on the host, as both CPU runners do it: each row with the host
-// sampler (reference/sampler.h: logit bias, penalties, the token mask, then the row's own draw),
+// sampler (engine/sampler.h: logit bias, penalties, the token mask, then the row's own draw),
 // the logits asked for handed out where they lie.
 #pragma once
 

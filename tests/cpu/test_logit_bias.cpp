@@ -1,4 +1,4 @@
-// Logit bias (OpenAI's logit_bias): the reference sampler adds it to the raw logits before
+// Logit bias (OpenAI's logit_bias): the host sampler adds it to the raw logits before
 // everything else, greedy included; the engine carries a request's bias to every row it
 // samples (batched, pipelined, speculative), logprobs stay the model's own, and bad biases get
 // clear errors.
@@ -9,7 +9,7 @@
 
 #include "engine/engine.h"
 #include "models/cpu/cpu_model_runner.h"
-#include "reference/sampler.h"
+#include "engine/sampler.h"
 #include "support/expect_error.h"
 
 namespace asynct {
@@ -110,7 +110,9 @@ Request request(std::vector<std::int32_t> prompt, SamplingParams p = {}, std::ve
 
 // The greedy tokens by definition: one prefill per token, argmax of the raw logits plus the bias.
 std::vector<std::int32_t> greedy_by_definition(const Request& r) {
-  Engine e = make_engine({.record_first_logits = true});
+  EngineOptions recording;
+  recording.record_first_logits = true;
+  Engine e = make_engine(recording);
   std::vector<std::int32_t> seq = r.prompt, out;
   for (int i = 0; i < r.max_tokens; ++i) {
     Request one = request(seq);
@@ -159,7 +161,9 @@ TEST(LogitBias, EngineAppliesEachRequestsBiasAtEveryToken) {
 
 TEST(LogitBias, EngineLogprobsStayTheModelsOwn) {
   Request r = request({1, 2, 3}, {.logprobs = 0}, {{9, 100.0f}});
-  const auto out = run({r}, {.record_first_logits = true});
+  EngineOptions recording;
+  recording.record_first_logits = true;
+  const auto out = run({r}, recording);
   ASSERT_EQ(out[0].tokens[0], 9);
   const std::vector<float>& x = out[0].first_logits;
   const float max_logit = *std::max_element(x.begin(), x.end());

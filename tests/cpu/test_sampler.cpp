@@ -1,7 +1,7 @@
-// The reference sampler (reference/sampler.h): each option on small hand-made rows (top-k,
-// top-p, min-p, the penalties, their order), the distribution of many draws against the exact
-// probabilities (chi-square, fixed seeds: the test is deterministic), the tokens of a plain
-// full-sort definition exactly, logprobs against a naive log_softmax, and clear errors.
+// The host sampler (engine/sampler.h): each option on small hand-made rows (top-k, top-p, min-p,
+// the penalties, their order), the distribution of many draws against the exact probabilities
+// (chi-square, fixed seeds: the test is deterministic), the tokens of the plain full-sort
+// definition (reference/sampler.h) exactly, logprobs against a naive log_softmax, and clear errors.
 // (Over 500 lines: every option's tests share the plain definition written here.)
 #include <algorithm>
 #include <cfloat>
@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/penalty_history.h"
+#include "engine/sampler.h"
 #include "reference/sampler.h"
 #include "support/expect_error.h"
 
@@ -27,56 +28,10 @@ SamplingParams tempered(float temperature, int top_k = 0, float top_p = 1.0f, fl
   return {.temperature = temperature, .top_k = top_k, .top_p = top_p, .min_p = min_p, .seed = seed};
 }
 
-// ---- The plain definition (core/sampling_params.h), from scratch: a full sort, masses summed
-// in that order, one draw.
+// ---- The plain definition (reference/sampler.h): a full sort, masses summed in that order, one draw.
 
-std::vector<int> sampling_order(const std::vector<float>& x) {
-  std::vector<int> order(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) order[i] = int(i);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return x[std::size_t(a)] > x[std::size_t(b)]; });
-  return order;
-}
-
-// The kept candidates, in order, with their weights (`order`: sampling_order(x)).
-std::vector<std::pair<int, double>> naive_kept(const std::vector<float>& x, const std::vector<int>& order,
-                                               const SamplingParams& p) {
-  const double max_logit = x[std::size_t(order[0])];
-  std::vector<std::pair<int, double>> kept;
-  for (int id : order) kept.push_back({id, std::exp((double(x[std::size_t(id)]) - max_logit) / p.temperature)});
-  if (p.top_k > 0 && std::size_t(p.top_k) < kept.size()) kept.resize(std::size_t(p.top_k));
-  if (p.top_p < 1.0f) {
-    double mass = 0.0;
-    for (const auto& k : kept) mass += k.second;
-    const double needed = double(p.top_p) * mass;
-    double cumulative = 0.0;
-    std::size_t n = 0;
-    while (n < kept.size()) {
-      cumulative += kept[n++].second;
-      if (cumulative >= needed) break;
-    }
-    kept.resize(n);
-  }
-  if (p.min_p > 0.0f) {
-    const double floor = max_logit + double(p.temperature) * std::log(double(p.min_p));
-    std::size_t n = 0;
-    while (n < kept.size() && double(x[std::size_t(kept[n].first)]) >= floor) ++n;
-    kept.resize(n);
-  }
-  return kept;
-}
 std::vector<std::pair<int, double>> naive_kept(const std::vector<float>& x, const SamplingParams& p) {
-  return naive_kept(x, sampling_order(x), p);
-}
-
-// The draw of `step` from the kept candidates.
-int naive_draw(const std::vector<std::pair<int, double>>& kept, const SamplingParams& p, std::uint64_t step) {
-  double mass = 0.0;
-  for (const auto& k : kept) mass += k.second;
-  const double target = uniform_draw(p.seed, step) * mass;
-  double cumulative = 0.0;
-  for (const auto& k : kept)
-    if (target < (cumulative += k.second)) return k.first;
-  return kept.back().first;
+  return reference_kept(x, reference_sampling_order(x), p);
 }
 
 // The exact probability of each token under the definition.
@@ -272,15 +227,16 @@ TEST(Sampling, MatchesTheFullSortDefinitionExactly) {
       for (float& x : logits) x = normal(rng);
       if (ties)  // coarse values: many equal logits, including at the cut
         for (float& x : logits) x = std::round(x * 2.0f) / 2.0f;
-      const std::vector<int> order = sampling_order(logits);
+      const std::vector<int> order = reference_sampling_order(logits);
       for (float temperature : {0.3f, 1.0f, 4.0f})
         for (int top_k : {0, 1, 7, 100})
           for (float top_p : {1.0f, 0.3f, 0.9f, 0.999f})
             for (float min_p : {0.0f, 0.05f, 0.5f}) {
               const SamplingParams p = tempered(temperature, top_k, top_p, min_p, 17);
-              const auto kept = naive_kept(logits, order, p);
+              const auto kept = reference_kept(logits, order, p);
               for (std::uint64_t step = 0; step < 6; ++step)
-                ASSERT_EQ(sample_token(logits, p, step), naive_draw(kept, p, step))
+                ASSERT_EQ(sample_token(logits, p, step), temperature == 0.0f ? reference_sample_token(logits, p, step)
+                                                                            : reference_draw(kept, p, step))
                     << "vocab " << vocab << (ties ? " with ties" : "") << ", temperature " << temperature << ", top_k "
                     << top_k << ", top_p " << top_p << ", min_p " << min_p << ", step " << step;
             }
@@ -499,7 +455,7 @@ TEST(Logprobs, MatchANaiveLogSoftmaxAndRankTopOnesByLogitThenId) {
   const float max_logit = *std::max_element(x.begin(), x.end());
   for (float v : x) norm += std::exp((long double)v - max_logit);
   const auto naive = [&](int id) { return double((long double)x[std::size_t(id)] - max_logit - std::log(norm)); };
-  const std::vector<int> order = sampling_order(x);
+  const std::vector<int> order = reference_sampling_order(x);
   for (int n : {0, 1, 5, kMaxTopLogprobs}) {
     LogitSummary s;
     s.token = 1234;

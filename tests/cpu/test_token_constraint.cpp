@@ -1,4 +1,4 @@
-// Token constraints (structured output's hook, engine/token_constraint.h): the reference sampler
+// Token constraints (structured output's hook, engine/token_constraint.h): the host sampler
 // draws only allowed tokens, greedy or sampled, after the bias and penalties, with logprobs of
 // the raw row; the engine asks a request's constraint for a mask before each of its rows, tells
 // it every token taken, keeps each choice's constraint apart, and ends the request with "stop"
@@ -12,7 +12,7 @@
 
 #include "engine/engine.h"
 #include "models/cpu/cpu_model_runner.h"
-#include "reference/sampler.h"
+#include "engine/sampler.h"
 #include "support/expect_error.h"
 
 namespace asynct {

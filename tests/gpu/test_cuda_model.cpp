@@ -15,7 +15,7 @@
 #include "models/cpu/cpu_model_runner.h"
 #include "models/cuda/cuda_model_runner.h"
 #include "models/weights.h"
-#include "reference/sampler.h"
+#include "engine/sampler.h"
 #include "support/compare.h"
 #include "support/expect_error.h"
 
@@ -338,7 +338,7 @@ TEST_P(CudaModel, DeviceGreedyTokensAreTheHostArgmax) {
   }
 }
 
-// Every row drawn by the runner follows the reference sampler on the logits that came back:
+// Every row drawn by the runner follows the host sampler on the logits that came back:
 // with the device sampler (sm_90) every row is drawn on the device, its token the reference's
 // (but for a draw within rounding of a boundary, not met here), its logprobs within 1e-4 of the
 // reference's double-precision ones (a logit bias applied there too; a row with an allowed-token

@@ -1,4 +1,4 @@
-// The device sampler (kernels/sampling/sample_rows.h) against the CPU reference sampler:
+// The device sampler (kernels/sampling/sample_rows.h) against the host sampler:
 //   - greedy rows (with and without penalties or a logit bias) and non-finite rows: exactly;
 //   - seeded draws: the same token as the host for the same (seed, step), but for draws that
 //     land within rounding of a boundary between two tokens (the host sums weights in double,
@@ -22,7 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "core/sampling_params.h"
-#include "reference/sampler.h"
+#include "engine/sampler.h"
 #include "gpu/device_buffer.h"
 #include "kernels/common/cuda_array.h"
 #include "kernels/sampling/sample_rows.h"
@@ -107,7 +107,7 @@ Sampled sample_on_device(const Batch& b, int cluster_blocks = 0, bool small_top_
   return {to_host(summaries, std::size_t(rows)), to_host(top, std::size_t(rows) * kMaxTopLogprobs)};
 }
 
-// The host's answer for row r of the batch: the reference sampler's bias, penalties and draw.
+// The host's answer for row r of the batch: the host sampler's bias, penalties and draw.
 int host_token(const Batch& b, int r) {
   const RowSampling& rs = b.sampling[std::size_t(r)];
   std::vector<float> row(b.logits.begin() + std::ptrdiff_t(r) * b.vocab, b.logits.begin() + std::ptrdiff_t(r + 1) * b.vocab);

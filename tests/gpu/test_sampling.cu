@@ -9,7 +9,7 @@
 
 #include "gpu/device_buffer.h"
 #include "kernels/common/cuda_array.h"
-#include "reference/sampler.h"
+#include "engine/sampler.h"
 #include "kernels/sampling/sampling.h"
 #include "support/random.h"
 

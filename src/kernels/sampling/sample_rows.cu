@@ -7,7 +7,7 @@
 // shared memory (76 KB at Qwen3's 151,936 tokens in eighths, 87 KB in sevenths), so the row is
 // read from global memory once, and every later pass runs over shared memory, the blocks
 // agreeing through distributed shared memory at a few cluster barriers. For a row, in the
-// reference sampler's order (reference/sampler.h):
+// host sampler's order (engine/sampler.h):
 //   1. one pass: the raw row's maximum, argmax, first non-finite logit and (for logprobs) its
 //      sum of exponentials; the logit bias and penalties, applied to the shared-memory copy (the row in global
 //      memory stays raw); the processed row's maximum and argmax. One cluster reduction.
@@ -728,7 +728,7 @@ struct WarpTeam {
 };
 
 // The team, with the head's c tokens (at most Team::kMaxHead) gathered into block 0: sorts them
-// (unless `sorted`) and takes every cut and the draw on them, in the reference sampler's order. Each token weighs
+// (unless `sorted`) and takes every cut and the draw on them, in the host sampler's order. Each token weighs
 // its bin's fixed-point share, as the histogram sums it. `total` is the row's weight (without
 // top-k). With top-k the kept weights are the head's own: top-k's tokens past the head (past 48
 // nats) count as weightless. Returns -1 when a place the draw needs lies past the head (the
@@ -968,7 +968,7 @@ __device__ int draw_small_top_k(Row& row, const SamplingParams& p, double u, flo
   return token;
 }
 
-// The processed row's draw (temperature > 0), in the reference sampler's order: the token id,
+// The processed row's draw (temperature > 0), in the host sampler's order: the token id,
 // in block 0 (the others may return anything). The kept set is the first `keep` tokens of the
 // order; each cut and the draw is a place found by locate().
 // With the small top-k path's bound from step 1 (> -inf), that path first.

@@ -1,6 +1,6 @@
 // Sampling on the device: every option of SamplingParams and a row's logit bias (penalties, temperature, top-k, top-p,
 // min-p, a seeded draw, logprobs) for each row of float32 logits, in the order the CPU reference
-// sampler defines (reference/sampler.h), without moving a vocabulary-wide row to the host.
+// sampler defines (engine/sampler.h), without moving a vocabulary-wide row to the host.
 // Greedy rows without a bias, penalties or logprobs need only launch_summarize_logits (sampling.h).
 #pragma once
 

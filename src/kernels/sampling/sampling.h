@@ -1,5 +1,5 @@
 // Greedy sampling on the device: for each row of float32 logits, the argmax (lowest id on ties)
-// and the lowest id whose logit is not finite — what summarize_logits (reference/sampler.h)
+// and the lowest id whose logit is not finite — what summarize_logits (engine/sampler.h)
 // computes on the host.
 // With it a greedy step sends back a few bytes per sequence instead of the vocabulary-wide row.
 #pragma once

@@ -21,7 +21,7 @@ class CpuModelRunner : public ModelRunner {
   CpuModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype = KvCacheDtype::Float32);
 
   // Throws Error for a block size the CPU backend does not run (check_block_size) or no blocks.
-  // A step runs in submit(), sampling every row with the reference sampler; collect() hands its
+  // A step runs in submit(), sampling every row with the host sampler; collect() hands its
   // output out. Steps can be pipelined (the tokens a chained batch takes from the step before
   // are that step's tokens, greedy or drawn), which lets the engine's pipelined path run, and
   // be tested, without a GPU.

@@ -14,7 +14,7 @@
 #include "models/cuda/graph_cache.h"
 #include "models/cuda/phase_timer.h"
 #include "models/cuda/step_metadata.h"
-#include "reference/sampler.h"
+#include "engine/sampler.h"
 
 namespace asynct {
 

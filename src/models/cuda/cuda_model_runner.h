@@ -32,7 +32,7 @@ class CudaModelRunner : public ModelRunner {
   // summaries of the step before (StepBatch::tokens_from_rows), so the engine can queue it
   // before reading them. The device draws the greedy rows without penalties; the other rows,
   // and the logprobs any row asks for, are drawn in collect() from their logits copied back,
-  // with the reference sampler, and such rows are not chained (samples_on_device).
+  // with the host sampler, and such rows are not chained (samples_on_device).
   void submit(const StepBatch& batch) override;
   const StepOutput& collect() override;
   bool pipelines_steps() const override { return true; }

@@ -3,6 +3,7 @@
 // error, 3 a bug), --help shows every default, bench writes files only where asked and writes
 // plain lines to a pipe. Ends with random argument vectors, each of which must exit 0, 1 or 2
 // within a time limit.
+// (Over 500 lines: every subcommand's tests share the child-process runner and scratch folders here.)
 #include <algorithm>
 #include <chrono>
 #include <cmath>

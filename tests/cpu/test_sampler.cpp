@@ -2,7 +2,7 @@
 // the penalties, their order), the distribution of many draws against the exact probabilities
 // (chi-square, fixed seeds: the test is deterministic), the tokens of the plain full-sort
 // definition (reference/sampler.h) exactly, logprobs against a naive log_softmax, and clear errors.
-// (Over 500 lines: every option's tests share the plain definition written here.)
+// (Over 500 lines: every option's tests share the hand-made rows and the chi-square check written here.)
 #include <algorithm>
 #include <cfloat>
 #include <cmath>

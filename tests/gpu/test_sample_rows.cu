@@ -11,6 +11,7 @@
 //     than the gather holds (top-p alone on a flat row, top-k 3000, a row of equal logits);
 //     vocabularies of 151936 (in 8- and 7-block clusters), 49152 and odd sizes; the same launch
 //     twice gives the same tokens.
+// (Over 500 lines: every case shares the batch builders and the host's answers written here.)
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -26,6 +26,7 @@ Checked:
   access log, CORS preflights;
 - SIGTERM: /health turns 503, an open stream ends with finish_reason "abort" and [DONE], the
   server exits 0.
+(Over 500 lines: every check shares the one server, its model and its client, started once.)
 Every request has a timeout; every server started is stopped. Exit 77 (skipped) without the
 client or the tokenizer files.
 """

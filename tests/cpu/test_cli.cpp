@@ -443,7 +443,9 @@ TEST(CliGenerate, LogprobsJsonAndStopTokenIdsWithTokenIds) {
     EXPECT_FALSE(r.contains("text")) << line;
     EXPECT_EQ(r["logprobs"].size(), r["token_ids"].size()) << line;
     EXPECT_EQ(r["logprobs"][0]["top_logprobs"].size(), 0u) << line;
-    if (r["request"] == 0) EXPECT_EQ(r["token_ids"].get<std::vector<int>>(), tokens) << line;
+    if (r["request"] == 0) {
+      EXPECT_EQ(r["token_ids"].get<std::vector<int>>(), tokens) << line;
+    }
   }
   EXPECT_EQ(requests, 2) << json.describe();
 

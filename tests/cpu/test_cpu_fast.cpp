@@ -105,7 +105,8 @@ TEST_P(CpuFastKernels, Fp8GemmMatchesTheDequantizedReference) {
       }
 }
 
-// int8 weights: each block's values are round(w / scale), scale = its largest magnitude / 127;
+// int8 weights: each block's values are round(w / scale) (halves to even), scale = its largest
+// magnitude / 127, in the vector and the plain forms alike;
 // decode rows (quantized the same way) multiply in integers, other rows in float32; both against
 // the reference's product of the dequantized values (and, for decode rows, dequantized x).
 TEST_P(CpuFastKernels, Int8GemmMatchesTheDequantizedReference) {
@@ -131,7 +132,7 @@ TEST_P(CpuFastKernels, Int8GemmMatchesTheDequantizedReference) {
               continue;
             }
             ASSERT_LE(std::abs(v), 127);
-            ASSERT_EQ(v, int(std::lround(bf16_to_float(wb[std::size_t(r) * in + k]) / q.row_scales(r)[b])));
+            ASSERT_EQ(v, int(std::nearbyint(bf16_to_float(wb[std::size_t(r) * in + k]) / q.row_scales(r)[b])));
             if (r >= first && r < first + out) w.data_as<float>()[std::int64_t(r - first) * in + k] = float(v) * q.row_scales(r)[b];
           }
         }

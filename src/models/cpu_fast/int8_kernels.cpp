@@ -14,12 +14,13 @@
 namespace asynct::cpu_fast {
 namespace {
 
-// One block of n <= kInt8Block values (the rest of the block zero): values and their scale.
-float quantize_block(const float* x, int n, std::int8_t* q) {
+// One block of n <= kInt8Block values (the rest of the block zero): values and their scale,
+// each value x / scale rounded to nearest, halves to even (as the vector form's conversion does).
+float quantize_block_generic(const float* x, int n, std::int8_t* q) {
   float largest = 0.0f;
   for (int k = 0; k < n; ++k) largest = std::max(largest, std::fabs(x[k]));
   const float scale = largest > 0.0f ? largest / 127.0f : 1.0f;
-  for (int k = 0; k < n; ++k) q[k] = std::int8_t(std::lround(x[k] / scale));
+  for (int k = 0; k < n; ++k) q[k] = std::int8_t(std::nearbyint(x[k] / scale));
   std::fill(q + n, q + kInt8Block, std::int8_t(0));
   return scale;
 }
@@ -66,8 +67,7 @@ AVX2 float dot_avx2(const std::int8_t* w, const float* w_scales, const std::int8
   return _mm_cvtss_f32(sum);
 }
 
-// A full block of 32 values quantized as quantize_block does, but rounding halves to even
-// (the conversion's own rounding) instead of away from zero: x's rows, every decode step.
+// A full block of 32 values quantized as quantize_block_generic does, to the same values.
 AVX2 float quantize_block_avx2(const float* x, std::int8_t* q) {
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 v[4], largest = _mm256_setzero_ps();
@@ -80,9 +80,9 @@ AVX2 float quantize_block_avx2(const float* x, std::int8_t* q) {
   m = _mm_max_ss(m, _mm_movehdup_ps(m));
   const float top = _mm_cvtss_f32(m);
   const float scale = top > 0.0f ? top / 127.0f : 1.0f;
-  const __m256 inverse = _mm256_set1_ps(1.0f / scale);
+  const __m256 divisor = _mm256_set1_ps(scale);
   __m256i n[4];
-  for (int i = 0; i < 4; ++i) n[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
+  for (int i = 0; i < 4; ++i) n[i] = _mm256_cvtps_epi32(_mm256_div_ps(v[i], divisor));
   // int32 -> int16 -> int8, then the lanes put back in order (the packs work within 128-bit halves).
   const __m256i pack = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
@@ -99,6 +99,13 @@ AVX2 void row_to_float_avx2(const std::int8_t* w, const float* scales, int in, f
   for (; k < in; ++k) out[k] = float(w[k]) * scales[k / kInt8Block];
 }
 #endif
+
+float quantize_block(const float* x, int n, std::int8_t* q) {
+#ifdef ASYNCT_X86
+  if (n == kInt8Block && vector_kernels()) return quantize_block_avx2(x, q);
+#endif
+  return quantize_block_generic(x, n, q);
+}
 
 }  // namespace
 
@@ -128,14 +135,7 @@ void quantize_rows_int8(const float* x, std::int64_t ldx, int rows, int in, Int8
       const float* block = x + r * ldx + b * kInt8Block;
       std::int8_t* q = out.values.data() + (std::size_t(r) * std::size_t(out.blocks) + std::size_t(b)) * kInt8Block;
       float& scale = out.scales[std::size_t(r) * std::size_t(out.blocks) + std::size_t(b)];
-      const int n = std::min(kInt8Block, in - b * kInt8Block);
-#ifdef ASYNCT_X86
-      if (n == kInt8Block && vector_kernels()) {
-        scale = quantize_block_avx2(block, q);
-        continue;
-      }
-#endif
-      scale = quantize_block(block, n, q);
+      scale = quantize_block(block, std::min(kInt8Block, in - b * kInt8Block), q);
     }
 }
 

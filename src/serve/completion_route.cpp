@@ -70,7 +70,6 @@ struct WholeState {
       AnswerPart answer = read_tool_calls(choice.text);
       choice.text = std::move(answer.content);
       choice.tool_calls = std::move(answer.calls);
-      for (ToolCall& call : choice.tool_calls) call.id = new_tool_call_id();
     }
     choice.finish_reason = openai_finish_reason(event.finish_reason, !choice.tool_calls.empty());
     choice.logprobs = logprobs_of(tokens[i]);
@@ -255,15 +254,7 @@ void HttpServer::complete(Endpoint endpoint, const std::string& body, httplib::R
     ChoiceState& c = st.choices[i];
     // With tools, the text read for calls: what is safe to send now, and the calls completed.
     AnswerPart part{event.text, {}};
-    if (c.calls && event.error.empty()) {
-      part = c.calls->push(event.text);
-      if (event.done) {
-        AnswerPart rest = c.calls->finish();
-        part.content += rest.content;
-        for (ToolCall& call : rest.calls) part.calls.push_back(std::move(call));
-      }
-      for (ToolCall& call : part.calls) call.id = new_tool_call_id();
-    }
+    if (c.calls && event.error.empty()) part = c.calls->push(event.text, event.done);
     const int calls_before = c.calls_sent;
     c.calls_sent += int(part.calls.size());
     std::string text;

@@ -65,7 +65,7 @@ std::optional<ToolCall> block_call(const std::string& body) {
     arguments = a->is_string() ? json::parse(a->get<std::string>(), nullptr, false) : *a;
     if (arguments.is_discarded() || !arguments.is_object()) return std::nullopt;
   }
-  return ToolCall{"", name->get<std::string>(), arguments.dump()};
+  return ToolCall{new_tool_call_id(), name->get<std::string>(), arguments.dump()};
 }
 
 }  // namespace
@@ -202,14 +202,18 @@ void ToolCallReader::emit_block(const std::string& body, AnswerPart& out) {
   emit_text(std::string(text::kToolCallOpen) + body + std::string(text::kToolCallClose), out);
 }
 
-AnswerPart read_tool_calls(const std::string& answer) {
-  ToolCallReader reader;
-  AnswerPart all = reader.push(answer);
-  AnswerPart rest = reader.finish();
-  all.content += rest.content;
-  for (ToolCall& call : rest.calls) all.calls.push_back(std::move(call));
-  return all;
+void AnswerPart::add(AnswerPart&& later) {
+  content += later.content;
+  for (ToolCall& call : later.calls) calls.push_back(std::move(call));
 }
+
+AnswerPart ToolCallReader::push(const std::string& text, bool last) {
+  AnswerPart part = push(text);
+  if (last) part.add(finish());
+  return part;
+}
+
+AnswerPart read_tool_calls(const std::string& answer) { return ToolCallReader().push(answer, true); }
 
 std::string new_tool_call_id() {
   static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";

@@ -46,7 +46,7 @@ ChatTools parse_tools(const nlohmann::ordered_json& body);
 std::string forced_call_schema(const ChatTools& tools);
 
 struct ToolCall {
-  std::string id;         // "call_" and 24 random letters and digits (the route sets it)
+  std::string id;         // "call_" and 24 random letters and digits, given as the call is read
   std::string name;
   std::string arguments;  // the arguments object as JSON text
 };
@@ -55,6 +55,7 @@ struct ToolCall {
 struct AnswerPart {
   std::string content;
   std::vector<ToolCall> calls;
+  void add(AnswerPart&& later);  // the part that follows this one
 };
 
 // Reads an answer as it streams: text that might still begin a <tool_call> block, or be the
@@ -63,6 +64,7 @@ class ToolCallReader {
  public:
   AnswerPart push(const std::string& text);
   AnswerPart finish();  // the rest: held text, an unfinished block as text
+  AnswerPart push(const std::string& text, bool last);  // push, and with `last` the finish too
 
  private:
   void emit_text(std::string text, AnswerPart& out);

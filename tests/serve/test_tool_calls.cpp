@@ -183,7 +183,11 @@ const std::vector<std::pair<std::string, Read>>& answers() {
 }
 
 TEST(ToolCalls, AnswersReadIntoTextAndCalls) {
-  for (const auto& [answer, want] : answers()) EXPECT_EQ(summarize(read_tool_calls(answer)), want) << json(answer).dump();
+  for (const auto& [answer, want] : answers()) {
+    const AnswerPart read = read_tool_calls(answer);
+    EXPECT_EQ(summarize(read), want) << json(answer).dump();
+    for (const ToolCall& call : read.calls) EXPECT_EQ(call.id.rfind("call_", 0), 0u) << "each call gets its id as it is read";
+  }
 }
 
 // Streamed in pieces, an answer reads as it does whole: every split into two pieces, byte by

@@ -54,9 +54,11 @@ std::vector<float> floats(const Tensor& t) { return t.defined() && t.numel() > 0
 CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype,
                                        bool int8_weights)
     : num_blocks_(checked_num_blocks(num_blocks, block_size)), block_size_(block_size),
-      weights_(std::move(weights)), kv_dtype_(kv_dtype), kv_scales_(kv_cache_scales(weights_, kv_dtype)),
-      recipe_(recipe_of(weights_.config)) {
+      weights_(std::move(weights)), recipe_(recipe_of(weights_.config)) {
   const ModelConfig& c = weights_.config;
+  // The cache's scales from the weights as given (before any is rounded to bf16 below), as the
+  // reference takes them.
+  const KvCacheScales kv_scales = kv_cache_scales(weights_, kv_dtype);
   check(kv_dtype == KvCacheDtype::BF16 || kv_dtype == KvCacheDtype::Fp8E4M3, "CpuFastModelRunner: a ",
         kv_cache_dtype_name(kv_dtype), " KV cache; the production CPU backend holds bf16 or fp8");
   norm_clip_ = recipe_.norm == NormKind::UClip ? recipe_.norm_clip : std::numeric_limits<float>::infinity();
@@ -103,8 +105,8 @@ CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int
       layer.key_fp8 = std::make_unique_for_overwrite<std::uint8_t[]>(cache_values);
       layer.value_fp8 = std::make_unique_for_overwrite<std::uint8_t[]>(cache_values);
       for (int head = 0; head < c.num_key_value_heads; ++head) {
-        layer.key_scales.push_back(kv_scales_.key_scale(l, head));
-        layer.value_scales.push_back(kv_scales_.value_scale(l, head));
+        layer.key_scales.push_back(kv_scales.key_scale(l, head));
+        layer.value_scales.push_back(kv_scales.value_scale(l, head));
       }
     } else {
       layer.key_cache = std::make_unique_for_overwrite<std::uint16_t[]>(cache_values);

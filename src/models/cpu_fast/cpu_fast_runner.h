@@ -64,8 +64,6 @@ class CpuFastModelRunner : public ModelRunner {
 
   int num_blocks_, block_size_;
   ModelWeights weights_;  // keeps the mapped views the layers point into alive
-  KvCacheDtype kv_dtype_;
-  KvCacheScales kv_scales_;  // from the weights as given, as the reference takes them
   ArchitectureRecipe recipe_;
   float norm_clip_;
   std::vector<Layer> layers_;

@@ -2,7 +2,7 @@
 // attention's reads of an e4m3 cache (scores_fp8, weighted_sum_fp8): values read as stored,
 // times their scales, float32 arithmetic. Decode rows take each weight row once,
 // straight from memory, its blocks' dot products scaled once each; more rows convert 4 weight
-// rows at a time to float32 and share them (gemm_f32).
+// rows at a time to float32 and share them (kernels.h: gemm_converted).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -78,10 +78,7 @@ AVX2 float dot_avx2(const float* x, const std::uint8_t* w, const float* scales, 
     total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(s * kHalfBias), total);
     for (; k < k1; ++k) tail += x[k] * (fp8_e4m3_to_float(w[k]) * s);
   }
-  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
-  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
-  sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
-  return _mm_cvtss_f32(sum) + tail;
+  return hsum(total) + tail;
 }
 
 // 8 values: e4m3 bytes to the halves of their values times 2^-8 (load_fp8x16), then floats.
@@ -103,38 +100,19 @@ AVX2 void scores_avx2(const float* q, const std::uint8_t* keys, const std::int64
       a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load_fp8x8(k + i + 8), a1);
     }
     if (i < d8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_fp8x8(k + i), a0);
-    __m256 a = _mm256_add_ps(a0, a1);
-    __m128 sum = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
-    sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
     float tail = 0.0f;
     for (int t = d8; t < d; ++t) tail += q[t] * fp8_e4m3_to_float(k[t]);
-    out[j] = _mm_cvtss_f32(sum) * unbiased + tail * scale;
+    out[j] = hsum(_mm256_add_ps(a0, a1)) * unbiased + tail * scale;
   }
 }
 
-// 32 columns of the output at a time in registers over all n rows.
+struct Fp8Loads {
+  AVX2 __m256 operator()(const std::uint8_t* p) const { return load_fp8x8(p); }
+};
+
 AVX2 void weighted_sum_avx2(const float* p, const std::uint8_t* values, const std::int64_t* rows, int n, int d,
                             float* out) {
-  int c = 0;
-  for (; c + 32 <= d; c += 32) {
-    __m256 o0 = _mm256_loadu_ps(out + c), o1 = _mm256_loadu_ps(out + c + 8), o2 = _mm256_loadu_ps(out + c + 16),
-           o3 = _mm256_loadu_ps(out + c + 24);
-    for (int j = 0; j < n; ++j) {
-      if (p[j] == 0.0f) continue;  // the async gate's zeros
-      const __m256 w = _mm256_set1_ps(p[j] * kHalfBias);
-      const std::uint8_t* v = values + rows[j] + c;
-      o0 = _mm256_fmadd_ps(w, load_fp8x8(v), o0);
-      o1 = _mm256_fmadd_ps(w, load_fp8x8(v + 8), o1);
-      o2 = _mm256_fmadd_ps(w, load_fp8x8(v + 16), o2);
-      o3 = _mm256_fmadd_ps(w, load_fp8x8(v + 24), o3);
-    }
-    _mm256_storeu_ps(out + c, o0);
-    _mm256_storeu_ps(out + c + 8, o1);
-    _mm256_storeu_ps(out + c + 16, o2);
-    _mm256_storeu_ps(out + c + 24, o3);
-  }
-  for (; c < d; ++c)
+  for (int c = weighted_sum_columns(p, kHalfBias, values, rows, n, d, out, Fp8Loads{}); c < d; ++c)
     for (int j = 0; j < n; ++j) out[c] += p[j] * fp8_e4m3_to_float(values[rows[j] + c]);
 }
 #endif
@@ -197,25 +175,14 @@ void gemm_fp8(const float* x, std::int64_t ldx, int rows, const std::uint8_t* w,
     }
     return;
   }
-  // More rows: 4 weight rows at a time as float32, shared by every row of x.
-  thread_local std::vector<float> tile;
-  tile.resize(std::size_t(4) * std::size_t(in));
-  for (int o = 0; o < nw; o += 4) {
-    const int n = std::min(4, nw - o);
-    for (int i = 0; i < n; ++i) {
-      const std::uint8_t* row = w + std::int64_t(o + i) * in;
-      const float* s = scale_row(scales, block_rows, block_cols, in, first + o + i);
-      float* out = tile.data() + std::size_t(i) * std::size_t(in);
+  gemm_converted(x, ldx, rows, nw, in, [&](int o, float* out) {
+    const std::uint8_t* row = w + std::int64_t(o) * in;
+    const float* s = scale_row(scales, block_rows, block_cols, in, first + o);
 #ifdef ASYNCT_X86
-      if (vector) {
-        row_to_float_avx2(row, s, block_cols, in, out);
-        continue;
-      }
+    if (vector) return row_to_float_avx2(row, s, block_cols, in, out);
 #endif
-      row_to_float_generic(row, s, block_cols, in, out);
-    }
-    gemm_f32(x, ldx, rows, tile.data(), n, in, y + o, ldy);
-  }
+    row_to_float_generic(row, s, block_cols, in, out);
+  }, y, ldy);
 }
 
 }  // namespace asynct::cpu_fast

@@ -2,7 +2,7 @@
 // in blocks of 32 inputs, each block int8 values times one float scale (llama.cpp's Q8_0 layout,
 // a row at a time). Decode rows are quantized the same way and multiplied in integers (32
 // products in a few instructions, exact), each block's sum scaled once; more rows convert 4
-// weight rows at a time to float32 and share them (gemm_f32).
+// weight rows at a time to float32 and share them (kernels.h: gemm_converted).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -60,11 +60,7 @@ AVX2 float dot_avx2(const std::int8_t* w, const float* w_scales, const std::int8
                                _mm256_set1_ps(w_scales[b + u] * x_scales[b + u]), acc[u]);
   for (; b < blocks; ++b)
     acc[0] = _mm256_fmadd_ps(block_products(w + b * kInt8Block, x + b * kInt8Block), _mm256_set1_ps(w_scales[b] * x_scales[b]), acc[0]);
-  const __m256 a = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  sum = _mm_add_ps(sum, _mm_movehl_ps(sum, sum));
-  sum = _mm_add_ss(sum, _mm_movehdup_ps(sum));
-  return _mm_cvtss_f32(sum);
+  return hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
 }
 
 // A full block of 32 values quantized as quantize_block_generic does, to the same values.
@@ -164,23 +160,12 @@ void gemm_int8(const Int8Rows* xq, const float* x, std::int64_t ldx, int rows, c
     }
     return;
   }
-  // More rows: 4 weight rows at a time as float32, shared by every row of x.
-  thread_local std::vector<float> tile;
-  tile.resize(std::size_t(4) * std::size_t(w.in));
-  for (int o = 0; o < nw; o += 4) {
-    const int n = std::min(4, nw - o);
-    for (int i = 0; i < n; ++i) {
-      float* out = tile.data() + std::size_t(i) * std::size_t(w.in);
+  gemm_converted(x, ldx, rows, nw, w.in, [&](int o, float* out) {
 #ifdef ASYNCT_X86
-      if (vector) {
-        row_to_float_avx2(w.row(first + o + i), w.row_scales(first + o + i), w.in, out);
-        continue;
-      }
+    if (vector) return row_to_float_avx2(w.row(first + o), w.row_scales(first + o), w.in, out);
 #endif
-      row_to_float_generic(w.row(first + o + i), w.row_scales(first + o + i), w.in, out);
-    }
-    gemm_f32(x, ldx, rows, tile.data(), n, w.in, y + o, ldy);
-  }
+    row_to_float_generic(w.row(first + o), w.row_scales(first + o), w.in, out);
+  }, y, ldy);
 }
 
 }  // namespace asynct::cpu_fast

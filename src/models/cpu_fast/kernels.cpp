@@ -80,13 +80,6 @@ AVX2 inline __m256 load_bf16(const std::uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // exp(x) to ~2 ulp over the float range (Cephes' polynomial); 0 below -88.
 AVX2 inline __m256 exp256(__m256 x) {
   x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
@@ -323,31 +316,13 @@ AVX2 void scores_avx2(const float* q, const std::uint16_t* keys, const std::int6
   for (; j < n; ++j) out[j] = scale * dot_avx2(q, keys + rows[j], d);
 }
 
-// 32 columns of the output at a time in registers over all n rows.
+struct Bf16Loads {
+  AVX2 __m256 operator()(const std::uint16_t* p) const { return load_bf16(p); }
+};
+
 AVX2 void weighted_sum_avx2(const float* p, const std::uint16_t* values, const std::int64_t* rows, int n, int d,
                             float* out) {
-  int c = 0;
-  for (; c + 32 <= d; c += 32) {
-    __m256 o0 = _mm256_loadu_ps(out + c), o1 = _mm256_loadu_ps(out + c + 8), o2 = _mm256_loadu_ps(out + c + 16),
-           o3 = _mm256_loadu_ps(out + c + 24);
-    for (int j = 0; j < n; ++j) {
-      if (p[j] == 0.0f) continue;  // the async gate's zeros
-      const __m256 w = _mm256_set1_ps(p[j]);
-      const std::uint16_t* v = values + rows[j] + c;
-      o0 = _mm256_fmadd_ps(w, load_bf16(v), o0);
-      o1 = _mm256_fmadd_ps(w, load_bf16(v + 8), o1);
-      o2 = _mm256_fmadd_ps(w, load_bf16(v + 16), o2);
-      o3 = _mm256_fmadd_ps(w, load_bf16(v + 24), o3);
-    }
-    _mm256_storeu_ps(out + c, o0), _mm256_storeu_ps(out + c + 8, o1);
-    _mm256_storeu_ps(out + c + 16, o2), _mm256_storeu_ps(out + c + 24, o3);
-  }
-  for (; c + 8 <= d; c += 8) {
-    __m256 o = _mm256_loadu_ps(out + c);
-    for (int j = 0; j < n; ++j) o = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load_bf16(values + rows[j] + c), o);
-    _mm256_storeu_ps(out + c, o);
-  }
-  for (; c < d; ++c)
+  for (int c = weighted_sum_columns(p, 1.0f, values, rows, n, d, out, Bf16Loads{}); c < d; ++c)
     for (int j = 0; j < n; ++j) out[c] += p[j] * bf16_to_float(values[rows[j] + c]);
 }
 

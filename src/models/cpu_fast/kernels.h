@@ -3,6 +3,7 @@
 // has both, and a plain C++ form for every other CPU; tests check both against the reference.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +22,21 @@ void gemm_bf16(const float* x, std::int64_t ldx, int rows, const std::uint16_t* 
 
 // The same tile with W float32 [nw, in] (weights converted from another format).
 void gemm_f32(const float* x, std::int64_t ldx, int rows, const float* w, int nw, int in, float* y, std::int64_t ldy);
+
+// The same tile for weights held in another format (FP8, int8) and more than decode rows: W's
+// rows converted to float32 4 at a time (convert(o, out) writes row o < nw as `in` floats), each
+// group shared by every row of x (gemm_f32).
+template <typename Convert>
+void gemm_converted(const float* x, std::int64_t ldx, int rows, int nw, int in, const Convert& convert, float* y,
+                    std::int64_t ldy) {
+  thread_local std::vector<float> tile;
+  tile.resize(std::size_t(4) * std::size_t(in));
+  for (int o = 0; o < nw; o += 4) {
+    const int n = std::min(4, nw - o);
+    for (int i = 0; i < n; ++i) convert(o + i, tile.data() + std::size_t(i) * std::size_t(in));
+    gemm_f32(x, ldx, rows, tile.data(), n, in, y + o, ldy);
+  }
+}
 
 // The same tile with W e4m3 (fp8_kernels.cpp): rows [first, first + nw) of a matrix whose row r
 // starts at w + r * in, weight (r, k) its value times scales[(r / block_rows) * scale_cols + k /

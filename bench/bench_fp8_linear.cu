@@ -1,6 +1,6 @@
 // The FP8-weight products (kernels/gemm/fp8_linear.h) at the decode shapes of the 1.7B models,
 // in the forms the CUDA runner uses (models/cuda/forward.cpp): qkv, o and down left as split
-// partials for their readers, gate/up dense and then SiLU x up; beside the bf16 products the
+// partials for their readers, gate/up with SiLU x up in its epilogue; beside the bf16 products the
 // runner uses for the same rows (Gemm::linear_for_reader, Gemm::gated_linear). Each launch reads
 // weights no launch before it touched recently (copies rotated past the L2's 50 MB), as a decode
 // step does. The copy ceiling to compare the rates with is ceilings.py's.
@@ -14,7 +14,6 @@
 
 #include "kernels/common/cuda_array.h"
 #include "kernels/common/cuda_check.h"
-#include "kernels/elementwise/elementwise.h"
 #include "kernels/gemm/fp8_linear.h"
 #include "kernels/gemm/gemm.h"
 #include "probe_util.h"
@@ -41,7 +40,7 @@ float median_us(cudaStream_t stream, Issue issue) {
 struct Shape {
   const char* name;
   int in, out;
-  bool gated;  // the gate/up product: dense, then SiLU x up
+  bool gated;  // the gate/up product: SiLU x up
 };
 
 }  // namespace
@@ -78,12 +77,10 @@ int main(int argc, char** argv) {
         m.out = s.out;
         m.in = s.in;
         m.block_cols = 128;
-        if (s.gated) {
-          kernels::launch_fp8_linear(x.get(), m, y.get(), rows, false, stream);
-          kernels::launch_silu_and_mul(y.get(), act.get(), rows, s.out / 2, stream);
-        } else {
+        if (s.gated)
+          kernels::launch_fp8_linear_glu(x.get(), m, act.get(), rows, stream);
+        else
           kernels::launch_fp8_linear_partials(x.get(), m, partials.get(), partials.size(), rows, stream);
-        }
       });
       const float bf16_us = median_us(stream, [&](int i) {
         const bf16* w = wbf16.get() + (i % copies) * values;

@@ -7,7 +7,8 @@
 
 namespace asynct::kernels {
 
-bool encode_bf16_tensor_map(CUtensorMap& map, const void* base, const TensorMapShape& shape, CUresult* result) {
+bool encode_tensor_map(CUtensorMap& map, const void* base, const TensorMapShape& shape, TensorMapElement element,
+                       bool swizzle, CUresult* result) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -16,9 +17,13 @@ bool encode_bf16_tensor_map(CUtensorMap& map, const void* base, const TensorMapS
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
-  const CUresult got = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(shape.rank), const_cast<void*>(base),
-                              shape.dims, shape.strides, shape.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+  const CUtensorMapDataType type = element == TensorMapElement::kBf16   ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                   : element == TensorMapElement::kByte ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                                                        : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  const CUresult got = encode(&map, type, cuuint32_t(shape.rank), const_cast<void*>(base), shape.dims, shape.strides,
+                              shape.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result) *result = got;
   return got == CUDA_SUCCESS;

@@ -77,8 +77,9 @@ class WeightUploader {
         scales.insert(scales.end(), scale_row, scale_row + scale_cols);
       }
     }
+    kernels::fp8_values_to_device_order(values.data(), d.out, d.in);
     d.fp8_values.upload(values, stream_);
-    d.fp8_scales.upload(scales, stream_);
+    d.fp8_scales.upload(kernels::fp8_scales_to_device_order(scales.data(), d.out, int(scale_cols)), stream_);
     return d;
   }
   // The parts' rows one after another, e.g. q, k, v -> the merged [qd + 2 kvd, H] projection;

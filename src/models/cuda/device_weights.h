@@ -17,9 +17,9 @@
 namespace asynct {
 
 // A projection [out, in] as the products read it: bf16, or (FP8 weights) e4m3 values with one
-// scale per row and block of inputs (kernels/gemm/fp8_linear.h; a checkpoint's blocks of several
-// rows are expanded to one scale row per weight row, which lets the merged projections reorder
-// rows).
+// scale per row and block of inputs in the device order (kernels/gemm/fp8_linear.h; a
+// checkpoint's blocks of several rows are expanded to one scale per weight row, which lets the
+// merged projections reorder rows).
 struct DeviceProjection {
   kernels::DeviceArray<kernels::bf16> bf16_values;
   kernels::DeviceArray<std::uint8_t> fp8_values;

@@ -49,8 +49,9 @@ ModelForward::ModelForward(const ModelWeights& w, const ArchitectureRecipe& reci
   norm_.clip = recipe_.norm == NormKind::UClip ? recipe_.norm_clip : INFINITY;
   const std::size_t cache = std::size_t(num_blocks) * block_size * c_.num_key_value_heads * c_.head_dim;
   weights_ = upload_weights(w, recipe_, cache, stream);
-  // FP8 products of more rows than the FP8 kernel takes run on a bf16 copy of one matrix at a
-  // time (fp8_linear.h): room for the largest, allocated now (a graph capture cannot).
+  // FP8 products the FP8 kernel does not take (more rows, or scale blocks of other widths) run on
+  // a bf16 copy of one matrix at a time (fp8_linear.h): room for the largest, allocated now (a
+  // graph capture cannot).
   std::size_t largest = 0;
   for (const DeviceLayer& l : weights_.layers)
     for (const DeviceProjection* p : {&l.qkv_proj, &l.o_proj, &l.gate_up_proj, &l.down_proj})
@@ -161,7 +162,7 @@ kernels::LinearOutput ModelForward::product_for_reader(const DeviceProjection& w
   if (!w.is_fp8())
     return gemm_.linear_for_reader(x, w.bf16_values.get(), y, act.linear_partials.get(), act.linear_partials.size(),
                                    rows, w.in, w.out, stream);
-  if (rows <= kernels::kFp8LinearMaxRows && w.in <= kernels::kFp8LinearPartialsMaxIn)
+  if (kernels::fp8_linear_supports(x, w.fp8(), rows))
     return kernels::launch_fp8_linear_partials(x, w.fp8(), act.linear_partials.get(), act.linear_partials.size(), rows,
                                                stream);
   gemm_.linear(x, dequantized(w, stream), y, rows, w.in, w.out, false, stream);
@@ -171,10 +172,7 @@ kernels::LinearOutput ModelForward::product_for_reader(const DeviceProjection& w
 void ModelForward::gated_product(const DeviceProjection& w, const bf16* x, int rows, cudaStream_t stream) {
   const int inter = w.out / 2;
   if (!w.is_fp8()) return gemm_.gated_linear(x, w.bf16_values.get(), act.gate_up.get(), act.act.get(), rows, w.in, inter, stream);
-  if (rows <= kernels::kFp8LinearMaxRows && w.in <= kernels::kFp8LinearDenseMaxIn) {
-    kernels::launch_fp8_linear(x, w.fp8(), act.gate_up.get(), rows, false, stream);
-    return kernels::launch_silu_and_mul(act.gate_up.get(), act.act.get(), rows, inter, stream);
-  }
+  if (kernels::fp8_linear_supports(x, w.fp8(), rows)) return kernels::launch_fp8_linear_glu(x, w.fp8(), act.act.get(), rows, stream);
   gemm_.gated_linear(x, dequantized(w, stream), act.gate_up.get(), act.act.get(), rows, w.in, inter, stream);
 }
 

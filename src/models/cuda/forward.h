@@ -76,7 +76,7 @@ class ModelForward {
   kernels::LinearOutput product_for_reader(const DeviceProjection& w, const kernels::bf16* x, kernels::bf16* y, int rows,
                                            cudaStream_t stream);
   void gated_product(const DeviceProjection& w, const kernels::bf16* x, int rows, cudaStream_t stream);
-  // An FP8 projection dequantized into fp8_scratch_ (for products past the FP8 kernel's rows).
+  // An FP8 projection dequantized into fp8_scratch_ (for products the FP8 kernel does not take).
   const kernels::bf16* dequantized(const DeviceProjection& w, cudaStream_t stream);
   kernels::PagedKv paged(DeviceLayer& l, const StepPointers& step, int max_blocks) const;
   kernels::GateArgs gate(const DeviceLayer& l) const;

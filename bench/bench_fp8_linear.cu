@@ -6,10 +6,12 @@
 // step does. The copy ceiling to compare the rates with is ceilings.py's.
 // Prints per shape and rows: microseconds per launch (median of 7 timings of 48 launches
 // replayed from a CUDA graph) and the rate of the weight bytes (FP8: values and scales).
-// Run: build/<dir>/bench/asynct_bench_fp8_linear [rows...]   (default 1 4 8 32)
+// Run: build/<dir>/bench/asynct_bench_fp8_linear [product...] [rows...]   (default: all four, rows 1 4 8 32)
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kernels/common/cuda_array.h"
@@ -47,7 +49,13 @@ struct Shape {
 
 int main(int argc, char** argv) {
   std::vector<int> row_counts;
-  for (int i = 1; i < argc; ++i) row_counts.push_back(std::atoi(argv[i]));
+  std::vector<std::string> products;
+  for (int i = 1; i < argc; ++i) {
+    if (std::isdigit(static_cast<unsigned char>(argv[i][0])))
+      row_counts.push_back(std::atoi(argv[i]));
+    else
+      products.push_back(argv[i]);
+  }
   if (row_counts.empty()) row_counts = {1, 4, 8, 32};
   cudaStream_t stream;
   ASYNCT_CUDA_CHECK(cudaStreamCreate(&stream));
@@ -57,6 +65,7 @@ int main(int argc, char** argv) {
   kernels::Gemm gemm;
   std::printf("%-8s %4s  %9s %8s  %9s %8s  %8s\n", "product", "rows", "fp8 us", "GB/s", "bf16 us", "GB/s", "bf16/fp8");
   for (const Shape& s : shapes) {
+    if (!products.empty() && std::find(products.begin(), products.end(), s.name) == products.end()) continue;
     const std::size_t values = std::size_t(s.in) * s.out, scale_cols = (s.in + 127) / 128;
     const std::size_t fp8_bytes = values + std::size_t(s.out) * scale_cols * sizeof(float);
     const int copies = int(std::max<std::size_t>(2, (std::size_t(384) << 20) / (2 * values)));

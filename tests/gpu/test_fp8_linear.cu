@@ -205,6 +205,38 @@ TEST(Fp8Linear, ARowsResultDoesNotDependOnItsBatch) {
       EXPECT_EQ(first_rows[0].data_as<float>()[c], first_rows[b].data_as<float>()[c]) << "column " << c << ", batch " << b;
 }
 
+// Every e4m3 value (subnormals, the largest, both signs; the NaN codes aside) comes out of the
+// product exactly: one-hot rows of x pick single weights, and power-of-two scales keep the
+// reference's value times scale exact.
+TEST(Fp8Linear, EveryE4m3ValueComesOutExactly) {
+  testing::require_gpu();
+  const int in = 256, out = 256, rows = kernels::kFp8LinearMaxRows;
+  Fp8Weights w{Tensor::empty(DType::F8E4M3, {out, in}), Tensor::empty(DType::F32, {out, 2})};
+  for (int n = 0; n < out; ++n) {
+    for (int k = 0; k < in; ++k) {
+      const int code = (n + k) % 256;
+      w.values.data_as<fp8_e4m3_bits>()[n * in + k].bits = std::uint8_t((code & 0x7f) == 0x7f ? 0 : code);
+    }
+    for (int c = 0; c < 2; ++c) w.scales.data_as<float>()[n * 2 + c] = std::ldexp(1.0f, -(n % 5) + 2 * c);
+  }
+  const DeviceFp8 d = upload_fp8(w, 128);
+  const Tensor dequantized = dequantize_projection(w.values, w.scales, 1, 128);
+  for (int first = 0; first < in; first += rows) {
+    Tensor x = Tensor::empty(DType::F32, {rows, in});
+    std::fill_n(x.data_as<float>(), x.numel(), 0.0f);
+    for (int r = 0; r < rows; ++r) x.data_as<float>()[r * in + first + r] = 1.0f;
+    DeviceBuffer dx = DeviceBuffer::upload(x, DType::BF16), dy(DType::F32, {rows, out});
+    dy.poison();
+    kernels::launch_fp8_linear(dx.as<bf16>(), d.matrix, dy.data(), rows, true, nullptr);
+    testing::check_launch("fp8_linear");
+    const Tensor y = dy.download();
+    for (int r = 0; r < rows; ++r)
+      for (int n = 0; n < out; ++n)
+        ASSERT_EQ(y.data_as<float>()[r * out + n], dequantized.data_as<float>()[n * in + first + r])
+            << "weight (" << n << ", " << first + r << "), e4m3 code " << (n + first + r) % 256;
+  }
+}
+
 TEST(Fp8Linear, DequantizeMatchesTheLoader) {
   testing::require_gpu();
   Random rng(11);

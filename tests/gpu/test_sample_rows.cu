@@ -55,11 +55,14 @@ struct Batch {
   std::vector<PenaltyToken> penalties;
   std::vector<LogitBias> bias;
   std::vector<std::int32_t> newest;  // each row's input token
+  std::vector<std::uint32_t> masks;  // the rows' allowed-token bitmasks
   int rows() const { return int(sampling.size()); }
   void add(const float* row, const RowSampling& rs, std::int32_t input_token, const std::vector<PenaltyToken>& entries = {},
-           const std::vector<LogitBias>& row_bias = {}) {
+           const std::vector<LogitBias>& row_bias = {}, const std::vector<std::uint32_t>* allowed = nullptr) {
     logits.insert(logits.end(), row, row + vocab);
     RowSampling r = rs;
+    r.mask_offset = allowed ? int(masks.size()) : -1;
+    if (allowed) masks.insert(masks.end(), allowed->begin(), allowed->end());
     r.penalty_begin = std::int32_t(penalties.size());
     penalties.insert(penalties.end(), entries.begin(), entries.end());
     r.penalty_end = std::int32_t(penalties.size());
@@ -82,6 +85,7 @@ Sampled sample_on_device(const Batch& b, int cluster_blocks = 0, bool small_top_
   DeviceArray<RowSampling> sampling = to_device(b.sampling);
   DeviceArray<PenaltyToken> penalties = to_device(b.penalties);
   DeviceArray<LogitBias> bias = to_device(b.bias);
+  DeviceArray<std::uint32_t> masks = to_device(b.masks);
   // Input tokens at scattered positions, as a step's flattened tokens are.
   std::vector<std::int32_t> tokens(std::size_t(2 * rows), 7), logit_rows(static_cast<std::size_t>(rows));
   for (int r = 0; r < rows; ++r) logit_rows[std::size_t(r)] = 2 * r + 1, tokens[std::size_t(2 * r + 1)] = b.newest[std::size_t(r)];
@@ -97,6 +101,7 @@ Sampled sample_on_device(const Batch& b, int cluster_blocks = 0, bool small_top_
   a.sampling = sampling.get();
   a.penalty_tokens = penalties.get();
   a.logit_bias = bias.get();
+  a.token_masks = masks.get();
   a.tokens = d_tokens.get();
   a.logit_rows = d_rows.get();
   a.summaries = summaries.get();
@@ -120,7 +125,12 @@ int host_token(const Batch& b, int r) {
                                  b.newest[std::size_t(r)], rs.newest_is_output != 0};
     apply_penalties(row.data(), row.size(), rs.params, context);
   }
-  return sample_token(row.data(), row.size(), rs.params, rs.step);
+  const std::uint32_t* allowed = rs.mask_offset >= 0 ? b.masks.data() + rs.mask_offset : nullptr;
+  if (allowed == nullptr) return sample_token(row.data(), row.size(), rs.params, rs.step);
+  apply_token_mask(row.data(), row.size(), allowed);
+  const int token = sample_token(row.data(), row.size(), rs.params, rs.step);
+  // (as the host sampler does: a draw that rounds onto a token of weight 0 takes the best)
+  return allowed[token / 32] >> (token % 32) & 1u ? token : summarize_logits(row.data(), row.size()).token;
 }
 
 // log_softmax of a raw row in double.
@@ -322,6 +332,66 @@ TEST(DeviceSampleRows, BiasedRowsMatchTheHost) {
   Batch b;
   b.vocab = 4099;
   b.add(bad.data(), RowSampling{}, 0, {}, {{77, -100.0f}});
+  EXPECT_EQ(sample_on_device(b).summaries[0].nonfinite, 77);
+}
+
+// An allowed-token mask (structured output) comes after the bias and penalties, as on the host:
+// one allowed token, three, every other token, all but the raw best few; greedy and sampled
+// through the small top-k path, top-p alone and a large top-k; with penalties, a bias and
+// logprobs (which stay the raw row's). A masked-out non-finite raw logit is still reported.
+TEST(DeviceSampleRows, MaskedRowsMatchTheHost) {
+  testing::require_gpu();
+  if (!kernels::device_sampling_supported(151936)) GTEST_SKIP() << "device sampling needs sm_90";
+  for (int vocab : {151936, 4099}) {
+    testing::Random rng{std::uint64_t(vocab) + 5};
+    Tensor logits = rng.normal({1, vocab}, 2.0f);
+    const float* row = logits.data_as<float>();
+    std::vector<int> order(static_cast<std::size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + 8, order.end(), [&](int a, int c) { return row[a] > row[c]; });
+    const std::size_t words = std::size_t(vocab + 31) / 32;
+    auto mask_of = [&](auto allowed_fn) {
+      std::vector<std::uint32_t> m(words, 0u);
+      for (int t = 0; t < vocab; ++t)
+        if (allowed_fn(t)) m[std::size_t(t) / 32] |= 1u << (t % 32);
+      return m;
+    };
+    const std::vector<std::vector<std::uint32_t>> masks = {
+        mask_of([&](int t) { return t == order[5]; }),
+        mask_of([&](int t) { return t == 17 || t == vocab / 2 || t == vocab - 1; }),
+        mask_of([](int t) { return t % 2 == 1; }),
+        mask_of([&](int t) { return std::find(order.begin(), order.begin() + 5, t) == order.begin() + 5; }),
+    };
+    Batch b;
+    b.vocab = vocab;
+    for (int r = 0; r < 32; ++r) {
+      const int path = r % 4;  // greedy, small top-k, top-p alone, a large top-k
+      RowSampling rs = path == 0 ? RowSampling{}
+                                 : sampled(0.8f, path == 1 ? 40 : path == 3 ? 3000 : 0, path == 2 ? 0.9f : 1.0f, 0.0f, 3,
+                                           std::uint64_t(r));
+      rs.params.repetition_penalty = r % 5 == 4 ? 1.3f : 1.0f;
+      rs.params.logprobs = r % 7 == 3 ? 2 : -1;
+      const std::vector<LogitBias> bias = r % 6 == 5 ? std::vector<LogitBias>{{order[0], 5.0f}} : std::vector<LogitBias>{};
+      b.add(row, rs, order[1], {{order[0], 1, 0}}, bias, &masks[std::size_t(r / 4) % masks.size()]);
+    }
+    const Sampled got = sample_on_device(b);
+    const std::vector<double> raw = log_softmax(row, vocab);
+    for (int r = 0; r < b.rows(); ++r) {
+      const LogitSummary& s = got.summaries[std::size_t(r)];
+      const std::vector<std::uint32_t>& m = masks[std::size_t(r / 4) % masks.size()];
+      EXPECT_EQ(s.token, host_token(b, r)) << "vocab " << vocab << ", row " << r;
+      EXPECT_TRUE(s.token >= 0 && s.token < vocab && (m[std::size_t(s.token) / 32] >> (s.token % 32) & 1u))
+          << "row " << r << " drew " << s.token << ", which its mask leaves out";
+      if (b.sampling[std::size_t(r)].params.logprobs >= 0) EXPECT_NEAR(s.logprob, raw[std::size_t(s.token)], 1e-4) << "row " << r;
+    }
+  }
+  std::vector<float> bad(4099, 0.5f);
+  bad[77] = NAN;
+  std::vector<std::uint32_t> only_one((4099 + 31) / 32, 0u);
+  only_one[0] = 1u << 3;
+  Batch b;
+  b.vocab = 4099;
+  b.add(bad.data(), RowSampling{}, 0, {}, {}, &only_one);
   EXPECT_EQ(sample_on_device(b).summaries[0].nonfinite, 77);
 }
 

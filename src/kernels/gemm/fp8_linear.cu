@@ -15,8 +15,8 @@ namespace {
 using skinny::Fp8Format;
 constexpr int kGroup = 16;  // inputs interleaved together: one k16 step
 
-// The input a group's stored position p holds: p = 4t + j holds 2t, 2t+1, 2t+8, 2t+9 for j = 0..3.
-__host__ __device__ constexpr int input_of_position(int p) { return 2 * (p / 4) + (p % 2) + 8 * ((p % 4) / 2); }
+// The input a group's stored position p holds: p = 4t + j holds 2t, 2t+8, 2t+1, 2t+9 for j = 0..3.
+__host__ __device__ constexpr int input_of_position(int p) { return 2 * (p / 4) + (p % 4) / 2 + 8 * (p % 2); }
 
 void check_product(const char* who, const bf16* x, const Fp8Matrix& w, int rows) {
   check(rows >= 1 && rows <= kFp8LinearMaxRows && w.out >= 1 && w.in >= 1 && x && w.values && w.scales, who,
@@ -33,17 +33,24 @@ skinny::SkinnyArgs fp8_args(const bf16* x, const Fp8Matrix& w, int rows) {
   return a;
 }
 
+// One bf16 pair of the output from two e4m3 values (the low 16 bits of `pair`) and their scale.
+__device__ __forceinline__ __nv_bfloat162 dequantized_pair(unsigned pair, float scale) {
+  const __half2 h(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3));
+  const float2 f = __half22float2(h);
+  return __floats2bfloat162_rn(f.x * scale, f.y * scale);
+}
+
 __global__ void fp8_dequantize_kernel(Fp8Matrix w, bf16* out) {
-  const std::int64_t pairs = std::int64_t(w.out) * w.in / 2;
-  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < pairs; i += std::int64_t(gridDim.x) * blockDim.x) {
-    // A stored pair holds two neighbouring inputs (positions 2j, 2j + 1: inputs k, k + 1, k even).
-    const std::int64_t at = 2 * i, row = at / w.in, position = at % w.in;
+  const std::int64_t words = std::int64_t(w.out) * w.in / 4;
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < words; i += std::int64_t(gridDim.x) * blockDim.x) {
+    // A stored word (positions 4t..4t+3) holds inputs k, k + 8, k + 1, k + 9 (k = 2t of its group).
+    const std::int64_t at = 4 * i, row = at / w.in, position = at % w.in;
     const std::int64_t k = position / kGroup * kGroup + input_of_position(int(position % kGroup));
-    const unsigned pair = *reinterpret_cast<const unsigned short*>(w.values + at);
-    const float scale = w.scales[(k / w.block_cols) * w.out + row];
-    const __half2 h(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3));
-    const float2 f = __half22float2(h);
-    *reinterpret_cast<__nv_bfloat162*>(out + row * w.in + k) = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+    const unsigned word = *reinterpret_cast<const unsigned*>(w.values + at);
+    const unsigned low = (word & 0xffu) | ((word >> 8) & 0xff00u), high = ((word >> 8) & 0xffu) | ((word >> 16) & 0xff00u);
+    const float scale = w.scales[(k / w.block_cols) * w.out + row];  // a block is a multiple of 16 inputs
+    *reinterpret_cast<__nv_bfloat162*>(out + row * w.in + k) = dequantized_pair(low, scale);
+    *reinterpret_cast<__nv_bfloat162*>(out + row * w.in + k + 8) = dequantized_pair(high, scale);
   }
 }
 
@@ -107,11 +114,11 @@ void launch_fp8_linear_glu(const bf16* x, const Fp8Matrix& w, bf16* act, int row
 }
 
 void launch_fp8_dequantize(const Fp8Matrix& w, bf16* out, cudaStream_t stream) {
-  check(w.out >= 1 && w.in >= kGroup && w.in % kGroup == 0 && w.values && w.scales && out && w.block_cols % 2 == 0,
-        "fp8_dequantize: a [", w.out, " x ", w.in, "] matrix in blocks of ", w.block_cols, " (in a multiple of ",
+  check(w.out >= 1 && w.in >= kGroup && w.in % kGroup == 0 && w.values && w.scales && out && w.block_cols % kGroup == 0,
+        "fp8_dequantize: a [", w.out, " x ", w.in, "] matrix in blocks of ", w.block_cols, " (both multiples of ",
         kGroup, ")");
-  const std::int64_t pairs = std::int64_t(w.out) * w.in / 2;
-  const int blocks = int(std::min<std::int64_t>((pairs + 255) / 256, 8LL * current_device_info().sm_count * 8));
+  const std::int64_t words = std::int64_t(w.out) * w.in / 4;
+  const int blocks = int(std::min<std::int64_t>((words + 255) / 256, 8LL * current_device_info().sm_count * 8));
   fp8_dequantize_kernel<<<blocks, 256, 0, stream>>>(w, out);
   check_launch("fp8_dequantize");
 }

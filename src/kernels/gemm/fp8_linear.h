@@ -34,10 +34,10 @@ struct Fp8Matrix {
 };
 
 // The device order, made on the host from a checkpoint's row-major values [out][in] and scales
-// [out][scale_cols]: within every 16 inputs of a row the values are interleaved as the mma's k
-// slots (inputs 0,1,8,9, 2,3,10,11, 4,5,12,13, 6,7,14,15), so that the four bytes an ldmatrix
-// lane reads are its A fragment; the scales are transposed, so that a column tile's scales of
-// one block are contiguous. `in` a multiple of 16.
+// [out][scale_cols]: within every 16 inputs of a row the values are interleaved (inputs 0,8,1,9,
+// 2,10,3,11, 4,12,5,13, 6,14,7,15), so that the four bytes an ldmatrix lane reads become its A
+// fragment's k slots in two bf16x2 registers with a few integer operations; the scales are
+// transposed, so that a column tile's scales of one block are contiguous. `in` a multiple of 16.
 void fp8_values_to_device_order(std::uint8_t* values, int out, int in);
 std::vector<float> fp8_scales_to_device_order(const float* scales, int out, int scale_cols);
 

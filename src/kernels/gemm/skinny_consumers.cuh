@@ -86,21 +86,31 @@ struct MmaSyncConsumer : MmaSyncAccumulators<kTileN, kXTiles, Bf16Format::kTileK
   }
 };
 
-// Two e4m3 values (the low 16 bits of `pair`, low byte first) as a bf16x2 register, exactly
-// (every e4m3 value is a bf16 value): e4m3 -> half (exact) -> float -> bf16.
-__device__ __forceinline__ unsigned e4m3x2_to_bf16x2(unsigned pair) {
-  const __half2 h(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3));
-  const float2 f = __half22float2(h);
-  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-  unsigned out;
-  memcpy(&out, &b, 4);
-  return out;
+// Four e4m3 values (bytes b0..b3 of q) as two bf16x2 registers, {b0, b2} and {b1, b3}, exactly,
+// on the integer and half-precision pipes (the conversion instructions' pipe, a quarter of their
+// rate, bound the product [F32]): each byte's sign and exponent-mantissa bits are moved to a
+// bf16's places, which makes the value times 2^-120 (bf16's exponent bias is 120 more than
+// e4m3's; subnormals map to subnormals), then multiplied by 2^120 (a power of two: exact, and
+// every result a normal bf16).
+__device__ __forceinline__ void e4m3x4_to_bf16x2(unsigned q, unsigned& even, unsigned& odd) {
+  constexpr unsigned kSign = 0x80008000u, kMagnitude = 0x7f007f00u;
+  odd = (q & kSign) | ((q & kMagnitude) >> 4);  // the high byte of each half: b1, b3
+  q <<= 8;
+  even = (q & kSign) | ((q & kMagnitude) >> 4);  // b0, b2
+  const __nv_bfloat162 bias = __float2bfloat162_rn(0x1p120f);
+  __nv_bfloat162 e, o;
+  memcpy(&e, &even, 4);
+  memcpy(&o, &odd, 4);
+  e = __hmul2(e, bias);
+  o = __hmul2(o, bias);
+  memcpy(&even, &e, 4);
+  memcpy(&odd, &o, 4);
 }
 
 // FP8 W, mma.sync: a stage's 128-byte W row is 128 inputs, 16 bytes per k16 step. ldmatrix reads
 // the warp's 32 rows' 16 bytes of a step as four 8 x 8 b16 matrices, giving lane (g, t) the four
 // bytes 4t..4t+3 of rows g, g + 8, g + 16, g + 24, which the device order (fp8_linear.h) made
-// the inputs 2t, 2t+1, 2t+8, 2t+9 of the step: the A fragment's k slots. They become bf16
+// the inputs 2t, 2t+8, 2t+1, 2t+9 of the step: converted, the A fragment's k slots. They become bf16
 // exactly; each stage's products go into per-stage sums that are scaled by their W row's block
 // scale as the stage ends (a stage lies in one block), so the scales are applied in fp32 to the
 // sums, never rounded into the weights.
@@ -134,10 +144,8 @@ struct Fp8MmaSyncConsumer : MmaSyncAccumulators<kTileN, kXTiles, Fp8Format::kTil
         unsigned af[2][4];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
-          af[mt][0] = e4m3x2_to_bf16x2(raw[2 * mt]);             // row g: k slots 2t, 2t+1
-          af[mt][1] = e4m3x2_to_bf16x2(raw[2 * mt + 1]);         // row g + 8
-          af[mt][2] = e4m3x2_to_bf16x2(raw[2 * mt] >> 16);       // row g: 2t+8, 2t+9
-          af[mt][3] = e4m3x2_to_bf16x2(raw[2 * mt + 1] >> 16);   // row g + 8
+          e4m3x4_to_bf16x2(raw[2 * mt], af[mt][0], af[mt][2]);      // row g: k slots 2t, 2t+1 and 2t+8, 2t+9
+          e4m3x4_to_bf16x2(raw[2 * mt + 1], af[mt][1], af[mt][3]);  // row g + 8
         }
         const bf16* x_box = x_tile + (ks / kStepsPerXBox) * kXBoxElems;
         unsigned bf[kXTiles][4];

@@ -9,8 +9,9 @@
 // agreeing through distributed shared memory at a few cluster barriers. For a row, in the
 // host sampler's order (engine/sampler.h):
 //   1. one pass: the raw row's maximum, argmax, first non-finite logit and (for logprobs) its
-//      sum of exponentials; the logit bias and penalties, applied to the shared-memory copy (the row in global
-//      memory stays raw); the processed row's maximum and argmax. One cluster reduction.
+//      sum of exponentials; the logit bias, penalties and allowed-token mask, applied to the
+//      shared-memory copy (the row in global memory stays raw); the processed row's maximum and
+//      argmax. One cluster reduction.
 //      With top-n logprobs the raw statistics are reduced first and the top-n found before the
 //      penalties change the copy (the n best as the small top-k path below takes its k best).
 //   2. temperature 0: the processed argmax. With 1 <= top-k <= 64 (the serving case) the draw
@@ -1097,9 +1098,12 @@ __device__ void top_logprobs(Row& row, int n, float peak, float bound, float log
 // Applies the logit bias, then the penalties, to the slice: the bias entries in it, then the
 // row's penalty entries and its input token `newest`. Notes the lowest id among them whose raw
 // logit was not finite (the clamp hides it).
+__device__ void penalise_row(Row& row, const SamplingParams& p, const PenaltyToken* entries, int count, int newest,
+                             bool newest_is_output, const PenaltyToken& first);
+
 __device__ void process_row(Row& row, const SamplingParams& p, const LogitBias* bias, int bias_count,
                             const PenaltyToken* entries, int count, int newest, bool newest_is_output,
-                            const PenaltyToken& first) {
+                            const PenaltyToken& first, const std::uint32_t* allowed) {
   Shared& sh = row.sh;
   if (threadIdx.x == 0) sh.newest_found = 0, sh.penalised_nonfinite = INT_MAX;
   __syncthreads();
@@ -1111,7 +1115,22 @@ __device__ void process_row(Row& row, const SamplingParams& p, const LogitBias* 
     v = fminf(fmaxf(v + b.bias, -FLT_MAX), FLT_MAX);  // clamped to the finite floats, as the host does
   }
   __syncthreads();
-  if (!p.has_penalties()) return;
+  if (p.has_penalties()) penalise_row(row, p, entries, count, newest, newest_is_output, first);
+  if (allowed == nullptr) return;
+  // The allowed-token mask last, as on the host: every token it leaves out at -FLT_MAX.
+  for (int i = int(threadIdx.x); i < row.n; i += kThreads) {
+    const int id = row.base + i;
+    if (allowed[id / 32] >> (id % 32) & 1u) continue;
+    if (!isfinite(row.x[i])) atomicMin(&sh.penalised_nonfinite, id);
+    row.x[i] = -FLT_MAX;
+  }
+  __syncthreads();
+}
+
+// The repetition, frequency and presence penalties, applied to the row's copy.
+__device__ void penalise_row(Row& row, const SamplingParams& p, const PenaltyToken* entries, int count, int newest,
+                             bool newest_is_output, const PenaltyToken& first) {
+  Shared& sh = row.sh;
   const auto penalise = [&](int id, int output_count, bool in_prompt) {
     float v = row.x[id - row.base];
     if (!isfinite(v)) atomicMin(&sh.penalised_nonfinite, id);
@@ -1180,11 +1199,12 @@ __device__ RowInputs load_row_inputs(const SampleRowsArgs& a, int r) {
 __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float* logits, const RowInputs& in) {
   const RowSampling& rs = in.rs;
   const SamplingParams& p = rs.params;
-  // `penalties`: the copy is processed (a logit bias, penalties or both) before the draw.
-  const bool penalties = p.has_penalties() || rs.bias_end > rs.bias_begin, top_n = p.logprobs > 0;
+  const std::uint32_t* allowed = rs.mask_offset >= 0 ? a.token_masks + rs.mask_offset : nullptr;
+  // `penalties`: the copy is processed (a logit bias, penalties, an allowed-token mask) before the draw.
+  const bool penalties = p.has_penalties() || rs.bias_end > rs.bias_begin || allowed != nullptr, top_n = p.logprobs > 0;
   const auto process = [&] {
     process_row(row, p, a.logit_bias + rs.bias_begin, rs.bias_end - rs.bias_begin, a.penalty_tokens + rs.penalty_begin,
-                rs.penalty_end - rs.penalty_begin, in.newest, rs.newest_is_output != 0, in.first);
+                rs.penalty_end - rs.penalty_begin, in.newest, rs.newest_is_output != 0, in.first, allowed);
   };
   const bool small_top_k = a.small_top_k && p.temperature > 0.0f && p.top_k >= 1 && p.top_k <= kMaxSmallTopK && p.top_k < a.vocab;
   // A thread's processed maximum, before the reduction, gives its share of the small top-k bound.
@@ -1235,7 +1255,9 @@ __device__ void sample_row(Row& row, const SampleRowsArgs& a, int r, const float
     return;
   }
   mark(row, SampleRowsPhase::kStats);
-  const int token = p.temperature == 0.0f ? s.id : draw(row, p, rs.step, s.max, s.bound, a.vocab);
+  int token = p.temperature == 0.0f ? s.id : draw(row, p, rs.step, s.max, s.bound, a.vocab);
+  // (a draw whose sums round past the allowed tokens' would land on a disallowed one of weight 0)
+  if (allowed != nullptr && !(allowed[token / 32] >> (token % 32) & 1u)) token = s.id;
   mark(row, SampleRowsPhase::kDrawn);
   if (row.rank == 0 && threadIdx.x == 0) {
     summary.token = token;

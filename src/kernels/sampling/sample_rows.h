@@ -1,6 +1,7 @@
-// Sampling on the device: every option of SamplingParams and a row's logit bias (penalties, temperature, top-k, top-p,
-// min-p, a seeded draw, logprobs) for each row of float32 logits, in the order the CPU reference
-// sampler defines (engine/sampler.h), without moving a vocabulary-wide row to the host.
+// Sampling on the device: every option of SamplingParams, a row's logit bias and its allowed-token
+// mask (penalties, temperature, top-k, top-p, min-p, a seeded draw, logprobs) for each row of
+// float32 logits, in the order the CPU reference sampler defines (engine/sampler.h), without
+// moving a vocabulary-wide row to the host.
 // Greedy rows without a bias, penalties or logprobs need only launch_summarize_logits (sampling.h).
 #pragma once
 
@@ -40,6 +41,9 @@ struct SampleRowsArgs {
   const RowSampling* sampling = nullptr;         // [rows], device
   const PenaltyToken* penalty_tokens = nullptr;  // device; indexed by the rows' penalty ranges
   const LogitBias* logit_bias = nullptr;         // device; indexed by the rows' bias ranges
+  // device; row r's allowed-token bitmask ((vocab + 31) / 32 words, bit t % 32 of word t / 32)
+  // starts at word sampling[r].mask_offset when that is >= 0
+  const std::uint32_t* token_masks = nullptr;
   // Row r's own input token is tokens[logit_rows[r]] (device arrays): the token the step ran
   // for that row, which the penalties count although the host may not know it yet.
   const std::int32_t* tokens = nullptr;

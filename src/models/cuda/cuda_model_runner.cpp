@@ -95,10 +95,9 @@ struct CudaModelRunner::Impl {
   // logprobs; otherwise the device finds greedy rows' tokens (summaries) and the host draws the
   // others, and every row's logprobs, in collect() from their logits copied back.
   bool device_sampler = false;
-  // Rows with an allowed-token mask (structured output) are drawn on the host: the device
-  // sampler does not read masks.
+  // Rows with an allowed-token mask (structured output) need the device sampler.
   bool device_samples(const RowSampling& row) const {
-    if (row.mask_offset >= 0) return false;
+    if (row.mask_offset >= 0) return device_sampler;
     return device_sampler ||
            (row.params.temperature == 0.0f && !row.params.has_penalties() && row.bias_begin == row.bias_end);
   }

@@ -145,6 +145,7 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
       s.sampling = step.sampling;
       s.penalty_tokens = step.penalty_tokens;
       s.logit_bias = step.logit_bias;
+      s.token_masks = step.token_masks;
       s.tokens = step.tokens;
       s.logit_rows = step.logit_rows;
       s.summaries = out.summaries;

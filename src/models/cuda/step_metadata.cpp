@@ -40,7 +40,8 @@ StepPointers write_step_metadata(const StepBatch& b, const StepShape& shape, Ste
                     o_kv_lens = md.add<std::int32_t>(s), o_table = md.add<std::int32_t>(s * width),
                     o_rows = md.add<std::int32_t>(rows), o_from = md.add<std::int32_t>(b.tokens_from_rows.size()),
                     o_sampling = md.add<RowSampling>(rows), o_bias = md.add<LogitBias>(b.logit_bias.size()),
-                    o_penalties = md.add<PenaltyToken>(b.penalty_tokens.size());
+                    o_penalties = md.add<PenaltyToken>(b.penalty_tokens.size()),
+                    o_masks = md.add<std::uint32_t>(b.token_masks.size());
   md.reserve();
 
   std::copy(b.tokens.begin(), b.tokens.end(), md.host<std::int32_t>(o_tokens));
@@ -60,12 +61,14 @@ StepPointers write_step_metadata(const StepBatch& b, const StepShape& shape, Ste
   std::copy(b.sampling.begin(), b.sampling.end(), md.host<RowSampling>(o_sampling));
   std::copy(b.logit_bias.begin(), b.logit_bias.end(), md.host<LogitBias>(o_bias));
   std::copy(b.penalty_tokens.begin(), b.penalty_tokens.end(), md.host<PenaltyToken>(o_penalties));
+  std::copy(b.token_masks.begin(), b.token_masks.end(), md.host<std::uint32_t>(o_masks));
   StepPointers p{md.device<std::int32_t>(o_tokens), md.device<std::int64_t>(o_positions), md.device<std::int64_t>(o_slots),
                  md.device<std::int32_t>(o_cu),     md.device<std::int32_t>(o_kv_lens),     md.device<std::int32_t>(o_table),
                  md.device<std::int32_t>(o_rows),   b.tokens_from_rows.empty() ? nullptr : md.device<std::int32_t>(o_from)};
   p.sampling = md.device<RowSampling>(o_sampling);
   p.logit_bias = md.device<LogitBias>(o_bias);
   p.penalty_tokens = md.device<PenaltyToken>(o_penalties);
+  p.token_masks = md.device<std::uint32_t>(o_masks);
   return p;
 }
 

@@ -44,12 +44,13 @@ struct StepPointers {
   const std::int32_t* tokens_from_rows = nullptr;
   const LogitSummary* previous_summaries = nullptr;
   int previous_rows = 0;
-  // Each logit row's sampling, and the logit bias and penalty tokens their ranges index (the
-  // last sections: the penalty tokens' number changes from step to step, the bias's with the
-  // requests running; the other sections' addresses do not).
+  // Each logit row's sampling, and the logit bias, penalty tokens and token masks their ranges
+  // index (the last sections: the penalty tokens' number changes from step to step, the bias's
+  // and the masks' with the requests running; the other sections' addresses do not).
   const RowSampling* sampling = nullptr;
   const LogitBias* logit_bias = nullptr;
   const PenaltyToken* penalty_tokens = nullptr;
+  const std::uint32_t* token_masks = nullptr;  // the constrained rows' allowed-token bitmasks
 
   bool operator==(const StepPointers&) const = default;
 };

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "engine/sampler.h"
 
 namespace asynct {
@@ -195,6 +196,7 @@ bool Engine::finished(const Sequence& seq, bool go_on, std::string* reason) cons
 void Engine::build_batch(StepState& s) {
   s.chained = false;
   s.forks.clear();
+  s.masks_to_fill.clear();
   s.block_copies.clear();
   const std::vector<Scheduled>& scheduled = s.scheduled;
   std::vector<int>& sample_row = s.sample_row;
@@ -228,11 +230,12 @@ void Engine::build_batch(StepState& s) {
         // The runner samples every row; only recorded logits need to come back whole.
         const bool record = options_.record_first_logits && seq.num_generated == 0;
         b.full_logits.push_back(record ? 1 : 0);
-        add_row_sampling(b, seq, /*chained=*/false, ahead);
+        add_row_sampling(s, seq, /*chained=*/false, ahead);
       }
       if (!seq.forks.empty()) fork(*scheduled[i].seq, sample_row[i], s);
     }
   }
+  fill_token_masks(s);
 }
 
 void Engine::fork(Sequence& leader, int row, StepState& s) {
@@ -262,13 +265,14 @@ void Engine::fork(Sequence& leader, int row, StepState& s) {
     const int fork_row = int(b.logit_rows.size());
     b.logit_rows.push_back(leader_token);
     b.full_logits.push_back(options_.record_first_logits ? 1 : 0);
-    add_row_sampling(b, f, /*chained=*/false);
+    add_row_sampling(s, f, /*chained=*/false);
     s.forks.emplace_back(&f, fork_row);
     running_.push_back(std::move(forks[i]));
   }
 }
 
-void Engine::add_row_sampling(StepBatch& b, const Sequence& seq, bool chained, int ahead) const {
+void Engine::add_row_sampling(StepState& s, const Sequence& seq, bool chained, int ahead) const {
+  StepBatch& b = s.batch;
   RowSampling row;
   row.params = seq.request.sampling;
   row.step = std::uint64_t(seq.num_generated) + (chained ? 1 : 0) + std::uint64_t(ahead);
@@ -296,9 +300,17 @@ void Engine::add_row_sampling(StepBatch& b, const Sequence& seq, bool chained, i
     check(!chained && ahead == 0, "engine: a constrained sequence's row must follow its newest token");
     row.mask_offset = int(b.token_masks.size());
     b.token_masks.resize(b.token_masks.size() + std::size_t(token_mask_words(vocab_size_)), 0u);
-    seq.constraint->fill_allowed(b.token_masks.data() + row.mask_offset, vocab_size_);
+    s.masks_to_fill.push_back({seq.constraint.get(), row.mask_offset});
   }
   b.sampling.push_back(row);
+}
+
+void Engine::fill_token_masks(StepState& s) const {
+  parallel_for(s.masks_to_fill.size(), [&](std::size_t i) {
+    const auto [constraint, offset] = s.masks_to_fill[i];
+    constraint->fill_allowed(s.batch.token_masks.data() + offset, vocab_size_);
+  });
+  s.masks_to_fill.clear();
 }
 
 bool Engine::can_chain(const StepState& s) const {
@@ -343,7 +355,7 @@ void Engine::build_chained_batch(const StepState& s, StepState& next) {
     b.block_tables[i].assign(seq.block_table.begin(), seq.block_table.end());
     next.sample_row[i] = int(i);
     b.logit_rows.push_back(int(i));
-    add_row_sampling(b, seq, /*chained=*/true);
+    add_row_sampling(next, seq, /*chained=*/true);
   }
 }
 

@@ -200,6 +200,9 @@ class Engine {
     // and the blocks copied for them once the step has run.
     std::vector<std::pair<Sequence*, int>> forks;
     std::vector<BlockCopy> block_copies;
+    // The constrained rows' masks to fill once the batch is built (fill_token_masks), each with
+    // its first word in batch.token_masks.
+    std::vector<std::pair<TokenConstraint*, int>> masks_to_fill;
     bool chained = false;         // its tokens come from the step before (pipelining)
     double submit_ms = 0;         // host time building and submitting it (EngineStats::last_step_ms)
   };
@@ -226,7 +229,10 @@ class Engine {
   // Appends the sampling of `seq`'s next row to a batch: of the token after its newest, or,
   // in a chained batch, of the token after the one the step before draws for it; `ahead`
   // drafted tokens further on (speculative decoding).
-  void add_row_sampling(StepBatch& b, const Sequence& seq, bool chained, int ahead = 0) const;
+  void add_row_sampling(StepState& s, const Sequence& seq, bool chained, int ahead = 0) const;
+  // The allowed-token masks of a built batch's constrained rows, each request's on its own thread
+  // (xgrammar's matchers are independent): a step's host time grows by one mask, not by one a row.
+  void fill_token_masks(StepState& s) const;
   // Whether the step after `s` is known before s's tokens are (see EngineOptions::pipeline_steps),
   // and that step, every sequence one token further, its tokens taken from s's rows.
   bool can_chain(const StepState& s) const;

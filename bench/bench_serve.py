@@ -33,12 +33,29 @@ import time
 import urllib.parse
 
 
-def one_request(url, model, prompt_ids, output_len, timeout):
+# --response-format's constraints: any JSON object, or objects of this schema (a long free string
+# field and a bounded list, so a constrained answer runs for many tokens).
+RESPONSE_FORMATS = {
+    "none": None,
+    "json_object": {"type": "json_object"},
+    "json_schema": {"type": "json_schema", "json_schema": {"name": "record", "strict": True, "schema": {
+        "type": "object",
+        "properties": {"title": {"type": "string"}, "year": {"type": "integer", "minimum": 1900, "maximum": 2100},
+                       "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]}, "maxItems": 8},
+                       "summary": {"type": "string"}},
+        "required": ["title", "year", "tags", "summary"], "additionalProperties": False}}},
+}
+
+
+def one_request(url, model, prompt_ids, output_len, timeout, response_format=None):
     """Streams one completion; returns its timings (seconds) and token count, or an error."""
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
-    body = json.dumps({"model": model, "prompt": prompt_ids, "max_tokens": output_len, "ignore_eos": True,
-                       "temperature": 0, "stream": True, "stream_options": {"include_usage": True}})
+    request = {"model": model, "prompt": prompt_ids, "max_tokens": output_len, "ignore_eos": True,
+               "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if response_format:
+        request["response_format"] = response_format
+    body = json.dumps(request)
     start = time.monotonic()
     result = {"start": start, "chunks": [], "tokens": 0, "error": None}
     try:
@@ -74,7 +91,8 @@ def run_share(args, share, concurrency, start):
 
     def run(prompt):
         try:
-            r = one_request(args.url, args.model, prompt, args.output_len, args.timeout)
+            r = one_request(args.url, args.model, prompt, args.output_len, args.timeout,
+                            RESPONSE_FORMATS[args.response_format])
             with lock:
                 results.append(r)
         finally:
@@ -167,6 +185,8 @@ def main():
                         help="first send this many requests of the same shape (their own prompts, their own "
                              "shared prefix) at the same concurrency, unmeasured: a server's first requests "
                              "load kernels and plan its products, which `asynct bench` does in its untimed run")
+    parser.add_argument("--response-format", choices=sorted(RESPONSE_FORMATS), default="none",
+                        help="constrain every answer (structured output): any JSON object, or a fixed schema")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args()
     for name in ("input_len", "output_len", "num_prompts", "concurrency", "workers"):

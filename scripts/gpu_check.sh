@@ -64,9 +64,14 @@ if want build; then
       export PKG_CONFIG="$PWD/.deps/pkgconf"
     fi
   fi
+  # Structured output needs xgrammar's unpacked sdist: carried as build/device-xgrammar (the
+  # machine reaches no index).
+  grammar=""
+  [ -f build/device-xgrammar/CMakeLists.txt ] && grammar="$PWD/build/device-xgrammar"
   cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DASYNCT_CUDA=ON \
     -DASYNCT_CUDA_GENCODE="-gencode=arch=compute_90a,code=sm_90a" \
-    ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"} >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+    ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"} ${grammar:+-DASYNCT_XGRAMMAR_DIR="$grammar"} \
+    >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   start=$SECONDS
   cmake --build build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$out/build.log" | head -60; exit 1; }
   echo "built in $((SECONDS - start)) s"
@@ -130,7 +135,8 @@ if want fp8; then
 fi
 if want serve; then
   # Needs the server in the build (.deps/ from scripts/device_deps.sh) and a Qwen3 tokenizer.json
-  # and tokenizer_config.json in $SERVE_TOKENIZER (default build/device-qwen3: carry it). SmolLM2
+  # and tokenizer_config.json in $SERVE_TOKENIZER (default build/device-qwen3: carry it); SERVE_JSON=1
+  # adds a 32-stream load unconstrained and under a JSON schema (needs build/device-xgrammar). SmolLM2
   # runs too when scripts/device_smollm2.sh has unpacked it into $ASYNCT_CACHE (or from
   # $SERVE_SMOLLM2). SERVE_MODELS picks the models; SERVE_RATES and SERVE_RATES_SMOLLM2 the
   # sweeps' rates (empty: no sweep). SERVE_TIMELINE=1 runs the servers under the kernel timeline
@@ -183,6 +189,11 @@ if want serve; then
     # A fresh server's first requests load kernels, plan products and capture graphs; the
     # in-process anchor has its untimed run for that, so each load here has its warm-up.
     [ "${SERVE_C64:-1}" = 1 ] && bench c64 --input-len 1024 --output-len 256 --num-prompts 256 --concurrency 64 --warmup-prompts 64
+    if [ "${SERVE_JSON:-0}" = 1 ]; then  # 32 streams, unconstrained and under a JSON schema (xgrammar's masks)
+      bench c32 --input-len 1024 --output-len 256 --num-prompts 128 --concurrency 32 --warmup-prompts 32
+      bench json_c32 --input-len 1024 --output-len 256 --num-prompts 128 --concurrency 32 --warmup-prompts 32 \
+        --response-format json_schema
+    fi
     for rate in $rates; do
       bench "rate$rate" --input-len 1024 --output-len 256 --num-prompts $((rate * 6)) --concurrency 2048 --request-rate "$rate"
     done

@@ -1095,12 +1095,13 @@ __device__ void top_logprobs(Row& row, int n, float peak, float bound, float log
   row.cluster.sync();
 }
 
-// Applies the logit bias, then the penalties, to the slice: the bias entries in it, then the
-// row's penalty entries and its input token `newest`. Notes the lowest id among them whose raw
-// logit was not finite (the clamp hides it).
 __device__ void penalise_row(Row& row, const SamplingParams& p, const PenaltyToken* entries, int count, int newest,
                              bool newest_is_output, const PenaltyToken& first);
 
+// Applies the logit bias, then the penalties, then the allowed-token mask (`allowed`, or none)
+// to the slice: the bias entries in it, the row's penalty entries and its input token `newest`,
+// the tokens the mask leaves out. Notes the lowest id among them whose raw logit was not finite
+// (the clamp or the mask hides it).
 __device__ void process_row(Row& row, const SamplingParams& p, const LogitBias* bias, int bias_count,
                             const PenaltyToken* entries, int count, int newest, bool newest_is_output,
                             const PenaltyToken& first, const std::uint32_t* allowed) {
@@ -1127,7 +1128,7 @@ __device__ void process_row(Row& row, const SamplingParams& p, const LogitBias* 
   __syncthreads();
 }
 
-// The repetition, frequency and presence penalties, applied to the row's copy.
+// The repetition, frequency and presence penalties, applied to the row's copy (process_row).
 __device__ void penalise_row(Row& row, const SamplingParams& p, const PenaltyToken* entries, int count, int newest,
                              bool newest_is_output, const PenaltyToken& first) {
   Shared& sh = row.sh;

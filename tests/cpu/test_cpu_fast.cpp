@@ -271,16 +271,6 @@ void check_paged_attention(int d) {
   }
 }
 
-TEST(CpuFastThreadPool, RunsEveryIndexOnceAndRethrows) {
-  ThreadPool pool(4);
-  for (int round = 0; round < 200; ++round) {
-    std::vector<std::atomic<int>> hits(std::size_t(round % 37 + 1));
-    pool.run(hits.size(), [&](std::size_t i) { hits[i]++; });
-    for (auto& h : hits) ASSERT_EQ(h.load(), 1);
-  }
-  testing::expect_error([&] { pool.run(8, [](std::size_t i) { check(i != 5, "task ", i, " failed"); }); }, "task 5 failed");
-}
-
 // ---- the runner against the reference runner ----
 
 struct SeqStep {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "core/parallel.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -38,7 +39,10 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::claim_and_run(std::uint32_t generation) {
   std::uint64_t v = next_.load(std::memory_order_acquire);
   for (;;) {
-    if (std::uint32_t(v >> 32) != generation || (v & 0xffffffffu) >= count_) return;
+    const std::uint64_t extent = extent_.load(std::memory_order_acquire);
+    if (std::uint32_t(v >> 32) != generation || std::uint32_t(extent >> 32) != generation ||
+        (v & 0xffffffffu) >= (extent & 0xffffffffu))
+      return;
     if (!next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) continue;
     try {
       (*work_)(std::size_t(v & 0xffffffffu));
@@ -78,11 +82,12 @@ void ThreadPool::run(std::size_t count, const std::function<void(std::size_t)>& 
     for (std::size_t i = 0; i < count; ++i) work(i);
     return;
   }
+  check(count <= 0xffffffffu, "ThreadPool::run: ", count, " tasks are more than a region counts (2^32 - 1)");
   const std::uint32_t g = generation_.load() + 1;
   work_ = &work;
-  count_ = count;
   error_ = nullptr;
   done_.store(0, std::memory_order_relaxed);
+  extent_.store(std::uint64_t(g) << 32 | count, std::memory_order_relaxed);
   next_.store(std::uint64_t(g) << 32, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(mutex_);  // a worker between its check and its wait sees this

@@ -37,9 +37,13 @@ class ThreadPool {
   // High 32 bits: the generation of the region; low 32: the next unclaimed index. A worker late
   // from an earlier region cannot claim from a later one.
   std::atomic<std::uint64_t> next_{0};
+  // High 32 bits: the generation of the region; low 32: its count. An index is checked against
+  // its own region's count: a worker late from a finished region, reading the next region's larger
+  // count before next_ is reset, would claim a stale index, run the next region's work with it and
+  // count it done there: run() would return while that task still ran.
+  std::atomic<std::uint64_t> extent_{0};
   std::atomic<std::uint32_t> generation_{0};
   std::atomic<std::size_t> done_{0};
-  std::size_t count_ = 0;
   const std::function<void(std::size_t)>* work_ = nullptr;
   std::mutex mutex_;
   std::condition_variable wake_;

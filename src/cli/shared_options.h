@@ -2,6 +2,7 @@
 // one function so that their names, help and checks are written once.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -35,12 +36,22 @@ inline void add_cpu_reference_flag(CLI::App* cmd, bool& cpu_reference) {
 // --speculative and its settings (engine/drafter.h).
 inline void add_speculative_options(CLI::App* cmd, SpeculativeOptions& o) {
   cmd->add_option("--speculative", o.method,
-                  "speculative decoding: none, or ngram (drafts from the request's own prompt and output, verified in one "
-                  "step: the same tokens, fewer steps where the output repeats its input)")
-      ->check(CLI::IsMember({"none", "ngram"}));
+                  "speculative decoding: none, ngram (drafts from the request's own prompt and output by prompt lookup) or "
+                  "suffix (suffix decoding: drafts from a suffix index over the request's tokens and recent requests' "
+                  "prompts and outputs, as long as the match is confident); drafts are verified in one step: the same "
+                  "tokens, fewer steps where the output repeats its input or earlier requests")
+      ->check(CLI::IsMember({"none", "ngram", "suffix"}));
   cmd->add_option("--speculative-tokens", o.num_tokens, "tokens drafted a step at most")->check(integer_in(1, 64));
   cmd->add_option("--ngram-min", o.ngram_min, "the shortest match prompt lookup drafts from")->check(integer_in(1, 64));
   cmd->add_option("--ngram-max", o.ngram_max, "the longest match prompt lookup tries first")->check(integer_in(1, 64));
+  cmd->add_option("--suffix-depth", o.suffix_depth, "the longest window suffix decoding indexes (a match and the token after it)")
+      ->check(integer_in(2, 64));
+  cmd->add_option("--suffix-min-probability", o.suffix_min_probability,
+                  "suffix decoding drafts a token while it followed its match at least this often")
+      ->check(number_in(0, 1));
+  cmd->add_option("--suffix-cache-tokens", o.suffix_cache_tokens,
+                  "finished requests' tokens suffix decoding drafts from, the oldest evicted (0: none)")
+      ->check(integer_in<std::int64_t>(0, std::int64_t(1) << 30));
 }
 
 }  // namespace asynct::cli

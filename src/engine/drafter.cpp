@@ -7,10 +7,16 @@
 namespace asynct {
 
 void validate_speculative(const SpeculativeOptions& o) {
-  check(o.method == "none" || o.method == "ngram", "--speculative must be none or ngram, got '", o.method, "'");
+  check(o.method == "none" || o.method == "ngram" || o.method == "suffix", "--speculative must be none, ngram or suffix, got '",
+        o.method, "'");
   check(o.num_tokens >= 1 && o.num_tokens <= 64, "--speculative-tokens must be in 1..64, got ", o.num_tokens);
   check(o.ngram_min >= 1 && o.ngram_max <= 64 && o.ngram_min <= o.ngram_max,
         "the n-gram match lengths must satisfy 1 <= min <= max <= 64, got ", o.ngram_min, " and ", o.ngram_max);
+  check(o.suffix_depth >= 2 && o.suffix_depth <= 64, "--suffix-depth must be in 2..64, got ", o.suffix_depth);
+  check(o.suffix_min_probability >= 0 && o.suffix_min_probability <= 1,  // (false for NaN too)
+        "--suffix-min-probability must be in [0, 1], got ", o.suffix_min_probability);
+  check(o.suffix_cache_tokens >= 0 && o.suffix_cache_tokens <= (std::int64_t(1) << 30),
+        "--suffix-cache-tokens must be in 0..2^30, got ", o.suffix_cache_tokens);
 }
 
 std::vector<std::int32_t> ngram_draft(std::span<const std::int32_t> tokens, int min_n, int max_n, int max_tokens) {

@@ -15,14 +15,23 @@
 namespace asynct {
 
 struct SpeculativeOptions {
-  std::string method = "none";  // none, or ngram (prompt lookup)
+  std::string method = "none";  // none, ngram (prompt lookup) or suffix (suffix decoding, engine/suffix_index.h)
   int num_tokens = 4;           // drafted tokens a step at most (--speculative-tokens)
   int ngram_min = 1, ngram_max = 4;  // prompt lookup's match lengths
+  // Suffix decoding: the index's longest window (a match and the token after it), the share of its
+  // path's count a drafted token needs, and the tokens of finished requests the engine keeps to
+  // draft from (0: each request drafts from its own tokens only). An index holds up to depth
+  // trie nodes a token (~130 bytes each): the default cache's worst case is ~200 MB, and each
+  // drafting request's own index ~3 KB a token of it.
+  int suffix_depth = 24;
+  double suffix_min_probability = 0.1;
+  std::int64_t suffix_cache_tokens = std::int64_t(1) << 16;
   bool enabled() const { return method != "none"; }
 };
 
 // Throws Error naming the option: an unknown method, num_tokens outside 1..64, ngram lengths
-// outside 1..64 or min over max.
+// outside 1..64 or min over max, suffix depth outside 2..64, min probability outside [0, 1],
+// cached tokens outside 0..2^30.
 void validate_speculative(const SpeculativeOptions& options);
 
 // Prompt lookup over `tokens` (a sequence's prompt and output): for n from max_n down to min_n,

@@ -22,6 +22,9 @@ Engine::Engine(std::unique_ptr<ModelRunner> runner, int vocab_size, EngineOption
   check(options.max_num_batched_tokens >= 1, "engine: max_num_batched_tokens must be >= 1");
   check(options.max_model_len >= 2, "engine: max_model_len must be >= 2");
   validate_speculative(options.speculative);
+  const SpeculativeOptions& o = options.speculative;
+  if (o.method == "suffix" && o.suffix_cache_tokens > 0)
+    suffix_cache_ = std::make_unique<SuffixIndex>(o.suffix_depth, o.suffix_cache_tokens);
 }
 
 std::int64_t Engine::add_request(const Request& r) {
@@ -72,6 +75,10 @@ std::unique_ptr<Engine::Sequence> Engine::make_sequence(const Request& r) {
   if (r.constraint) {
     seq->constraint = r.constraint();
     check(seq->constraint != nullptr, "request: its constraint factory made no constraint");
+  }
+  if (options_.speculative.method == "suffix" && !seq->penalties && !seq->constraint) {  // (the others are never drafted)
+    seq->suffix = std::make_unique<SuffixIndex>(options_.speculative.suffix_depth);
+    seq->suffix->add(seq->tokens);
   }
   return seq;
 }
@@ -154,7 +161,17 @@ std::vector<std::int32_t> Engine::drafts_for(const Sequence& seq, int budget) co
     return {};
   // A step gives up to drafts + 1 tokens: within max_tokens and the step's budget.
   const int most = std::min({o.num_tokens, seq.request.max_tokens - seq.num_generated - 1, budget - 1});
-  std::vector<std::int32_t> drafts = ngram_draft(seq.tokens, o.ngram_min, o.ngram_max, most);
+  std::vector<std::int32_t> drafts;
+  if (o.method == "ngram") {
+    drafts = ngram_draft(seq.tokens, o.ngram_min, o.ngram_max, most);
+  } else {
+    SuffixIndex::Draft own = seq.suffix->draft(seq.tokens, most, o.suffix_min_probability);
+    if (suffix_cache_) {
+      SuffixIndex::Draft shared = suffix_cache_->draft(seq.tokens, most, o.suffix_min_probability);
+      if (shared.match_length > own.match_length) own = std::move(shared);
+    }
+    drafts = std::move(own.tokens);
+  }
   // Only into blocks that are free: drafts never preempt a sequence.
   if (!drafts.empty() && !blocks_.can_grow(seq.block_table, seq.num_computed + 1 + int(drafts.size()))) drafts.clear();
   return drafts;
@@ -170,6 +187,7 @@ int Engine::num_waiting() const {
 void Engine::append_token(Sequence& seq, std::int32_t token) {
   if (seq.penalties) seq.penalties->add(seq.tokens.back(), seq.num_generated > 0);
   seq.tokens.push_back(token);
+  if (seq.suffix) seq.suffix->extend(token);
   ++seq.num_generated;
 }
 
@@ -524,6 +542,7 @@ bool Engine::take_token(Sequence& seq, int row, const StepOutput& out, std::vect
 }
 
 void Engine::end_running(Sequence& seq, const std::string& reason, std::vector<RequestOutput>& done) {
+  if (suffix_cache_) suffix_cache_->add(seq.tokens);  // later requests draft from it
   done.push_back(output_of(seq, reason));
   for (const auto& fork : seq.forks) done.push_back(output_of(*fork, "abort"));  // only a prompt's end forks them
   seq.forks.clear();

@@ -18,6 +18,7 @@
 #include "engine/drafter.h"
 #include "engine/model_runner.h"
 #include "engine/penalty_history.h"
+#include "engine/suffix_index.h"
 #include "engine/token_constraint.h"
 
 namespace asynct {
@@ -185,6 +186,7 @@ class Engine {
     std::vector<std::vector<TopLogprob>> top_logprobs;
     std::vector<std::unique_ptr<Sequence>> forks;  // its group's other choices, until they fork
     std::vector<std::int32_t> drafts;  // this step's drafted tokens after its newest (speculative decoding)
+    std::unique_ptr<SuffixIndex> suffix;  // its prompt and output (--speculative suffix, when it drafts)
   };
   struct Scheduled {
     Sequence* seq;   // null once the sequence finished in the step before (pipelining)
@@ -224,7 +226,9 @@ class Engine {
   // Takes a speculative step's tokens for `seq`, from row `row` on: each draft the model chose,
   // then the model's own token; lets go of the blocks of the drafts it did not keep.
   void take_drafted_tokens(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done);
-  // The drafts `seq` takes into a step that has `budget` tokens left, or none.
+  // The drafts `seq` takes into a step that has `budget` tokens left, or none. Suffix decoding
+  // drafts from the sequence's own index and from suffix_cache_, taking the draft whose match is
+  // longer (a tie: its own).
   std::vector<std::int32_t> drafts_for(const Sequence& seq, int budget) const;
   // Appends the sampling of `seq`'s next row to a batch: of the token after its newest, or,
   // in a chained batch, of the token after the one the step before draws for it; `ahead`
@@ -254,6 +258,9 @@ class Engine {
   int vocab_size_;
   EngineOptions options_;
   BlockManager blocks_;
+  // Finished requests' prompts and outputs, the oldest evicted past suffix_cache_tokens
+  // (--speculative suffix with a cache; else null).
+  std::unique_ptr<SuffixIndex> suffix_cache_;
   std::int64_t next_id_ = 0;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::deque<std::unique_ptr<Sequence>> running_;

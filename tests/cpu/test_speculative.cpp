@@ -1,8 +1,9 @@
 // Speculative decoding on the CPU backend: prompt lookup's drafts, and an engine that verifies
-// them gives every request the same tokens and logprobs as one that decodes a token a step,
-// greedy and seeded sampling alike (each kept token is drawn with its own draw index from the
-// same logits), with prefix caching, forks, preemption, end-of-sequence and stop tokens, and
-// on_token ending a request inside a run of kept drafts.
+// them (or suffix decoding's, engine/suffix_index.h) gives every request the same tokens and
+// logprobs as one that decodes a token a step, greedy and seeded sampling alike (each kept token
+// is drawn with its own draw index from the same logits), with prefix caching, forks,
+// preemption, end-of-sequence and stop tokens, and on_token ending a request inside a run of
+// kept drafts; suffix decoding drafts a repeated request from the one before.
 #include <gtest/gtest.h>
 
 #include "engine/drafter.h"
@@ -30,7 +31,7 @@ TEST(NgramDraft, TakesWhatFollowedTheMostRecentLongestMatch) {
 }
 
 TEST(NgramDraft, OptionsAreChecked) {
-  expect_error([] { validate_speculative({.method = "medusa"}); }, "--speculative must be none or ngram, got 'medusa'");
+  expect_error([] { validate_speculative({.method = "medusa"}); }, "--speculative must be none, ngram or suffix, got 'medusa'");
   expect_error([] { validate_speculative({.method = "ngram", .num_tokens = 0}); }, "--speculative-tokens must be in 1..64");
   expect_error([] { validate_speculative({.method = "ngram", .ngram_min = 3, .ngram_max = 2}); }, "1 <= min <= max <= 64");
 }
@@ -41,6 +42,8 @@ struct Setup {
   bool prefix_caching = false;
   bool speculative = false;
   int num_tokens = 4;
+  std::string method = "ngram";
+  std::int64_t suffix_cache_tokens = std::int64_t(1) << 16;
 };
 
 Engine make_engine(const Setup& s) {
@@ -49,7 +52,9 @@ Engine make_engine(const Setup& s) {
   EngineOptions o;
   o.max_model_len = 1024;
   o.prefix_caching = s.prefix_caching;
-  if (s.speculative) o.speculative = {.method = "ngram", .num_tokens = s.num_tokens, .ngram_min = 1, .ngram_max = 3};
+  if (s.speculative)
+    o.speculative = {.method = s.method, .num_tokens = s.num_tokens, .ngram_min = 1, .ngram_max = 3,
+                     .suffix_cache_tokens = s.suffix_cache_tokens};
   return Engine(std::make_unique<CpuModelRunner>(std::move(w), s.num_blocks, 16), vocab, o);
 }
 
@@ -102,13 +107,14 @@ void expect_same(const std::vector<RequestOutput>& a, const std::vector<RequestO
 }
 
 TEST(Speculative, SameTokensAsOneTokenAStep) {
+  for (const char* method : {"ngram", "suffix"})
   for (const Architecture arch : {Architecture::AsyncT, Architecture::Llama})
     for (const auto& [num_blocks, caching] : {std::pair{64, false}, {5, true}}) {  // 5 blocks: preemption
-        SCOPED_TRACE(::testing::Message() << tiny_config(arch).architecture_name() << ", " << num_blocks
-                                          << " blocks, prefix caching " << caching);
+        SCOPED_TRACE(::testing::Message() << method << ", " << tiny_config(arch).architecture_name() << ", "
+                                          << num_blocks << " blocks, prefix caching " << caching);
         const std::vector<Request> rs = requests();
         const Outcome plain = run({arch, num_blocks, caching, false}, rs);
-        const Outcome spec = run({arch, num_blocks, caching, true}, rs);
+        const Outcome spec = run({arch, num_blocks, caching, true, 4, method}, rs);
         expect_same(spec.outputs, plain.outputs);
         EXPECT_GT(spec.stats.drafted_tokens, 0);
         EXPECT_GT(spec.stats.accepted_tokens, 0);
@@ -124,14 +130,47 @@ TEST(Speculative, SameTokensAsOneTokenAStep) {
 
 // Alone, a request takes a step fewer for every draft kept.
 TEST(Speculative, KeptDraftsSaveSteps) {
-  std::int64_t accepted = 0;
-  for (const Request& r : requests()) {
-    const Outcome plain = run({}, {r}), spec = run({.speculative = true}, {r});
-    expect_same(spec.outputs, plain.outputs);
-    EXPECT_EQ(spec.stats.steps + spec.stats.accepted_tokens, plain.stats.steps);
-    accepted += spec.stats.accepted_tokens;
+  for (const char* method : {"ngram", "suffix"}) {
+    SCOPED_TRACE(method);
+    std::int64_t accepted = 0;
+    for (const Request& r : requests()) {
+      const Outcome plain = run({}, {r}), spec = run({.speculative = true, .method = method}, {r});
+      expect_same(spec.outputs, plain.outputs);
+      EXPECT_EQ(spec.stats.steps + spec.stats.accepted_tokens, plain.stats.steps);
+      accepted += spec.stats.accepted_tokens;
+    }
+    EXPECT_GT(accepted, 0);
   }
-  EXPECT_GT(accepted, 0);
+}
+
+// Suffix decoding: a request that repeats a finished one drafts its whole output from the
+// engine's index of finished requests (without it, only from its own tokens), same tokens.
+TEST(Speculative, SuffixDraftsARepeatedRequestFromTheOneBefore) {
+  Request r;
+  r.prompt = {3, 17, 29, 11, 40, 2, 31};  // no repeats of its own
+  r.max_tokens = 16;
+  const std::vector<std::int32_t> expected = run({}, {r}).outputs[0].tokens;
+  std::int64_t first_accepted = 0;
+  for (const std::int64_t cache : {std::int64_t(1) << 16, std::int64_t(0)}) {
+    SCOPED_TRACE(cache);
+    Engine e = make_engine({.speculative = true, .method = "suffix", .suffix_cache_tokens = cache});
+    e.add_request(r);
+    EXPECT_EQ(e.run_to_completion()[0].tokens, expected);
+    first_accepted = e.stats().accepted_tokens;
+    e.reset_stats();
+    e.add_request(r);
+    EXPECT_EQ(e.run_to_completion()[0].tokens, expected);
+    const EngineStats& second = e.stats();
+    if (cache > 0) {
+      // After its first token (the prompt's step) each step takes 4 drafts and the model's token.
+      EXPECT_EQ(second.accepted_tokens, 12);
+      EXPECT_EQ(second.drafted_tokens, 12);
+      EXPECT_EQ(second.steps, 4);
+      EXPECT_LT(first_accepted, second.accepted_tokens);
+    } else {
+      EXPECT_EQ(second.accepted_tokens, first_accepted);
+    }
+  }
 }
 
 // A request's choices fork after the prompt and draft on their own.
@@ -158,7 +197,10 @@ TEST(Speculative, RequestsEndInsideKeptDrafts) {
     length.max_tokens = cut + 1;
     int seen = 0;
     callback.on_token = [&seen, cut](const GeneratedToken&) { return ++seen <= cut; };
-    for (const Request& r : {eos, stop, length}) expect_same(run({.speculative = true}, {r}).outputs, run({}, {r}).outputs);
+    for (const Request& r : {eos, stop, length}) {
+      expect_same(run({.speculative = true}, {r}).outputs, run({}, {r}).outputs);
+      expect_same(run({.speculative = true, .method = "suffix"}, {r}).outputs, run({}, {r}).outputs);
+    }
     const Outcome spec = run({.speculative = true}, {callback});
     seen = 0;
     const Outcome plain = run({}, {callback});

@@ -52,6 +52,9 @@ inline void add_speculative_options(CLI::App* cmd, SpeculativeOptions& o) {
   cmd->add_option("--suffix-cache-tokens", o.suffix_cache_tokens,
                   "finished requests' tokens suffix decoding drafts from, the oldest evicted (0: none)")
       ->check(integer_in<std::int64_t>(0, std::int64_t(1) << 30));
+  cmd->add_option("--suffix-request-tokens", o.suffix_request_tokens,
+                  "a request's own newest tokens suffix decoding drafts from")
+      ->check(integer_in<std::int64_t>(1, std::int64_t(1) << 30));
 }
 
 }  // namespace asynct::cli

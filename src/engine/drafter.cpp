@@ -17,6 +17,8 @@ void validate_speculative(const SpeculativeOptions& o) {
         "--suffix-min-probability must be in [0, 1], got ", o.suffix_min_probability);
   check(o.suffix_cache_tokens >= 0 && o.suffix_cache_tokens <= (std::int64_t(1) << 30),
         "--suffix-cache-tokens must be in 0..2^30, got ", o.suffix_cache_tokens);
+  check(o.suffix_request_tokens >= 1 && o.suffix_request_tokens <= (std::int64_t(1) << 30),
+        "--suffix-request-tokens must be in 1..2^30, got ", o.suffix_request_tokens);
 }
 
 std::vector<std::int32_t> ngram_draft(std::span<const std::int32_t> tokens, int min_n, int max_n, int max_tokens) {

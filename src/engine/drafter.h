@@ -19,19 +19,20 @@ struct SpeculativeOptions {
   int num_tokens = 4;           // drafted tokens a step at most (--speculative-tokens)
   int ngram_min = 1, ngram_max = 4;  // prompt lookup's match lengths
   // Suffix decoding: the index's longest window (a match and the token after it), the share of its
-  // path's count a drafted token needs, and the tokens of finished requests the engine keeps to
-  // draft from (0: each request drafts from its own tokens only). An index holds up to depth
-  // trie nodes a token (~130 bytes each): the default cache's worst case is ~200 MB, and each
-  // drafting request's own index ~3 KB a token of it.
+  // path's count a drafted token needs, the tokens of finished requests the engine keeps to
+  // draft from (0: each request drafts from its own tokens only), and the newest tokens of its
+  // own a request's index keeps. An index holds up to depth trie nodes a token (~130 bytes
+  // each): the default cache's worst case is ~200 MB, a drafting request's own ~13 MB.
   int suffix_depth = 24;
   double suffix_min_probability = 0.1;
   std::int64_t suffix_cache_tokens = std::int64_t(1) << 16;
+  std::int64_t suffix_request_tokens = 4096;
   bool enabled() const { return method != "none"; }
 };
 
 // Throws Error naming the option: an unknown method, num_tokens outside 1..64, ngram lengths
 // outside 1..64 or min over max, suffix depth outside 2..64, min probability outside [0, 1],
-// cached tokens outside 0..2^30.
+// cached tokens outside 0..2^30, a request's own tokens outside 1..2^30.
 void validate_speculative(const SpeculativeOptions& options);
 
 // Prompt lookup over `tokens` (a sequence's prompt and output): for n from max_n down to min_n,

@@ -77,7 +77,7 @@ std::unique_ptr<Engine::Sequence> Engine::make_sequence(const Request& r) {
     check(seq->constraint != nullptr, "request: its constraint factory made no constraint");
   }
   if (options_.speculative.method == "suffix" && !seq->penalties && !seq->constraint) {  // (the others are never drafted)
-    seq->suffix = std::make_unique<SuffixIndex>(options_.speculative.suffix_depth);
+    seq->suffix = std::make_unique<SuffixIndex>(options_.speculative.suffix_depth, options_.speculative.suffix_request_tokens);
     seq->suffix->add(seq->tokens);
   }
   return seq;

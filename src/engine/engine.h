@@ -186,7 +186,7 @@ class Engine {
     std::vector<std::vector<TopLogprob>> top_logprobs;
     std::vector<std::unique_ptr<Sequence>> forks;  // its group's other choices, until they fork
     std::vector<std::int32_t> drafts;  // this step's drafted tokens after its newest (speculative decoding)
-    std::unique_ptr<SuffixIndex> suffix;  // its prompt and output (--speculative suffix, when it drafts)
+    std::unique_ptr<SuffixIndex> suffix;  // its newest prompt and output tokens (--speculative suffix, when it drafts)
   };
   struct Scheduled {
     Sequence* seq;   // null once the sequence finished in the step before (pipelining)

@@ -51,29 +51,45 @@ void SuffixIndex::extend(std::int32_t token) {
   grow(&root_, 0);
   for (std::size_t i = 0; i < open_.size(); ++i) grow(open_[i], int(i) + 1);
   open_ = std::move(open);
-  while (num_tokens_ > max_tokens_ && sequences_.size() > 1) evict_oldest();
+  while (num_tokens_ > max_tokens_) {
+    if (sequences_.size() > 1)
+      evict_oldest();
+    else
+      evict_first_token();
+  }
 }
 
 void SuffixIndex::evict_oldest() {
-  const std::vector<std::int32_t> seq = std::move(sequences_.front());
+  const std::deque<std::int32_t> seq = std::move(sequences_.front());
   sequences_.pop_front();
   num_tokens_ -= std::int64_t(seq.size());
-  // The same windows add() counted, each from its start: a node whose count reaches 0 occurred
-  // only in this window, and so did everything under it.
-  for (std::size_t start = 0; start < seq.size(); ++start) {
-    --root_.count;
-    Node* node = &root_;
-    const std::size_t end = std::min(seq.size(), start + std::size_t(depth_));
-    for (std::size_t k = start; k < end; ++k) {
-      auto it = node->children.find(seq[k]);
-      check(it != node->children.end(), "suffix index: an evicted window is missing");
-      if (--it->second->count == 0) {
-        num_nodes_ -= subtree_size(*it->second);
-        node->children.erase(it);
-        break;
-      }
-      node = it->second.get();
+  for (std::size_t start = 0; start < seq.size(); ++start) remove_window(seq, start);
+}
+
+void SuffixIndex::evict_first_token() {
+  std::deque<std::int32_t>& seq = sequences_.front();
+  remove_window(seq, 0);
+  seq.pop_front();
+  --num_tokens_;
+  // The window that started there, if it reached the last token, is open no more.
+  if (open_.size() > seq.size()) open_.resize(seq.size());
+}
+
+void SuffixIndex::remove_window(const std::deque<std::int32_t>& seq, std::size_t start) {
+  // The window extend() counted from this start: a node whose count reaches 0 occurred only in
+  // this window, and so did everything under it (no open window passes through it).
+  --root_.count;
+  Node* node = &root_;
+  const std::size_t end = std::min(seq.size(), start + std::size_t(depth_));
+  for (std::size_t k = start; k < end; ++k) {
+    auto it = node->children.find(seq[k]);
+    check(it != node->children.end(), "suffix index: an evicted window is missing");
+    if (--it->second->count == 0) {
+      num_nodes_ -= subtree_size(*it->second);
+      node->children.erase(it);
+      return;
     }
+    node = it->second.get();
   }
 }
 

@@ -21,7 +21,8 @@ class SuffixIndex {
     int match_length = 0;  // tokens of the context's suffix the first draft token continued (0: no draft)
   };
 
-  // `max_tokens`: the tokens kept; over it, the oldest sequences but the newest are evicted.
+  // `max_tokens`: the tokens kept; over it, the oldest sequences are evicted, and then the
+  // newest sequence's oldest tokens (a window sliding over one long sequence).
   explicit SuffixIndex(int depth, std::int64_t max_tokens = INT64_MAX);
 
   // Starts a new sequence with `tokens` (its last max_tokens at most).
@@ -52,11 +53,15 @@ class SuffixIndex {
   const Node* longest_match(std::span<const std::int32_t> context, int* length) const;
   // Takes the oldest sequence's windows out, counts and nodes (count 0) alike.
   void evict_oldest();
+  // Takes the windows that start at the only sequence's first token out, and that token.
+  void evict_first_token();
+  // The windows of `seq` that start at `start` (up to depth tokens) out of the counts.
+  void remove_window(const std::deque<std::int32_t>& seq, std::size_t start);
 
   int depth_;
   std::int64_t max_tokens_;
   Node root_;
-  std::deque<std::vector<std::int32_t>> sequences_;  // retained, oldest first, for eviction
+  std::deque<std::deque<std::int32_t>> sequences_;  // retained, oldest first, for eviction
   std::int64_t num_tokens_ = 0;
   std::size_t num_nodes_ = 0;
   // The newest sequence's nodes for its windows that end at its last token, 1..depth-1 long

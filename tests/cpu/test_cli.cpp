@@ -372,14 +372,15 @@ TEST(CliGenerate, SpeculativeDecoding) {
   EXPECT_EQ(generated(spec.out).tokens, generated(plain.out).tokens);
   EXPECT_TRUE(contains(spec.out, "speculative: ")) << spec.describe();
   const Outcome suffix = run_asynct(joined(base, {"--speculative", "suffix", "--suffix-depth", "8", "--suffix-min-probability",
-                                                  "0.2", "--suffix-cache-tokens", "4096"}), s.dir());
+                                                  "0.2", "--suffix-cache-tokens", "4096", "--suffix-request-tokens", "64"}), s.dir());
   ASSERT_EQ(suffix.code, 0) << suffix.describe();
   EXPECT_EQ(generated(suffix.out).tokens, generated(plain.out).tokens);
   EXPECT_TRUE(contains(suffix.out, "speculative: ")) << suffix.describe();
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"generate", "--speculative", "eagle"}, {"generate", "--speculative-tokens", "0"},
         {"bench", "--ngram-min", "0"}, {"serve", "--model", ".", "--ngram-max", "65"}, {"generate", "--suffix-depth", "1"},
-        {"generate", "--suffix-min-probability", "1.5"}, {"bench", "--suffix-cache-tokens", "-1"}}) {
+        {"generate", "--suffix-min-probability", "1.5"}, {"bench", "--suffix-cache-tokens", "-1"},
+        {"serve", "--model", ".", "--suffix-request-tokens", "0"}}) {
     const Outcome bad = run_asynct(args, s.dir());
     EXPECT_EQ(bad.code, 1) << bad.describe();
   }

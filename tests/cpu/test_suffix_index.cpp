@@ -1,7 +1,7 @@
 // Suffix decoding's index (engine/suffix_index.h) on hand-made sequences: the longest match
 // wins, then the most frequent continuation (ties: the lowest id) while it is likely enough;
 // matches stay within the depth; eviction keeps the token budget and forgets exactly the evicted
-// sequences (the same as an index built from the retained ones alone).
+// sequences, or one sequence's oldest tokens (the same as an index built from what it retains).
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -153,6 +153,33 @@ TEST(SuffixIndex, EvictionEqualsRebuildingFromTheRetained) {
   }
 }
 
+// One long sequence over the budget: the index slides, the same as one built from its last
+// budget tokens alone, after every token.
+TEST(SuffixIndex, OneSequenceSlidesOverTheBudget) {
+  std::mt19937 rng(5);
+  const int depth = 4;
+  const std::int64_t budget = 9;
+  SuffixIndex index(depth, budget);
+  Tokens seq;
+  for (int i = 0; i < 60; ++i) {
+    seq.push_back(std::int32_t(rng() % 3));
+    index.extend(seq.back());
+    const std::size_t kept = std::min<std::size_t>(seq.size(), std::size_t(budget));
+    SuffixIndex rebuilt(depth, budget);
+    rebuilt.add(std::span(seq).last(kept));
+    ASSERT_EQ(index.num_tokens(), std::int64_t(kept));
+    ASSERT_EQ(index.num_sequences(), 1u);
+    ASSERT_EQ(index.num_nodes(), rebuilt.num_nodes()) << "token " << i;
+    for (int c = 0; c < 10; ++c) {
+      Tokens context(std::size_t(1 + rng() % 4));
+      for (auto& t : context) t = std::int32_t(rng() % 3);
+      const SuffixIndex::Draft a = index.draft(context, 5, 0.2), b = rebuilt.draft(context, 5, 0.2);
+      ASSERT_EQ(a.tokens, b.tokens) << "token " << i;
+      ASSERT_EQ(a.match_length, b.match_length) << "token " << i;
+    }
+  }
+}
+
 TEST(SuffixIndex, OptionsAreChecked) {
   using testing::expect_error;
   expect_error([] { SuffixIndex(1); }, "depth must be >= 2");
@@ -161,6 +188,8 @@ TEST(SuffixIndex, OptionsAreChecked) {
                "--suffix-min-probability must be in [0, 1]");
   expect_error([] { validate_speculative({.method = "suffix", .suffix_cache_tokens = -1}); },
                "--suffix-cache-tokens must be in 0..2^30");
+  expect_error([] { validate_speculative({.method = "suffix", .suffix_request_tokens = 0}); },
+               "--suffix-request-tokens must be in 1..2^30");
   validate_speculative({.method = "suffix"});
 }
 

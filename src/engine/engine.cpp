@@ -1,6 +1,6 @@
 // Over 500 lines: the engine's one class, whose parts (scheduling, building a step's batch,
-// forking a group's choices, chaining pipelined steps, taking the tokens back, the prefix cache's
-// filing) all read and write the same sequences and blocks.
+// forking a group's choices, drafting, chaining pipelined steps, taking the tokens back, the
+// prefix cache's filing) all read and write the same sequences and blocks.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -328,7 +328,6 @@ void Engine::fill_token_masks(StepState& s) const {
     const auto [constraint, offset] = s.masks_to_fill[i];
     constraint->fill_allowed(s.batch.token_masks.data() + offset, vocab_size_);
   });
-  s.masks_to_fill.clear();
 }
 
 bool Engine::can_chain(const StepState& s) const {

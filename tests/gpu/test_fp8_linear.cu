@@ -32,14 +32,21 @@ using testing::Random;
 constexpr double kSumRounding = 1.0 / 1024;
 constexpr double kBf16Rounding = 1.0 / 256;
 
-// Every output finite and within the bound above of the reference.
-::testing::AssertionResult within_rounding(const Tensor& got, const Tensor& expected, const Tensor& magnitude, bool bf16_out) {
-  const float *g = got.data_as<float>(), *e = expected.data_as<float>(), *m = magnitude.data_as<float>();
-  for (std::int64_t i = 0; i < got.numel(); ++i) {
-    const double bound = kSumRounding * m[i] + (bf16_out ? kBf16Rounding * std::abs(e[i]) : 0.0) + 1e-6;
-    if (!std::isfinite(g[i]) || std::abs(double(g[i]) - e[i]) > bound)
-      return ::testing::AssertionFailure() << "output " << i << ": " << g[i] << " against " << e[i] << " (bound " << bound << ")";
-  }
+// The bound above for each output: the sums' rounding, and bf16's when the output is bf16.
+Tensor rounding_bound(const Tensor& expected, const Tensor& magnitude, bool bf16_out) {
+  Tensor bound = Tensor::empty(DType::F32, expected.shape());
+  const float *e = expected.data_as<float>(), *m = magnitude.data_as<float>();
+  for (std::int64_t i = 0; i < bound.numel(); ++i)
+    bound.data_as<float>()[i] = float(kSumRounding * m[i] + (bf16_out ? kBf16Rounding * std::abs(e[i]) : 0.0) + 1e-6);
+  return bound;
+}
+
+// Every output finite and within its bound of the reference.
+::testing::AssertionResult within(const Tensor& got, const Tensor& expected, const Tensor& bound) {
+  const float *g = got.data_as<float>(), *e = expected.data_as<float>(), *b = bound.data_as<float>();
+  for (std::int64_t i = 0; i < got.numel(); ++i)
+    if (!std::isfinite(g[i]) || std::abs(double(g[i]) - e[i]) > b[i])
+      return ::testing::AssertionFailure() << "output " << i << ": " << g[i] << " against " << e[i] << " (bound " << b[i] << ")";
   return ::testing::AssertionSuccess();
 }
 
@@ -124,14 +131,6 @@ Glu glu_of(const Tensor& y, const Tensor& y_bound) {
   return g;
 }
 
-::testing::AssertionResult within(const Tensor& got, const Tensor& expected, const Tensor& bound) {
-  const float *g = got.data_as<float>(), *e = expected.data_as<float>(), *b = bound.data_as<float>();
-  for (std::int64_t i = 0; i < got.numel(); ++i)
-    if (!std::isfinite(g[i]) || std::abs(double(g[i]) - e[i]) > b[i])
-      return ::testing::AssertionFailure() << "output " << i << ": " << g[i] << " against " << e[i] << " (bound " << b[i] << ")";
-  return ::testing::AssertionSuccess();
-}
-
 // rows, in, out, block_cols: one row (decode), every count of x tiles with ragged rows (1..64),
 // inputs not a multiple of a stage (128) or of a block, a block of two stages, outputs not a
 // multiple of a column tile, a down projection's 6144 inputs, more column tiles than the GPU
@@ -158,7 +157,7 @@ TEST(Fp8Linear, MatchesTheDequantizedReferenceOnAwkwardShapes) {
       dy.poison();
       kernels::launch_fp8_linear(dx.as<bf16>(), d.matrix, dy.data(), rows, fp32, nullptr);
       testing::check_launch("fp8_linear");
-      EXPECT_TRUE(within_rounding(dy.download_float(), expected, magnitude, !fp32)) << (fp32 ? "fp32" : "bf16") << " out";
+      EXPECT_TRUE(within(dy.download_float(), expected, rounding_bound(expected, magnitude, !fp32))) << (fp32 ? "fp32" : "bf16") << " out";
     }
     const std::size_t room = std::size_t(kernels::kMaxLinearSplits) * kernels::kFp8LinearMaxRows * out + 64;
     DeviceBuffer partials(DType::F32, {std::int64_t(room)});
@@ -166,11 +165,9 @@ TEST(Fp8Linear, MatchesTheDequantizedReferenceOnAwkwardShapes) {
     const kernels::LinearOutput split = kernels::launch_fp8_linear_partials(dx.as<bf16>(), d.matrix, partials.as<float>(), room, rows, nullptr);
     testing::check_launch("fp8_linear_partials");
     EXPECT_GE(split.splits, 1);
-    EXPECT_TRUE(within_rounding(sum_of_splits(split, rows, out), expected, magnitude, false)) << split.splits << " splits";
+    EXPECT_TRUE(within(sum_of_splits(split, rows, out), expected, rounding_bound(expected, magnitude, false))) << split.splits << " splits";
     if (out % 16 == 0) {  // as a merged gate/up projection: SiLU(gate) * up in the kernel
-      Tensor bound = Tensor::empty(DType::F32, {rows, out});
-      for (std::int64_t i = 0; i < bound.numel(); ++i) bound.data_as<float>()[i] = float(kSumRounding * magnitude.data_as<float>()[i] + 1e-6);
-      const Glu want = glu_of(expected, bound);
+      const Glu want = glu_of(expected, rounding_bound(expected, magnitude, false));
       DeviceBuffer act(DType::BF16, {rows, out / 2});
       act.poison();
       kernels::launch_fp8_linear_glu(dx.as<bf16>(), d.matrix, act.as<bf16>(), rows, nullptr);

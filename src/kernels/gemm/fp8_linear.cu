@@ -13,6 +13,7 @@ namespace asynct::kernels {
 namespace {
 
 using skinny::Fp8Format;
+static_assert(kFp8LinearBlockCols == Fp8Format::kTileK, "a scale block holds whole stages");
 constexpr int kGroup = 16;  // inputs interleaved together: one k16 step
 
 // The input a group's stored position p holds: p = 4t + j holds 2t, 2t+8, 2t+1, 2t+9 for j = 0..3.

@@ -95,11 +95,11 @@ struct CudaModelRunner::Impl {
   // logprobs; otherwise the device finds greedy rows' tokens (summaries) and the host draws the
   // others, and every row's logprobs, in collect() from their logits copied back.
   bool device_sampler = false;
-  // Rows with an allowed-token mask (structured output) need the device sampler.
+  // The rows the device draws: every row with the device sampler; without it, greedy rows with
+  // nothing to apply before the argmax (no penalties, bias or mask).
   bool device_samples(const RowSampling& row) const {
-    if (row.mask_offset >= 0) return device_sampler;
-    return device_sampler ||
-           (row.params.temperature == 0.0f && !row.params.has_penalties() && row.bias_begin == row.bias_end);
+    return device_sampler || (row.params.temperature == 0.0f && !row.params.has_penalties() &&
+                              row.bias_begin == row.bias_end && row.mask_offset < 0);
   }
   bool needs_host_logits(const RowSampling& row) const {
     return !device_samples(row) || (!device_sampler && row.params.logprobs >= 0);

@@ -504,6 +504,7 @@ void Engine::take_drafted_tokens(Sequence& seq, int row, const StepOutput& out, 
     if (!kept) break;
     ++seq.num_computed;
     ++stats_.accepted_tokens;
+    ++stats_.decode_tokens;
   }
   blocks_.shrink(seq.block_table, seq.num_computed + 1);
   if (options_.prefix_caching) file_full_blocks(seq);

@@ -102,7 +102,8 @@ struct RequestOutput {
 struct EngineStats {
   std::int64_t steps = 0, preemptions = 0;
   // Tokens the model computed: a decode token is a generated token fed to the model for the
-  // first time (the newest token of a sequence past its prompt); prefill tokens are the rest,
+  // first time (the newest token of a sequence past its prompt, or a draft it kept); drafts it
+  // did not keep are neither (drafted_tokens - accepted_tokens); prefill tokens are the rest,
   // the prompts and the output a preempted sequence recomputes. Whatever the chunking, a
   // request that runs without preemption adds its prompt length to prefill_tokens (a forked
   // choice, add_request_group, none: its first choice computed the prompt) and (generated - 1)

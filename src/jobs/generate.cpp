@@ -199,6 +199,9 @@ int run_generate(const GenerateOptions& o) {
   std::fflush(info);
   std::vector<std::string> shown(prompts.size());  // each text prompt's output text so far
   std::map<std::int64_t, std::size_t> index_of;    // engine request id -> prompt index
+  std::vector<double> first_token_s(prompts.size(), -1);  // since t0, once its first token came
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto since_t0 = [t0] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     Request r;
     r.prompt = prompts[i];
@@ -206,11 +209,17 @@ int run_generate(const GenerateOptions& o) {
     r.sampling = sampling_for(o, i);
     r.eos_token_ids = eos;
     r.stop_token_ids = stop_ids;
+    double* first = &first_token_s[i];
+    r.on_token = [first, since_t0](const GeneratedToken&) {
+      if (*first < 0) *first = since_t0();
+      return true;
+    };
     if (text) {
       // Text safe to show as each token comes; returning false ends the request at a stop string.
       OutputText* out = texts[i].get();
       std::string* so_far = &shown[i];
-      r.on_token = [out, so_far, stream](const GeneratedToken& g) {
+      r.on_token = [out, so_far, stream, first, since_t0](const GeneratedToken& g) {
+        if (*first < 0) *first = since_t0();
         const std::string piece = out->push(g.token);
         if (stream) write(stdout, piece);
         *so_far += piece;
@@ -226,7 +235,7 @@ int run_generate(const GenerateOptions& o) {
     const std::size_t i = index_of.at(output.id);
     outputs[i] = std::move(output);
     if (!text && !o.json) return;  // token ids: printed in request order at the end
-    FinishedRequest r{i, prompts[i].size(), &outputs[i], bool(text), "", ""};
+    FinishedRequest r{i, prompts[i].size(), &outputs[i], bool(text), "", "", first_token_s[i], since_t0()};
     if (text) {
       const std::string tail = texts[i]->finish();
       if (stream) write(stdout, tail);
@@ -239,7 +248,6 @@ int run_generate(const GenerateOptions& o) {
     write(stdout, report);
     if (stream) write(info, summary_line(r) + "\n");
   };
-  const auto t0 = std::chrono::steady_clock::now();
   while (engine.has_unfinished())
     for (RequestOutput& output : engine.step()) finish(output);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

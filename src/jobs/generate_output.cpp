@@ -118,6 +118,8 @@ nlohmann::json request_json(const FinishedRequest& r, const TokenBytes& token_by
     j["text"] = r.text;
     if (!r.stop_string.empty()) j["stop"] = r.stop_string;
   }
+  if (r.first_token_s >= 0) j["first_token_s"] = r.first_token_s;
+  if (r.end_s >= 0) j["end_s"] = r.end_s;
   if (!o.logprobs.empty()) {
     const auto entry = [&](std::int32_t id, float logprob) {
       nlohmann::json e = {{"id", id}};

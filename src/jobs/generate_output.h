@@ -24,6 +24,9 @@ struct FinishedRequest {
   bool has_text = false;          // a text prompt: `text` is its output text
   std::string text;
   std::string stop_string;        // the stop string that ended the text, if one did
+  // Seconds from the start of the run to its first token and to its end (the JSON line's timing:
+  // bench/bench_speculative.py reads each request's generation rate from them); < 0: not timed.
+  double first_token_s = -1, end_s = -1;
 };
 
 // A token's bytes in double quotes, readable on a terminal: valid UTF-8 as it is; newline, tab,
@@ -42,7 +45,8 @@ std::string summary_line(const FinishedRequest& r);
 // One line per generated token: its position, id (and text), logprob, then the top-n.
 std::string logprob_table(const FinishedRequest& r, const TokenBytes& token_bytes);
 
-// {"request", "prompt_tokens", "token_ids", "finish_reason", ["text", "stop"], ["logprobs"]}:
+// {"request", "prompt_tokens", "token_ids", "finish_reason", ["text", "stop"], ["first_token_s",
+// "end_s"], ["logprobs"]}:
 // logprobs (when asked) as [{"id", ["token"], "logprob", "top_logprobs": [{"id", ["token"],
 // "logprob"}]}], token texts as UTF-8 with U+FFFD for a partial character.
 nlohmann::json request_json(const FinishedRequest& r, const TokenBytes& token_bytes);

@@ -20,6 +20,7 @@
 #include "models/cpu_fast/attention.h"
 #include "models/cpu_fast/cpu_fast_runner.h"
 #include "models/cpu_fast/kernels.h"
+#include "models/cpu_fast/linear.h"
 #include "models/cpu_fast/thread_pool.h"
 #include "models/step_budget.h"
 #include "core/parallel.h"
@@ -153,6 +154,47 @@ TEST_P(CpuFastKernels, Int8GemmMatchesTheDequantizedReference) {
       cpu_fast::gemm_int8(&xq, x.data_as<float>(), in, rows, q, first, out, y.data(), out);
       expect_close(y.data(), linear(xd, w).data_as<float>(), std::int64_t(rows) * out, 2e-6 * in,
                    "int8 gemm, int8 rows " + std::to_string(rows) + "x" + std::to_string(in));
+    }
+}
+
+// A row's product is the same, bit for bit, whether it runs alone or beside up to
+// kBatchInvariantRows - 1 others (each weight format, through linear() as the runner calls it):
+// speculative decoding's verification rows and a small decode batch give the tokens of one row
+// at a time.
+TEST_P(CpuFastKernels, FewRowsGiveEachRowItsResultAlone) {
+  Random rng(8);
+  ThreadPool pool(3);
+  for (const int in : {13, 200, 576})
+    for (const int out : {5, 70}) {
+      const Tensor w_float = rng.normal({out, in});
+      const std::vector<std::uint16_t> wb = to_bf16(w_float);
+      const cpu_fast::Int8Matrix w8 = cpu_fast::quantize_int8(wb.data(), out, in);
+      std::vector<std::uint8_t> fp8(std::size_t(out) * std::size_t(in));
+      for (auto& v : fp8) v = std::uint8_t(rng.integer(0, 255) & 0xf7);  // no NaN (0x7f, 0xff)
+      const Tensor scales = rng.uniform({out, (in + 127) / 128}, 1e-3f, 1e-2f);
+      const cpu_fast::Projection formats[3] = {{.bf16 = wb.data()},
+                                               {.fp8 = fp8.data(), .scales = scales.data_as<float>(), .block_rows = 1, .block_cols = 128},
+                                               {.int8 = &w8}};
+      const char* names[3] = {"bf16", "fp8", "int8"};
+      for (int f = 0; f < 3; ++f) {
+        const std::vector<cpu_fast::LinearPart> parts = {{formats[f], out, 0}};
+        const int rows = cpu_fast::kBatchInvariantRows;
+        const Tensor x = rng.normal({rows, in});
+        std::vector<float> together(std::size_t(rows) * std::size_t(out), std::numeric_limits<float>::quiet_NaN());
+        std::vector<float> alone(static_cast<std::size_t>(out));
+        for (int n = 1; n <= rows; ++n) {
+          cpu_fast::linear(pool, x.data_as<float>(), n, in, in, parts, together.data(), out);
+          for (int r = 0; r < n; ++r) {
+            std::fill(alone.begin(), alone.end(), std::numeric_limits<float>::quiet_NaN());
+            cpu_fast::linear(pool, x.data_as<float>() + std::int64_t(r) * in, 1, in, in, parts, alone.data(), out);
+            for (int o = 0; o < out; ++o) {
+              ASSERT_TRUE(std::isfinite(alone[std::size_t(o)]));
+              ASSERT_EQ(together[std::size_t(r) * out + o], alone[std::size_t(o)])
+                  << names[f] << " in " << in << " out " << out << ": row " << r << " of " << n << ", column " << o;
+            }
+          }
+        }
+      }
     }
 }
 
@@ -386,9 +428,10 @@ TEST_P(CpuFastRunnerArch, Fp8WeightsMatchTheReference) {
   }
 }
 
-// int8 weights (--quantization int8) against the reference on their dequantized values: decode
-// rows are quantized to int8 too (the reference keeps them float), so the logits differ by that
-// rounding: within 2e-2 of the largest logit, greedy tokens the same but for near ties.
+// int8 weights (--quantization int8) against the reference on their dequantized values: products
+// of up to kBatchInvariantRows rows (every step here, the 9-token prompt's too) quantize x to int8
+// as well (the reference keeps it float), so the logits differ by that rounding: within 3e-2 of
+// the largest logit, greedy tokens the same but for near ties.
 TEST_P(CpuFastRunnerArch, Int8WeightsMatchTheReference) {
   const ModelWeights weights = random_weights(tiny_config(GetParam()), 11);
   ModelWeights dequantized = weights;
@@ -421,7 +464,7 @@ TEST_P(CpuFastRunnerArch, Int8WeightsMatchTheReference) {
     b = make_batch({{{r.summaries[0].token}, 9 + step, {3, 9, 5, 7}}}, bs);
   }
   std::printf("int8: largest logit difference / largest logit %.2e; %d near ties\n", worst, near_ties);
-  EXPECT_LE(worst, 2e-2);
+  EXPECT_LE(worst, 3e-2);
   EXPECT_LE(near_ties, 1);
   testing::expect_error([&] { CpuFastModelRunner(quantize_fp8(weights), blocks, bs, KvCacheDtype::BF16, true); },
                "--quantization int8 quantizes bf16 weights");

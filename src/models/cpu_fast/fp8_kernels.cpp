@@ -159,7 +159,7 @@ void gemm_fp8(const float* x, std::int64_t ldx, int rows, const std::uint8_t* w,
 #else
   const bool vector = false;
 #endif
-  if (rows <= 2) {  // decode rows: each weight row read once, straight from memory
+  if (rows <= kBatchInvariantRows) {  // decode rows: each weight row read once, straight from memory
     for (int o = 0; o < nw; ++o) {
       const std::uint8_t* row = w + std::int64_t(o) * in;
       const float* s = scale_row(scales, block_rows, block_cols, in, first + o);

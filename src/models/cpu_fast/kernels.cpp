@@ -263,9 +263,10 @@ AVX2 void bf16_to_float_avx2(const std::uint16_t* in, float* out, int n) {
 
 AVX2 void gemm_avx2(const float* x, std::int64_t ldx, int rows, const std::uint16_t* w, int nw, int in, float* y,
                     std::int64_t ldy) {
-  if (rows <= 2) {  // decode rows: each weight row read once, straight from memory
+  if (rows <= kBatchInvariantRows) {  // decode rows: each weight row read once, straight from memory
     // Prefetching 4 rows ahead keeps more of the row's lines in flight than the hardware's
-    // prefetcher alone does.
+    // prefetcher alone does. Each row of x is one dot product: its sum is the same beside
+    // other rows as alone [C6].
     const char* end = reinterpret_cast<const char*>(w + std::int64_t(nw) * in);
     for (int o = 0; o < nw; ++o) {
       const char* ahead = reinterpret_cast<const char*>(w + std::int64_t(o + 4) * in);
@@ -274,15 +275,7 @@ AVX2 void gemm_avx2(const float* x, std::int64_t ldx, int rows, const std::uint1
     }
     return;
   }
-  if (rows >= 12) return gemm_panels_avx2(x, ldx, rows, w, nw, in, y, ldy);
-  // A few rows: 4 weight rows at a time in float32, shared by every row of x.
-  thread_local std::vector<float> tile;
-  tile.assign(std::size_t(4) * std::size_t(in), 0.0f);
-  for (int o = 0; o < nw; o += 4) {
-    const int n = std::min(4, nw - o);
-    for (int k = 0; k < n; ++k) bf16_to_float_avx2(w + std::int64_t(o + k) * in, tile.data() + std::size_t(k) * in, in);
-    gemm_tile4_avx2(x, ldx, rows, tile.data(), n, in, y + o, ldy);
-  }
+  gemm_panels_avx2(x, ldx, rows, w, nw, in, y, ldy);
 }
 
 // Four keys at a time: four accumulators, summed across lanes together at the end.

@@ -15,6 +15,13 @@ bool vector_kernels();
 // Makes every kernel take its plain C++ form (true) or the best the CPU has (false): tests.
 void use_generic_kernels(bool generic);
 
+// Products of up to this many rows give each row the float32 result it gets alone, whatever rows
+// are beside it (every weight format takes one row's path for each): a decode batch of up to 11
+// sequences, or the verification of up to 10 drafts at batch 1 (speculative decoding), yields the
+// tokens the rows would alone [C6]. More rows take the prefill forms (packed panels, converted
+// tiles), whose sums are ordered otherwise.
+inline constexpr int kBatchInvariantRows = 11;
+
 // y[r * ldy + o] = sum_i x[r * ldx + i] * w[o * in + i] for r < rows, o < nw: a tile of x W^T
 // with W bf16 [nw, in] (PyTorch's layout).
 void gemm_bf16(const float* x, std::int64_t ldx, int rows, const std::uint16_t* w, int nw, int in, float* y,

@@ -18,10 +18,12 @@ void linear(ThreadPool& pool, const float* x, std::int64_t rows, std::int64_t ld
   const std::int64_t pieces = decode ? 1 : (rows + 191) / 192;
   const std::int64_t row_piece = decode ? rows : ((rows + pieces - 1) / pieces + 5) / 6 * 6;  // even pieces
   const std::int64_t row_pieces = (rows + row_piece - 1) / row_piece;
-  // Decode rows meet int8 weights as int8 themselves: quantized once, here.
+  // Decode rows meet int8 weights as int8 themselves (quantized once, here), as many as give each
+  // row its result alone (kBatchInvariantRows).
   Int8Rows xq;
   const bool int8 = std::any_of(parts.begin(), parts.end(), [](const LinearPart& p) { return p.weight.int8 != nullptr; });
-  if (decode && int8) quantize_rows_int8(x, ldx, int(rows), in, xq);
+  const bool quantized = int8 && rows <= kBatchInvariantRows;
+  if (quantized) quantize_rows_int8(x, ldx, int(rows), in, xq);
   struct Task {
     int part, first;
   };
@@ -37,7 +39,7 @@ void linear(ThreadPool& pool, const float* x, std::int64_t rows, std::int64_t ld
     float* out = y + r0 * ldy + part.y_offset + t.first;
     const Projection& w = part.weight;
     if (w.int8)
-      gemm_int8(decode ? &xq : nullptr, x + r0 * ldx, ldx, n_rows, *w.int8, t.first, nw, out, ldy);
+      gemm_int8(quantized ? &xq : nullptr, x + r0 * ldx, ldx, n_rows, *w.int8, t.first, nw, out, ldy);
     else if (w.bf16)
       gemm_bf16(x + r0 * ldx, ldx, n_rows, w.bf16 + std::int64_t(t.first) * in, nw, in, out, ldy);
     else

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Speculative decoding against none, one request at a time (batch 1), on two workloads: `rewrite`
+(the answer repeats its input: code to annotate or rename in, text to correct) and `chat` (plain
+questions). Each figure is a workload's generated tokens over its requests' generation time (from
+a request's first token to its end, read from `asynct generate --json`; the prompt's prefill is
+left out), the best of --rounds rounds, the methods taking turns within a round so that a busy
+moment does not favour one. Greedy outputs must be identical with and without speculation: a
+difference is an error.
+
+    python3 bench/bench_speculative.py --build build/cpu --model DIR [--device cpu] [--rounds 3]
+        [--methods ngram,suffix] [--tokens 4] [--max-tokens 256] [--out FILE.json]
+
+On the CPU the run (SmolLM2-135M-Instruct, 2 rounds) takes about two minutes.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+CODE = '''def merge_sorted(a, b):
+    result = []
+    i = 0
+    j = 0
+    while i < len(a) and j < len(b):
+        if a[i] <= b[j]:
+            result.append(a[i])
+            i += 1
+        else:
+            result.append(b[j])
+            j += 1
+    result.extend(a[i:])
+    result.extend(b[j:])
+    return result'''
+
+C_CODE = '''int count_words(const char *text) {
+    int count = 0;
+    int in_word = 0;
+    for (const char *p = text; *p != '\\0'; p++) {
+        if (*p == ' ' || *p == '\\n' || *p == '\\t') {
+            in_word = 0;
+        } else if (!in_word) {
+            in_word = 1;
+            count++;
+        }
+    }
+    return count;
+}'''
+
+TEXT = ("The lighthouse stood on the edge of the cliff for more then a hundred years. Every night its "
+        "keeper climbed the narow stairs to light the lamp, and every morning he wrote the weather in "
+        "a small book. Ships that passed the coast new the light and trusted it to guide them home "
+        "safely through the storms of winter.")
+
+WORKLOADS = {
+    "rewrite": [
+        "Rewrite this Python function with type hints, changing nothing else:\n\n" + CODE,
+        "Rename the variable `count` to `words` in this C function and show the whole function:\n\n" + C_CODE,
+        "Correct the spelling mistakes in this paragraph and write it out again:\n\n" + TEXT,
+        "Add a docstring to this Python function and show the whole function:\n\n" + CODE,
+    ],
+    "chat": [
+        "What are three tips for staying healthy?",
+        "Write a short poem about the sea.",
+        "Explain what a hash table is to a beginner.",
+        "Why do leaves change colour in autumn?",
+    ],
+}
+
+
+def generate(args, prompt, method):
+    """(token ids, generated tokens, seconds of generation) of one request."""
+    cmd = [os.path.join(args.build, "src", "asynct"), "generate", "--model", args.model, "--chat", "--prompt", prompt,
+           "--max-tokens", str(args.max_tokens), "--device", args.device, "--json", "--speculative", method,
+           "--speculative-tokens", str(args.tokens)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench_speculative: {' '.join(cmd[:3])} ... failed:\n{done.stderr}")
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    drafted = kept = 0
+    for info in done.stderr.splitlines():
+        if info.startswith("speculative:"):
+            words = info.split()
+            drafted, kept = int(words[1]), int(words[4])
+    tokens = line["token_ids"]
+    return tokens, len(tokens) - 1, line["end_s"] - line["first_token_s"], drafted, kept
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--build", required=True, help="build directory (its src/asynct)")
+    p.add_argument("--model", required=True, help="checkpoint directory with a tokenizer and chat template")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--methods", default="ngram,suffix", help="comma-separated, beside none")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of " + ", ".join(WORKLOADS))
+    p.add_argument("--tokens", type=int, default=4, help="--speculative-tokens")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", help="write the figures as JSON here")
+    args = p.parse_args()
+    if args.rounds < 1 or args.tokens < 1 or args.max_tokens < 2:
+        sys.exit("bench_speculative: --rounds and --tokens must be >= 1, --max-tokens >= 2")
+    methods = ["none"] + [m for m in args.methods.split(",") if m and m != "none"]
+    workloads = {w: WORKLOADS[w] for w in args.workloads.split(",") if w}
+    if not workloads or len(workloads) != len([w for w in args.workloads.split(",") if w]):
+        sys.exit(f"bench_speculative: --workloads takes some of {', '.join(WORKLOADS)}")
+
+    # best[(workload, prompt index, method)] = seconds; the token counts do not change between rounds.
+    best, generated, outputs, drafts = {}, {}, {}, {}
+    for r in range(args.rounds):
+        for workload, prompts in workloads.items():
+            for i, prompt in enumerate(prompts):
+                for method in methods:
+                    tokens, count, seconds, drafted, kept = generate(args, prompt, method)
+                    key = (workload, i, method)
+                    best[key] = min(best.get(key, seconds), seconds)
+                    generated[key], drafts[key] = count, (drafted, kept)
+                    base = outputs.setdefault((workload, i), tokens)
+                    if tokens != base:
+                        sys.exit(f"bench_speculative: {workload} prompt {i}: --speculative {method} generated other tokens "
+                                 "than none (greedy outputs must be identical)")
+                print(f"round {r + 1}/{args.rounds}: {workload} prompt {i + 1}/{len(prompts)} "
+                      + ", ".join(f"{m} {generated[(workload, i, m)] / best[(workload, i, m)]:.1f}" for m in methods)
+                      + " tokens/s", file=sys.stderr, flush=True)
+
+    figures = {}
+    print(f"| workload | method | generated tokens/s | x none | drafts kept | tokens |")
+    print(f"|---|---|---|---|---|---|")
+    for workload, prompts in workloads.items():
+        for method in methods:
+            keys = [(workload, i, method) for i in range(len(prompts))]
+            rate = sum(generated[k] for k in keys) / sum(best[k] for k in keys)
+            drafted = sum(drafts[k][0] for k in keys)
+            kept = sum(drafts[k][1] for k in keys)
+            figures.setdefault(workload, {})[method] = {"tokens_per_s": rate, "drafted": drafted, "kept": kept,
+                                                       "generated": sum(generated[k] for k in keys)}
+            ratio = rate / figures[workload]["none"]["tokens_per_s"]
+            share = f"{100.0 * kept / drafted:.0f}%" if drafted else "-"
+            print(f"| {workload} | {method} | {rate:.1f} | {ratio:.2f}x | {share} | {figures[workload][method]['generated']} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"model": args.model, "device": args.device, "speculative_tokens": args.tokens,
+                       "max_tokens": args.max_tokens, "rounds": args.rounds, "prompts": workloads,
+                       "figures": figures}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

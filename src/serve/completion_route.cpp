@@ -196,6 +196,8 @@ void HttpServer::complete(Endpoint endpoint, const std::string& body, httplib::R
     if (got.empty()) {
       for (const auto& stream : streams) stream->cancel();
       if (worker_.draining()) throw ApiError(503, "the server is shutting down");
+      if (const std::string failure = worker_.failure(); !failure.empty())
+        throw ApiError(503, "the engine failed and takes no more requests (restart the server): " + failure);
       throw ApiError(429, "the server is busy: too many requests at once; try again");
     }
     streams.insert(streams.end(), got.begin(), got.end());

@@ -117,6 +117,11 @@ std::vector<std::shared_ptr<RequestStream>> EngineWorker::submit_group(std::vect
   return streams;
 }
 
+std::string EngineWorker::failure() const {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
 void EngineWorker::drain() {
   const std::lock_guard<std::mutex> lock(mutex_);
   draining_ = true;
@@ -267,6 +272,7 @@ void EngineWorker::fail_all(const std::string& error) {
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
+    failure_ = error.empty() ? "unknown error" : error;
     left.swap(inbox_);
   }
   const auto fail = [&](const std::shared_ptr<RequestStream>& stream) {

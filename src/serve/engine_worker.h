@@ -114,6 +114,9 @@ class EngineWorker {
   int max_in_flight() const { return max_in_flight_; }
   // Whether submit() refuses every request now (draining or stopped): the server's 503.
   bool draining() const { return draining_; }
+  // The error the engine failed with (its step threw: every request then ended with it and
+  // none is taken after); empty while it runs. The server's 503 and /health say it.
+  std::string failure() const;
   // Refuses new requests and cancels every one in flight: each ends at its next token or prompt
   // chunk with finish reason "abort" (its reader gets the final event). The thread keeps stepping.
   void drain();
@@ -150,7 +153,8 @@ class EngineWorker {
   ServerMetrics& metrics_;
   std::atomic<int> in_flight_{0};
   std::atomic<bool> draining_{false};
-  std::mutex mutex_;
+  std::string failure_;  // under mutex_
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::vector<Pending> inbox_;
   bool stopping_ = false;

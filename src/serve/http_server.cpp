@@ -329,6 +329,8 @@ void HttpServer::handle_health(const httplib::Request&, httplib::Response& res, 
   // 503 from the first moment of draining: a load balancer stops sending before the server closes.
   if (worker_.draining())
     write_error(res, ApiError(503, "the server is shutting down"));
+  else if (const std::string failure = worker_.failure(); !failure.empty())
+    write_error(res, ApiError(503, "the engine failed: " + failure));
   else
     res.set_content(R"({"status":"ok"})", "application/json");
 }

@@ -260,6 +260,57 @@ TEST_P(CudaModel, CudaGraphsOnEqualsOff) {
   }
 }
 
+// A constraint allowing three tokens a step (a low, a middle and a high id of a 151936-token
+// vocabulary, changing with the step), which checks that each token taken is one it allowed.
+class ThreeTokens : public TokenConstraint {
+ public:
+  explicit ThreeTokens(int salt) : salt_(salt) {}
+  void fill_allowed(std::uint32_t* words, int vocab) override {
+    allowed_ = {(salt_ * 7 + step_) % 64, 70000 + (salt_ * 131 + step_ * 17) % 1000, vocab - 1 - (salt_ + step_) % 40};
+    for (const int t : allowed_) words[t / 32] |= 1u << (t % 32);
+  }
+  bool accept(std::int32_t token) override {
+    ++step_;
+    return std::find(allowed_.begin(), allowed_.end(), token) != allowed_.end();
+  }
+  bool complete() const override { return false; }
+
+ private:
+  int salt_, step_ = 0;
+  std::vector<int> allowed_;
+};
+
+// Constrained rows drawn on the device in decode steps (CUDA graphs on and off, after graphs
+// were captured for unconstrained steps of the same shapes): every token one the mask allowed
+// (the engine throws otherwise), greedy and sampled, at Qwen3's vocabulary size.
+TEST_P(CudaModel, ConstrainedDecodeStepsTakeOnlyAllowedTokens) {
+  testing::require_gpu();
+  ModelConfig c = tiny_config(GetParam());
+  c.vocab_size = 151936;
+  ModelWeights w = random_weights(c, 29);
+  auto generate = [&](bool graphs, bool constrained) {
+    auto runner = std::make_unique<CudaModelRunner>(w, 64, 16, 64);
+    runner->set_cuda_graphs(graphs);
+    Engine e(std::move(runner), c.vocab_size, {});
+    for (int round = 0; round < 2; ++round) {
+      for (int r = 0; r < 6; ++r) {
+        Request req;
+        for (int t = 0; t < 5 + 3 * r; ++t) req.prompt.push_back((t * 13 + r) % c.vocab_size);
+        req.max_tokens = 20;
+        if (r % 2) req.sampling = {.temperature = 0.9f, .top_k = 40, .seed = std::uint64_t(r)};
+        if (constrained || round == 1) req.constraint = [r] { return std::make_unique<ThreeTokens>(r); };
+        e.add_request(req);
+      }
+      for (const RequestOutput& out : e.run_to_completion()) EXPECT_EQ(out.tokens.size(), 20u);
+    }
+  };
+  for (const bool graphs : {false, true})
+    for (const bool constrained : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "graphs " << graphs << ", constrained from the first round " << constrained);
+      EXPECT_NO_THROW(generate(graphs, constrained));
+    }
+}
+
 // Decode steps queued before the host reads the tokens they continue from (the runner takes
 // them from the step before on the device) give the tokens of steps run one at a time, with
 // CUDA graphs, across block-table widths, and when a sequence ends at an end-of-sequence token
@@ -341,8 +392,8 @@ TEST_P(CudaModel, DeviceGreedyTokensAreTheHostArgmax) {
 // Every row drawn by the runner follows the host sampler on the logits that came back:
 // with the device sampler (sm_90) every row is drawn on the device, its token the reference's
 // (but for a draw within rounding of a boundary, not met here), its logprobs within 1e-4 of the
-// reference's double-precision ones (a logit bias applied there too; a row with an allowed-token
-// mask is drawn on the host), and a step queued behind may take its tokens, so sampled
+// reference's double-precision ones (a logit bias and an allowed-token mask applied there too),
+// and a step queued behind may take its tokens, so sampled
 // decode steps pipeline and give the same tokens as unpipelined ones. Without it, only greedy
 // rows without penalties are drawn on the device and the others on the host; a step queued
 // behind may take tokens only from rows the device drew, and the engine queues none behind
@@ -367,14 +418,14 @@ TEST_P(CudaModel, RowsFollowTheReferenceSampler) {
   b.sampling[2].params = {.logprobs = 2};                               // greedy with logprobs and a bias
   b.logit_bias = {{11, 100.0f}, {12, -3.0f}};
   b.sampling[2].bias_end = 2;
-  b.sampling[3].params = {.temperature = 1.2f, .min_p = 0.1f, .seed = 9};  // an allowed-token mask: drawn on the host
+  b.sampling[3].params = {.temperature = 1.2f, .min_p = 0.1f, .seed = 9};  // with an allowed-token mask
   b.token_masks.assign(std::size_t(token_mask_words(vocab)), 0u);
   for (int t : {3, 40, 41}) b.token_masks[std::size_t(t / 32)] |= 1u << (t % 32);
   b.sampling[3].mask_offset = 0;
   EXPECT_EQ(gpu.samples_on_device(b.sampling[0]), device_sampler);
   EXPECT_EQ(gpu.samples_on_device(b.sampling[1]), device_sampler);
   EXPECT_EQ(gpu.samples_on_device(b.sampling[2]), device_sampler);
-  EXPECT_FALSE(gpu.samples_on_device(b.sampling[3]));
+  EXPECT_EQ(gpu.samples_on_device(b.sampling[3]), device_sampler);
   b.full_logits.assign(4, 1);  // to compare with the reference
   const StepOutput& out = gpu.forward(b);
   ASSERT_EQ(out.summaries.size(), 4u);

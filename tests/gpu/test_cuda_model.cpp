@@ -280,9 +280,9 @@ class ThreeTokens : public TokenConstraint {
   std::vector<int> allowed_;
 };
 
-// Constrained rows drawn on the device in decode steps (CUDA graphs on and off, after graphs
-// were captured for unconstrained steps of the same shapes): every token one the mask allowed
-// (the engine throws otherwise), greedy and sampled, at Qwen3's vocabulary size.
+// Constrained rows drawn on the device in decode steps of 34 rows (CUDA graphs on and off, after
+// graphs were captured for unconstrained steps of the same shapes): every token one the mask
+// allowed (the engine throws otherwise), greedy and sampled, at Qwen3's vocabulary size.
 TEST_P(CudaModel, ConstrainedDecodeStepsTakeOnlyAllowedTokens) {
   testing::require_gpu();
   ModelConfig c = tiny_config(GetParam());
@@ -293,15 +293,15 @@ TEST_P(CudaModel, ConstrainedDecodeStepsTakeOnlyAllowedTokens) {
     runner->set_cuda_graphs(graphs);
     Engine e(std::move(runner), c.vocab_size, {});
     for (int round = 0; round < 2; ++round) {
-      for (int r = 0; r < 6; ++r) {
+      for (int r = 0; r < 34; ++r) {  // 34 rows a decode step: the sampler's cluster layouts of many rows
         Request req;
-        for (int t = 0; t < 5 + 3 * r; ++t) req.prompt.push_back((t * 13 + r) % c.vocab_size);
-        req.max_tokens = 20;
+        for (int t = 0; t < 5 + r % 7; ++t) req.prompt.push_back((t * 13 + r) % c.vocab_size);
+        req.max_tokens = 12;
         if (r % 2) req.sampling = {.temperature = 0.9f, .top_k = 40, .seed = std::uint64_t(r)};
         if (constrained || round == 1) req.constraint = [r] { return std::make_unique<ThreeTokens>(r); };
         e.add_request(req);
       }
-      for (const RequestOutput& out : e.run_to_completion()) EXPECT_EQ(out.tokens.size(), 20u);
+      for (const RequestOutput& out : e.run_to_completion()) EXPECT_EQ(out.tokens.size(), 12u);
     }
   };
   for (const bool graphs : {false, true})

@@ -4,6 +4,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <map>
 #include <utility>
@@ -487,6 +488,15 @@ void Engine::check_row(const Sequence& seq, int row, const StepState& s, const S
         " for logit row ", row, ", outside the vocabulary [0, ", vocab_size_, ")");
   check(!s.batch.full_logits[std::size_t(row)] || out.logits[std::size_t(row)],
         "engine: the runner did not return logit row ", row);
+  if (const int offset = s.batch.sampling[std::size_t(row)].mask_offset; offset >= 0) {
+    const std::uint32_t* mask = s.batch.token_masks.data() + offset;
+    if (!(mask[summary.token / 32] >> (summary.token % 32) & 1u)) {
+      std::int64_t allowed = 0;
+      for (int w = 0; w < token_mask_words(vocab_size_); ++w) allowed += std::popcount(mask[w]);
+      throw Error(detail::concat("engine: the runner gave token ", summary.token, " for logit row ", row,
+                                 ", which its allowed-token mask leaves out (the mask allows ", allowed, " tokens)"));
+    }
+  }
   const int top = seq.request.sampling.logprobs;
   check(top <= 0 || out.top_logprobs[std::size_t(row)].size() == std::size_t(std::min(top, vocab_size_)),
         "engine: the runner returned ", out.top_logprobs[std::size_t(row)].size(), " top logprobs for logit row ",

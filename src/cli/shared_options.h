@@ -42,6 +42,10 @@ inline void add_speculative_options(CLI::App* cmd, SpeculativeOptions& o) {
                   "tokens, fewer steps where the output repeats its input or earlier requests")
       ->check(CLI::IsMember({"none", "ngram", "suffix"}));
   cmd->add_option("--speculative-tokens", o.num_tokens, "tokens drafted a step at most")->check(integer_in(1, 64));
+  cmd->add_option("--speculative-max-batch", o.max_batch,
+                  "draft only while at most this many sequences run (0: any number); a sequence whose drafts keep "
+                  "nothing also pauses drafting for a while")
+      ->check(integer_in(0, 1 << 20));
   cmd->add_option("--ngram-min", o.ngram_min, "the shortest match prompt lookup drafts from")->check(integer_in(1, 64));
   cmd->add_option("--ngram-max", o.ngram_max, "the longest match prompt lookup tries first")->check(integer_in(1, 64));
   cmd->add_option("--suffix-depth", o.suffix_depth, "the longest window suffix decoding indexes (a match and the token after it)")

@@ -19,6 +19,8 @@ void validate_speculative(const SpeculativeOptions& o) {
         "--suffix-cache-tokens must be in 0..2^30, got ", o.suffix_cache_tokens);
   check(o.suffix_request_tokens >= 1 && o.suffix_request_tokens <= (std::int64_t(1) << 30),
         "--suffix-request-tokens must be in 1..2^30, got ", o.suffix_request_tokens);
+  check(o.max_batch >= 0 && o.max_batch <= (1 << 20), "--speculative-max-batch must be in 0..2^20, got ", o.max_batch);
+  check(o.max_pause >= 0 && o.max_pause <= (1 << 20), "the longest drafting pause must be in 0..2^20 steps, got ", o.max_pause);
 }
 
 std::vector<std::int32_t> ngram_draft(std::span<const std::int32_t> tokens, int min_n, int max_n, int max_tokens) {

@@ -27,12 +27,19 @@ struct SpeculativeOptions {
   double suffix_min_probability = 0.1;
   std::int64_t suffix_cache_tokens = std::int64_t(1) << 16;
   std::int64_t suffix_request_tokens = 4096;
+  // When drafting stops (it costs more than it gives): a step drafts only while at most
+  // max_batch sequences run (0: any number; each draft is one more row of every product, and a
+  // large batch's rows are no longer free); and a sequence whose round of drafts kept none skips
+  // its next 1, 2, 4, ... rounds of drafts, up to max_pause (0: never), until a round keeps one [S2].
+  int max_batch = 8;
+  int max_pause = 16;
   bool enabled() const { return method != "none"; }
 };
 
 // Throws Error naming the option: an unknown method, num_tokens outside 1..64, ngram lengths
 // outside 1..64 or min over max, suffix depth outside 2..64, min probability outside [0, 1],
-// cached tokens outside 0..2^30, a request's own tokens outside 1..2^30.
+// cached tokens outside 0..2^30, a request's own tokens outside 1..2^30, max_batch outside
+// 0..2^20, max_pause outside 0..2^20.
 void validate_speculative(const SpeculativeOptions& options);
 
 // Prompt lookup over `tokens` (a sequence's prompt and output): for n from max_n down to min_n,

@@ -110,6 +110,17 @@ void Engine::schedule(StepState& s) {
     Sequence* seq = running_[i].get();
     int n = std::min(int(seq->tokens.size()) - seq->num_computed, budget);
     seq->drafts = drafts_for(*seq, budget);
+    if (!seq->drafts.empty()) {  // the switch-off rule (SpeculativeOptions::max_batch, max_pause)
+      const int max_batch = options_.speculative.max_batch;
+      if (max_batch > 0 && int(running_.size()) > max_batch) {
+        seq->drafts.clear();
+        ++stats_.drafts_skipped_batch;
+      } else if (seq->draft_pause > 0) {
+        seq->drafts.clear();
+        --seq->draft_pause;
+        ++stats_.drafts_skipped_paused;
+      }
+    }
     n += int(seq->drafts.size());
     bool preempted_self = false;
     while (!blocks_.can_grow(seq->block_table, seq->num_computed + n)) {
@@ -506,7 +517,8 @@ void Engine::check_row(const Sequence& seq, int row, const StepState& s, const S
 void Engine::take_drafted_tokens(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done) {
   const std::vector<std::int32_t> drafts = std::move(seq.drafts);
   seq.drafts.clear();
-  for (std::size_t ahead = 0;; ++ahead) {
+  std::size_t ahead = 0;
+  for (;; ++ahead) {
     // The model's token after the drafts kept so far; a draft it equals was computed at the
     // position it now has, so its K/V stay.
     const bool kept = ahead < drafts.size() && out.summaries[std::size_t(row) + ahead].token == drafts[ahead];
@@ -515,6 +527,15 @@ void Engine::take_drafted_tokens(Sequence& seq, int row, const StepOutput& out, 
     ++seq.num_computed;
     ++stats_.accepted_tokens;
     ++stats_.decode_tokens;
+  }
+  // A round that kept nothing pauses the sequence's drafting, each time twice as long (up to
+  // max_pause); one that kept a draft ends the pauses.
+  const int max_pause = options_.speculative.max_pause;
+  if (ahead == 0 && max_pause > 0) {
+    seq.draft_pause = std::min(seq.next_draft_pause, max_pause);
+    seq.next_draft_pause = std::min(2 * seq.next_draft_pause, max_pause);
+  } else {
+    seq.next_draft_pause = 1;
   }
   blocks_.shrink(seq.block_table, seq.num_computed + 1);
   if (options_.prefix_caching) file_full_blocks(seq);

@@ -113,6 +113,9 @@ struct EngineStats {
   // Speculative decoding: sequence-steps that verified drafts, the tokens drafted in them, and
   // those the model kept (each kept draft is a token the step gave beyond the one it gives anyway).
   std::int64_t draft_rounds = 0, drafted_tokens = 0, accepted_tokens = 0;
+  // Sequence-steps that would have drafted but for SpeculativeOptions' switch-off rule: the
+  // batch over max_batch, or the sequence's pause after a round that kept nothing.
+  std::int64_t drafts_skipped_batch = 0, drafts_skipped_paused = 0;
   // Prefix caching: the tokens of the requests that started running (again, after a
   // preemption), and those of them found in cached blocks (not computed).
   std::int64_t prefix_cache_queries = 0, prefix_cache_hits = 0;
@@ -188,6 +191,8 @@ class Engine {
     std::vector<std::unique_ptr<Sequence>> forks;  // its group's other choices, until they fork
     std::vector<std::int32_t> drafts;  // this step's drafted tokens after its newest (speculative decoding)
     std::unique_ptr<SuffixIndex> suffix;  // its newest prompt and output tokens (--speculative suffix, when it drafts)
+    // Drafting paused for this many more steps, and the next pause's length (SpeculativeOptions::max_pause).
+    int draft_pause = 0, next_draft_pause = 1;
   };
   struct Scheduled {
     Sequence* seq;   // null once the sequence finished in the step before (pipelining)
@@ -227,7 +232,8 @@ class Engine {
   // Takes a speculative step's tokens for `seq`, from row `row` on: each draft the model chose,
   // then the model's own token; lets go of the blocks of the drafts it did not keep.
   void take_drafted_tokens(Sequence& seq, int row, const StepOutput& out, std::vector<RequestOutput>& done);
-  // The drafts `seq` takes into a step that has `budget` tokens left, or none. Suffix decoding
+  // The drafts `seq` takes into a step that has `budget` tokens left, or none (also while the
+  // batch is over SpeculativeOptions::max_batch or its drafting is paused). Suffix decoding
   // drafts from the sequence's own index and from suffix_cache_, taking the draft whose match is
   // longer (a tie: its own).
   std::vector<std::int32_t> drafts_for(const Sequence& seq, int budget) const;

@@ -189,6 +189,50 @@ TEST(Speculative, ProductionBackendSmolLm2SameTokens) {
   EXPECT_GT(accepted, 0);
 }
 
+// The switch-off rule: over max_batch running sequences no step drafts; a sequence whose drafts
+// keep nothing skips rounds (1, 2, 4, ... up to max_pause); the tokens never change.
+TEST(Speculative, DraftingStopsOverMaxBatchAndPausesWhenFruitless) {
+  std::vector<Request> two(2, requests()[0]);  // greedy, the same length: they run side by side
+  two[1].prompt = requests()[2].prompt;
+  two[1].max_tokens = two[0].max_tokens;
+  const Outcome plain = run({}, two);
+  const auto with = [&](int max_batch, int max_pause, const std::vector<Request>& rs) {
+    ModelWeights w = random_weights(tiny_config(Architecture::AsyncT), 7);
+    const int vocab = w.config.vocab_size;
+    EngineOptions eo;
+    eo.max_model_len = 1024;
+    eo.speculative = {.method = "ngram", .num_tokens = 4, .ngram_min = 1, .ngram_max = 3, .max_batch = max_batch,
+                      .max_pause = max_pause};
+    Engine e(std::make_unique<CpuModelRunner>(std::move(w), 64, 16), vocab, eo);
+    for (const Request& r : rs) e.add_request(r);
+    Outcome out;
+    out.outputs = e.run_to_completion();
+    out.stats = e.stats();
+    return out;
+  };
+  const Outcome over = with(1, 16, two), within = with(2, 16, two);
+  expect_same(over.outputs, plain.outputs);
+  expect_same(within.outputs, plain.outputs);
+  EXPECT_EQ(over.stats.drafted_tokens, 0);
+  EXPECT_GT(over.stats.drafts_skipped_batch, 0);
+  EXPECT_GT(within.stats.drafted_tokens, 0);
+  EXPECT_EQ(within.stats.drafts_skipped_batch, 0);
+
+  // A prompt lookup that keeps little: the random model does not repeat this prompt's pattern.
+  Request r;
+  for (int i = 0; i < 40; ++i) r.prompt.push_back(std::int32_t(3 + (i * 7) % 11));
+  r.max_tokens = 60;
+  const Outcome always = with(0, 0, {r}), paused = with(0, 16, {r});
+  expect_same(paused.outputs, always.outputs);
+  EXPECT_EQ(always.stats.drafts_skipped_paused, 0);
+  EXPECT_GT(paused.stats.drafts_skipped_paused, 0);
+  EXPECT_LT(paused.stats.draft_rounds, always.stats.draft_rounds);
+  std::printf("fruitless drafts: %lld rounds keeping %lld without pauses, %lld keeping %lld with them (%lld skipped)\n",
+              static_cast<long long>(always.stats.draft_rounds), static_cast<long long>(always.stats.accepted_tokens),
+              static_cast<long long>(paused.stats.draft_rounds), static_cast<long long>(paused.stats.accepted_tokens),
+              static_cast<long long>(paused.stats.drafts_skipped_paused));
+}
+
 // Alone, a request takes a step fewer for every draft kept.
 TEST(Speculative, KeptDraftsSaveSteps) {
   for (const char* method : {"ngram", "suffix"}) {

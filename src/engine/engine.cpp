@@ -1,6 +1,6 @@
-// Over 500 lines: the engine's one class, whose parts (scheduling, building a step's batch,
-// forking a group's choices, drafting, chaining pipelined steps, taking the tokens back, the
-// prefix cache's filing) all read and write the same sequences and blocks.
+// Over 500 lines: the engine's one class, whose parts (building a step's batch, forking a
+// group's choices, chaining pipelined steps, taking the tokens back, the prefix cache's filing)
+// all read and write the same sequences and blocks; scheduling is scheduler.cpp's.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -16,21 +16,30 @@
 
 namespace asynct {
 
-Engine::Engine(std::unique_ptr<ModelRunner> runner, int vocab_size, EngineOptions options)
-    : runner_(std::move(runner)), vocab_size_(vocab_size), options_(options),
-      blocks_(runner_->num_blocks(), runner_->block_size()) {
+namespace {
+
+// Checks the options, and makes the index of finished requests suffix decoding drafts from
+// (--speculative suffix with a cache; else null).
+std::unique_ptr<SuffixIndex> checked_suffix_cache(const EngineOptions& options) {
   check(options.max_num_seqs >= 1, "engine: max_num_seqs must be >= 1");
   check(options.max_num_batched_tokens >= 1, "engine: max_num_batched_tokens must be >= 1");
   check(options.max_model_len >= 2, "engine: max_model_len must be >= 2");
   validate_speculative(options.speculative);
   const SpeculativeOptions& o = options.speculative;
-  if (o.method == "suffix" && o.suffix_cache_tokens > 0)
-    suffix_cache_ = std::make_unique<SuffixIndex>(o.suffix_depth, o.suffix_cache_tokens);
+  if (o.method == "suffix" && o.suffix_cache_tokens > 0) return std::make_unique<SuffixIndex>(o.suffix_depth, o.suffix_cache_tokens);
+  return nullptr;
 }
 
+}  // namespace
+
+Engine::Engine(std::unique_ptr<ModelRunner> runner, int vocab_size, EngineOptions options)
+    : runner_(std::move(runner)), vocab_size_(vocab_size), options_(options),
+      blocks_(runner_->num_blocks(), runner_->block_size()), suffix_cache_(checked_suffix_cache(options_)),
+      scheduler_(options_, blocks_, stats_, suffix_cache_.get()) {}
+
 std::int64_t Engine::add_request(const Request& r) {
-  waiting_.push_back(make_sequence(r));
-  return waiting_.back()->id;
+  scheduler_.waiting().push_back(make_sequence(r));
+  return scheduler_.waiting().back()->id;
 }
 
 std::vector<std::int64_t> Engine::add_request_group(const std::vector<Request>& choices) {
@@ -44,11 +53,11 @@ std::vector<std::int64_t> Engine::add_request_group(const std::vector<Request>& 
   for (const auto& seq : made) ids.push_back(seq->id);
   std::unique_ptr<Sequence> leader = std::move(made[0]);
   leader->forks.assign(std::make_move_iterator(made.begin() + 1), std::make_move_iterator(made.end()));
-  waiting_.push_back(std::move(leader));
+  scheduler_.waiting().push_back(std::move(leader));
   return ids;
 }
 
-std::unique_ptr<Engine::Sequence> Engine::make_sequence(const Request& r) {
+std::unique_ptr<Sequence> Engine::make_sequence(const Request& r) {
   check(!r.prompt.empty(), "request: the prompt is empty");
   for (std::size_t i = 0; i < r.prompt.size(); ++i)
     check(r.prompt[i] >= 0 && r.prompt[i] < vocab_size_, "request: token id ", r.prompt[i],
@@ -84,115 +93,15 @@ std::unique_ptr<Engine::Sequence> Engine::make_sequence(const Request& r) {
   return seq;
 }
 
-void Engine::preempt(Sequence* seq) {
-  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& s) { return s.get() == seq; });
-  check(it != running_.end(), "engine: preempting a sequence that is not running");
-  release_blocks(*seq);
-  seq->drafts.clear();
-  ++seq->preemptions;
-  ++stats_.preemptions;
-  waiting_.push_front(std::move(*it));
-  running_.erase(it);
-}
-
 void Engine::reset_stats() {
   stats_ = {};
   runner_->reset_phase_times();
 }
 
-void Engine::schedule(StepState& s) {
-  std::vector<Scheduled>& out = s.scheduled;
-  out.clear();
-  int budget = options_.max_num_batched_tokens;
-  // Running sequences first (decodes and unfinished prefill chunks), oldest first; the newest
-  // running sequences give up their blocks when the older ones need more.
-  for (std::size_t i = 0; i < running_.size() && budget > 0 && int(out.size()) < options_.max_num_seqs; ++i) {
-    Sequence* seq = running_[i].get();
-    int n = std::min(int(seq->tokens.size()) - seq->num_computed, budget);
-    seq->drafts = drafts_for(*seq, budget);
-    if (!seq->drafts.empty()) {  // the switch-off rule (SpeculativeOptions::max_batch, max_pause)
-      const int max_batch = options_.speculative.max_batch;
-      if (max_batch > 0 && int(running_.size()) > max_batch) {
-        seq->drafts.clear();
-        ++stats_.drafts_skipped_batch;
-      } else if (seq->draft_pause > 0) {
-        seq->drafts.clear();
-        --seq->draft_pause;
-        ++stats_.drafts_skipped_paused;
-      }
-    }
-    n += int(seq->drafts.size());
-    bool preempted_self = false;
-    while (!blocks_.can_grow(seq->block_table, seq->num_computed + n)) {
-      Sequence* victim = running_.back().get();
-      preempt(victim);
-      if (victim == seq) {
-        preempted_self = true;
-        break;
-      }
-    }
-    if (preempted_self) break;
-    blocks_.grow(seq->block_table, seq->num_computed + n);
-    out.push_back({seq, n});
-    budget -= n;
-  }
-  // Then waiting sequences, first come first served, while the budget and the blocks last.
-  while (!waiting_.empty() && budget > 0 && int(out.size()) < options_.max_num_seqs) {
-    Sequence* seq = waiting_.front().get();
-    int cached = 0;
-    if (options_.prefix_caching) {  // its cached prefix, never its last token (whose logits it needs)
-      const int bs = blocks_.block_size();
-      cached = blocks_.match_prefix(seq->tokens, (int(seq->tokens.size()) - 1) / bs, seq->block_table,
-                                    &seq->last_filed_hash) * bs;
-      seq->num_filed_blocks = cached / bs;
-      seq->num_computed = cached;
-    }
-    const int n = std::min(int(seq->tokens.size()) - seq->num_computed, budget);
-    if (!blocks_.can_grow(seq->block_table, seq->num_computed + n)) {
-      release_blocks(*seq);  // waiting sequences hold no blocks
-      break;
-    }
-    blocks_.grow(seq->block_table, seq->num_computed + n);
-    stats_.prefix_cache_queries += std::int64_t(seq->tokens.size());
-    stats_.prefix_cache_hits += cached;
-    if (seq->cached_tokens < 0) seq->cached_tokens = cached;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
-    out.push_back({seq, n});
-    budget -= n;
-  }
-  // One-token sequences first: a backend can hand that leading run to its decode kernel.
-  std::stable_partition(out.begin(), out.end(), [](const Scheduled& s) { return s.num_tokens == 1; });
-}
-
-std::vector<std::int32_t> Engine::drafts_for(const Sequence& seq, int budget) const {
-  const SpeculativeOptions& o = options_.speculative;
-  // Decoding (one new token, past the prompt), without penalties.
-  if (!o.enabled() || seq.num_generated == 0 || int(seq.tokens.size()) - seq.num_computed != 1 ||
-      seq.request.sampling.has_penalties() || seq.constraint)
-    return {};
-  // A step gives up to drafts + 1 tokens: within max_tokens and the step's budget.
-  const int most = std::min({o.num_tokens, seq.request.max_tokens - seq.num_generated - 1, budget - 1});
-  std::vector<std::int32_t> drafts;
-  if (o.method == "ngram") {
-    drafts = ngram_draft(seq.tokens, o.ngram_min, o.ngram_max, most);
-  } else {
-    SuffixIndex::Draft own = seq.suffix->draft(seq.tokens, most, o.suffix_min_probability);
-    if (suffix_cache_) {
-      SuffixIndex::Draft shared = suffix_cache_->draft(seq.tokens, most, o.suffix_min_probability);
-      if (shared.match_length > own.match_length) own = std::move(shared);
-    }
-    drafts = std::move(own.tokens);
-  }
-  // Only into blocks that are free: drafts never preempt a sequence.
-  if (!drafts.empty() && !blocks_.can_grow(seq.block_table, seq.num_computed + 1 + int(drafts.size()))) drafts.clear();
-  return drafts;
-}
-
 int Engine::num_waiting() const {
-  std::size_t n = waiting_.size();
-  for (const auto& seq : waiting_) n += seq->forks.size();
-  for (const auto& seq : running_) n += seq->forks.size();
+  std::size_t n = scheduler_.waiting().size();
+  for (const auto& seq : scheduler_.waiting()) n += seq->forks.size();
+  for (const auto& seq : scheduler_.running()) n += seq->forks.size();
   return int(n);
 }
 
@@ -282,7 +191,7 @@ void Engine::fork(Sequence& leader, int row, StepState& s) {
     if (partial && blocks_.num_free_blocks() < 1) {
       // No block for its copy: it and the rest compute their prompts as requests of their own,
       // first in line.
-      for (std::size_t j = forks.size(); j-- > i;) waiting_.push_front(std::move(forks[j]));
+      for (std::size_t j = forks.size(); j-- > i;) scheduler_.waiting().push_front(std::move(forks[j]));
       return;
     }
     blocks_.share(leader.block_table, full, f.block_table);
@@ -297,7 +206,7 @@ void Engine::fork(Sequence& leader, int row, StepState& s) {
     b.full_logits.push_back(options_.record_first_logits ? 1 : 0);
     add_row_sampling(s, f, /*chained=*/false);
     s.forks.emplace_back(&f, fork_row);
-    running_.push_back(std::move(forks[i]));
+    scheduler_.running().push_back(std::move(forks[i]));
   }
 }
 
@@ -344,7 +253,7 @@ void Engine::fill_token_masks(StepState& s) const {
 
 bool Engine::can_chain(const StepState& s) const {
   // Every running sequence is in the step, and nothing waits: scheduling again would pick them all.
-  if (!waiting_.empty() || s.scheduled.size() != running_.size()) return false;
+  if (!scheduler_.waiting().empty() || s.scheduled.size() != scheduler_.running().size()) return false;
   // The next step's drafts come from this step's tokens.
   if (options_.speculative.enabled()) return false;
   std::int64_t new_blocks = 0;
@@ -398,7 +307,7 @@ std::vector<RequestOutput> Engine::step() {
     next_queued_ = false;
   } else {
     const auto start = t;
-    schedule(current_);
+    scheduler_.schedule(current_.scheduled);
     check(!current_.scheduled.empty() || !has_unfinished(), "engine: no request could be scheduled");
     if (current_.scheduled.empty()) return {};
     build_batch(current_);
@@ -582,8 +491,8 @@ void Engine::end_running(Sequence& seq, const std::string& reason, std::vector<R
     for (Scheduled& e : next_.scheduled)
       if (e.seq == &seq) e.seq = nullptr;
   blocks_.release(seq.block_table);
-  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r.get() == &seq; });
-  running_.erase(it);
+  auto it = std::find_if(scheduler_.running().begin(), scheduler_.running().end(), [&](const auto& r) { return r.get() == &seq; });
+  scheduler_.running().erase(it);
 }
 
 void Engine::file_full_blocks(Sequence& seq) {
@@ -607,16 +516,9 @@ RequestOutput Engine::output_of(Sequence& seq, const std::string& reason) {
   return o;
 }
 
-void Engine::release_blocks(Sequence& seq) {
-  blocks_.release(seq.block_table);
-  seq.num_computed = 0;  // computed again (or taken from the prefix cache) when it runs again
-  seq.num_filed_blocks = 0;
-  seq.last_filed_hash = 0;
-}
-
 bool Engine::abort_waiting(std::int64_t id) {
   // A choice not yet forked: it leaves its group.
-  for (auto* queue : {&waiting_, &running_})
+  for (auto* queue : {&scheduler_.waiting(), &scheduler_.running()})
     for (const auto& leader : *queue) {
       auto& forks = leader->forks;
       const auto f = std::find_if(forks.begin(), forks.end(), [&](const auto& s) { return s->id == id; });
@@ -625,8 +527,8 @@ bool Engine::abort_waiting(std::int64_t id) {
       forks.erase(f);
       return true;
     }
-  const auto it = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& s) { return s->id == id; });
-  if (it == waiting_.end()) return false;
+  const auto it = std::find_if(scheduler_.waiting().begin(), scheduler_.waiting().end(), [&](const auto& s) { return s->id == id; });
+  if (it == scheduler_.waiting().end()) return false;
   Sequence& seq = **it;
   check(seq.block_table.empty(), "engine: waiting request ", id, " holds KV blocks");
   unreported_.push_back(output_of(seq, "abort"));
@@ -636,8 +538,8 @@ bool Engine::abort_waiting(std::int64_t id) {
     heir = std::move(seq.forks.front());
     heir->forks.assign(std::make_move_iterator(seq.forks.begin() + 1), std::make_move_iterator(seq.forks.end()));
   }
-  const auto at = waiting_.erase(it);
-  if (heir) waiting_.insert(at, std::move(heir));
+  const auto at = scheduler_.waiting().erase(it);
+  if (heir) scheduler_.waiting().insert(at, std::move(heir));
   return true;
 }
 

@@ -187,7 +187,8 @@ void EngineWorker::run() {
     // Before any reader hears of its request's end, so that /metrics agrees with what it saw.
     metrics_.engine_state(engine_->num_running(), engine_->num_waiting(), engine_->kv_blocks_used(), engine_->kv_blocks());
     metrics_.prefix_cache(stats.prefix_cache_queries, stats.prefix_cache_hits);
-    metrics_.speculative(stats.draft_rounds, stats.drafted_tokens, stats.accepted_tokens);
+    metrics_.speculative(stats.draft_rounds, stats.drafted_tokens, stats.accepted_tokens, stats.drafts_skipped_batch,
+                         stats.drafts_skipped_paused);
     for (const RequestOutput& out : outputs) {
       const auto it = active_.find(out.id);
       if (it == active_.end()) continue;

@@ -16,6 +16,8 @@
 //   asynct_spec_draft_rounds_total, asynct_spec_drafted_tokens_total, asynct_spec_accepted_tokens_total
 //                                                        speculative decoding: sequence-steps with drafts, tokens
 //                                                        drafted, and drafts kept (mean kept a round: kept / rounds)
+//   asynct_spec_skipped_rounds_total{reason}             rounds the switch-off rule skipped: "batch" (over
+//                                                        --speculative-max-batch), "paused" (after rounds that kept none)
 //   asynct_engine_step_seconds                           histogram: a step's host time (EngineStats::last_step_ms)
 //   asynct_engine_gap_seconds                            histogram: the engine thread's time between two steps
 //                                                        while requests are unfinished (the server's own share)
@@ -57,8 +59,10 @@ class ServerMetrics {
   void http_error(int status);
   void engine_state(int running, int waiting, int blocks_used, int blocks);
   void prefix_cache(std::int64_t queries, std::int64_t hits) { cache_queries_ = queries, cache_hits_ = hits; }
-  void speculative(std::int64_t rounds, std::int64_t drafted, std::int64_t accepted) {
+  void speculative(std::int64_t rounds, std::int64_t drafted, std::int64_t accepted, std::int64_t skipped_batch,
+                   std::int64_t skipped_paused) {
     draft_rounds_ = rounds, drafted_ = drafted, accepted_ = accepted;
+    skipped_batch_ = skipped_batch, skipped_paused_ = skipped_paused;
   }
   // After each engine step: its host time, the engine's step counts, and (when the step before
   // it ended with requests still unfinished) the time since that step ended.
@@ -75,7 +79,7 @@ class ServerMetrics {
   std::atomic<int> running_{0}, waiting_{0}, blocks_used_{0}, blocks_{0};
   std::atomic<std::int64_t> cache_queries_{0}, cache_hits_{0};
   std::atomic<std::int64_t> steps_{0}, pipelined_steps_{0};
-  std::atomic<std::int64_t> draft_rounds_{0}, drafted_{0}, accepted_{0};
+  std::atomic<std::int64_t> draft_rounds_{0}, drafted_{0}, accepted_{0}, skipped_batch_{0}, skipped_paused_{0};
   Histogram ttft_, itl_, e2e_, step_, gap_;
 };
 

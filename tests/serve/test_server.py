@@ -428,6 +428,9 @@ def main():
             _, text, _ = raw(server.port, "GET", "/metrics")
             drafted = [float(line.split()[1]) for line in text.splitlines() if line.startswith("asynct_spec_drafted_tokens_total ")]
             c.equal("/metrics counts the drafted tokens", drafted and drafted[0] > 0, True)
+            skipped = [line.split("{")[1].split("}")[0] for line in text.splitlines() if line.startswith("asynct_spec_skipped_rounds_total{")]
+            c.equal("/metrics counts the rounds the switch-off rule skipped, by reason", skipped,
+                    ['reason="batch"', 'reason="paused"'])
             try:
                 openai.OpenAI(base_url=server.url(), api_key="wrong", timeout=TIMEOUT, max_retries=0).models.list()
                 c.equal("a wrong API key -> 401", "served", "AuthenticationError")

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/parallel.h"
 #include "engine/sampler.h"
 
 namespace asynct {
@@ -244,11 +243,17 @@ void Engine::add_row_sampling(StepState& s, const Sequence& seq, bool chained, i
   b.sampling.push_back(row);
 }
 
-void Engine::fill_token_masks(StepState& s) const {
-  parallel_for(s.masks_to_fill.size(), [&](std::size_t i) {
+void Engine::fill_token_masks(StepState& s) {
+  const auto fill = [&](std::size_t i) {
     const auto [constraint, offset] = s.masks_to_fill[i];
     constraint->fill_allowed(s.batch.token_masks.data() + offset, vocab_size_);
-  });
+  };
+  if (s.masks_to_fill.size() < 2) {
+    if (!s.masks_to_fill.empty()) fill(0);
+    return;
+  }
+  if (!mask_pool_) mask_pool_ = std::make_unique<ThreadPool>();
+  mask_pool_->run(s.masks_to_fill.size(), fill);
 }
 
 bool Engine::can_chain(const StepState& s) const {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "engine/block_manager.h"
 #include "engine/engine_options.h"
 #include "engine/model_runner.h"
@@ -101,7 +102,7 @@ class Engine {
   void add_row_sampling(StepState& s, const Sequence& seq, bool chained, int ahead = 0) const;
   // The allowed-token masks of a built batch's constrained rows, each request's on its own thread
   // (xgrammar's matchers are independent): a step's host time grows by one mask, not by one a row.
-  void fill_token_masks(StepState& s) const;
+  void fill_token_masks(StepState& s);
   // Whether the step after `s` is known before s's tokens are (see EngineOptions::pipeline_steps),
   // and that step, every sequence one token further, its tokens taken from s's rows.
   bool can_chain(const StepState& s) const;
@@ -126,6 +127,7 @@ class Engine {
   std::int64_t next_id_ = 0;
   EngineStats stats_;
   Scheduler scheduler_;  // the waiting and running sequences
+  std::unique_ptr<ThreadPool> mask_pool_;  // fill_token_masks' threads, from the first step with two constrained rows
   StepState current_;         // the step step() submits (or finds queued) and collects
   StepState next_;            // the step queued behind it, when next_queued_
   bool next_queued_ = false;

@@ -21,7 +21,7 @@
 #include "models/cpu_fast/cpu_fast_runner.h"
 #include "models/cpu_fast/kernels.h"
 #include "models/cpu_fast/linear.h"
-#include "models/cpu_fast/thread_pool.h"
+#include "core/thread_pool.h"
 #include "models/step_budget.h"
 #include "core/parallel.h"
 #include "reference/attention.h"

@@ -1,4 +1,4 @@
-// The production CPU backend's thread pool (models/cpu_fast/thread_pool.h): every index of a
+// The production CPU backend's thread pool (core/thread_pool.h): every index of a
 // region runs once and within its region, also for a worker that comes to a region late; the
 // first exception reaches the caller.
 #include <atomic>
@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "models/cpu_fast/thread_pool.h"
+#include "core/thread_pool.h"
 #include "support/expect_error.h"
 
 namespace asynct {

@@ -6,7 +6,7 @@
 
 #include "core/gate.h"
 #include "engine/step_batch.h"
-#include "models/cpu_fast/thread_pool.h"
+#include "core/thread_pool.h"
 
 namespace asynct::cpu_fast {
 

@@ -13,7 +13,7 @@
 #include "engine/model_runner.h"
 #include "models/architecture.h"
 #include "models/cpu_fast/linear.h"
-#include "models/cpu_fast/thread_pool.h"
+#include "core/thread_pool.h"
 #include "models/host_step_queue.h"
 #include "models/kv_cache_format.h"
 #include "models/weights.h"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "models/cpu_fast/kernels.h"
-#include "models/cpu_fast/thread_pool.h"
+#include "core/thread_pool.h"
 
 namespace asynct::cpu_fast {
 

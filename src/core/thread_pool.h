@@ -1,7 +1,7 @@
-// A persistent pool of host threads for the production CPU runner's many short parallel
-// regions (a decode step runs ~5 per layer, each tens of microseconds: starting threads per
-// region, as core/parallel.h does, would cost more than the work). Workers spin briefly between
-// regions, then sleep.
+// A persistent pool of host threads for many short parallel regions: the production CPU
+// runner's (a decode step runs ~5 per layer, each tens of microseconds) and the engine's mask
+// fills (one region a constrained step); starting threads per region, as core/parallel.h does,
+// would cost more than the work. Workers spin briefly between regions, then sleep.
 #pragma once
 
 #include <atomic>

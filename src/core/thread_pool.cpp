@@ -1,4 +1,4 @@
-#include "models/cpu_fast/thread_pool.h"
+#include "core/thread_pool.h"
 
 #include <algorithm>
 

@@ -37,9 +37,33 @@ std::vector<std::string> encoded_vocab(const std::string& path, int vocab_size) 
 
 class GrammarConstraint : public TokenConstraint {
  public:
-  explicit GrammarConstraint(const xgrammar::CompiledGrammar& grammar, int vocab_size)
-      : matcher_(grammar), bitmask_(std::size_t(xgrammar::GetBitmaskSize(vocab_size))) {}
+  GrammarConstraint(const xgrammar::CompiledGrammar& grammar, int vocab_size, std::vector<std::int32_t> stop_ids)
+      : matcher_(grammar), bitmask_(std::size_t(xgrammar::GetBitmaskSize(vocab_size))), stop_ids_(std::move(stop_ids)) {}
   void fill_allowed(std::uint32_t* words, int vocab) override {
+    if (!filled_) fill_next();
+    filled_ = false;
+    const std::size_t n = std::min(bitmask_.size(), std::size_t(token_mask_words(vocab)));
+    for (std::size_t i = 0; i < n; ++i) words[i] = std::uint32_t(bitmask_[i]);
+  }
+  bool accept(std::int32_t token) override {
+    filled_ = false;
+    return matcher_.AcceptToken(token);
+  }
+  // The stop token taken; or the grammar matched and nothing but a stop token may follow: a
+  // model without an end-of-sequence token (or a request that ignores it) has none to take, and
+  // its mask would allow no token at all.
+  bool complete() const override {
+    if (matcher_.IsTerminated()) return true;
+    if (!matcher_.IsCompleted()) return false;
+    fill_next();  // (kept for the next fill_allowed)
+    std::vector<std::int32_t> words(bitmask_);
+    for (const std::int32_t id : stop_ids_)
+      if (id >= 0 && std::size_t(id / 32) < words.size()) words[std::size_t(id / 32)] &= ~std::int32_t(1u << (id % 32));
+    return std::all_of(words.begin(), words.end(), [](std::int32_t w) { return w == 0; });
+  }
+
+ private:
+  void fill_next() const {
     std::int64_t shape[1] = {std::int64_t(bitmask_.size())};
     DLTensor t{};
     t.data = bitmask_.data();
@@ -48,15 +72,14 @@ class GrammarConstraint : public TokenConstraint {
     t.dtype = DLDataType{kDLInt, 32, 1};
     t.shape = shape;
     matcher_.FillNextTokenBitmask(&t);
-    const std::size_t n = std::min(bitmask_.size(), std::size_t(token_mask_words(vocab)));
-    for (std::size_t i = 0; i < n; ++i) words[i] = std::uint32_t(bitmask_[i]);
+    filled_ = true;
   }
-  bool accept(std::int32_t token) override { return matcher_.AcceptToken(token); }
-  bool complete() const override { return matcher_.IsTerminated(); }
 
- private:
-  xgrammar::GrammarMatcher matcher_;
-  std::vector<std::int32_t> bitmask_;
+  // complete() looks at the next mask, which fill_allowed then takes as it is.
+  mutable xgrammar::GrammarMatcher matcher_;
+  mutable std::vector<std::int32_t> bitmask_;
+  mutable bool filled_ = false;
+  std::vector<std::int32_t> stop_ids_;
 };
 
 }  // namespace
@@ -71,7 +94,7 @@ struct StructuredOutput::Impl {
   mutable xgrammar::GrammarCompiler compiler;  // thread-safe, with its own cache
 
   TokenConstraintFactory factory(const xgrammar::CompiledGrammar& grammar) const {
-    return [grammar, vocab = vocab_size] { return std::make_unique<GrammarConstraint>(grammar, vocab); };
+    return [grammar, vocab = vocab_size, stops = info.GetStopTokenIds()] { return std::make_unique<GrammarConstraint>(grammar, vocab, stops); };
   }
 };
 

@@ -1,7 +1,8 @@
 // Structured output (response_format json_object / json_schema, and forced tool calls): a
 // request's schema, or any JSON, compiled by xgrammar into a grammar over the model's vocabulary, and each of the
 // request's sequences given its own matcher as a TokenConstraint (engine/token_constraint.h):
-// the mask before each token, every token taken, complete once the grammar took its stop token.
+// the mask before each token, every token taken, complete once the grammar took its stop token
+// or matched with nothing but a stop token left to take (so a model without one still ends).
 // Built without xgrammar (ASYNCT_HAVE_XGRAMMAR off in CMake), available() is false and compile()
 // refuses with a 400 saying so.
 #pragma once

@@ -5,7 +5,7 @@
 # folder) or build/gpu-out; at the end the logs are packed into one logs-HHMMSS.tgz there.
 #
 # STAGES picks what runs, in this order (default: build tests sanitizer torch bench scenarios sampling):
-#   build tests sanitizer torch bench scenarios sampling fp8 serve timeline prefill_profile probes
+#   build tests sanitizer torch bench scenarios sampling fp8 speculative serve timeline prefill_profile probes
 # e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings,
 # STAGES="build sampling" for the device sampler's kernel bench and decode_heavy_b32 greedy against
 # sampled, STAGES="build fp8" for the FP8-weight product's bench and the 1.7B decode scenarios on
@@ -13,7 +13,9 @@
 # models' decode_heavy_b32 steps), STAGES="build serve" for asynct serve at 1.7B against the same
 # load in process (SERVE_ARCHS, SERVE_RATES narrow it), STAGES=probes for the design probes in bench/*_probe.cu (what
 # a dependency costs; what the decode step's structure costs with no math in it),
-# STAGES="build prefill_profile" for the prefill kernel's clock under load and ncu (PROFILE_SHAPES).
+# STAGES="build prefill_profile" for the prefill kernel's clock under load and ncu (PROFILE_SHAPES),
+# STAGES="build speculative" for bench/bench_speculative.py on SmolLM2 (once scripts/device_smollm2.sh
+# has unpacked it into $ASYNCT_CACHE, default /tmp/asynct-cache; SPECULATIVE_ROUNDS, default 2).
 # GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
 # (e.g. "decode norms"), SCENARIO_SCALE and SCENARIO_REPEAT (runs per model, median reported)
 # narrow or widen further. Needs the Debian packages of scripts/device_deps.sh in .deps/ when the machine
@@ -132,6 +134,17 @@ if want fp8; then
       echo "-- $scenario, --quantization $quantization"; grep -E "decode steps|$scenario" "$out/${scenario}_$quantization.log" | tail -3
     done
   done
+fi
+if want speculative; then
+  echo "== speculative decoding at batch 1: rewrite and chat prompts, ngram and suffix against none (SmolLM2) =="
+  smollm2_dir="${ASYNCT_CACHE:-/tmp/asynct-cache}/smollm2-135m-instruct"
+  if [ -f "$smollm2_dir/config.json" ]; then
+    timeout 400 python3 bench/bench_speculative.py --build build/gpu --model "$smollm2_dir" --device cuda --allow-divergence \
+      --rounds "${SPECULATIVE_ROUNDS:-2}" --out "$out/bench_speculative.json" >"$out/bench_speculative.txt" 2>&1 || status=1
+    grep -E "^\||differs" "$out/bench_speculative.txt"
+  else
+    echo "-- SmolLM2 not unpacked ($smollm2_dir): scripts/device_smollm2.sh"; status=1
+  fi
 fi
 if want serve; then
   # Needs the server in the build (.deps/ from scripts/device_deps.sh) and a Qwen3 tokenizer.json

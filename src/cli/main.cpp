@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--repeat", bench.repeat, "timed runs per scenario and model; the median is reported")
       ->check(integer_in(1, 100));
   bench_cmd->add_option("--device", bench.device, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  asynct::cli::add_speculative_options(bench_cmd, bench.speculative);
+  asynct::cli::add_speculative_options(bench_cmd, bench.speculative, /*forced=*/true);
   asynct::cli::add_precision_options(bench_cmd, bench.kv_cache_dtype, bench.quantization);
   asynct::cli::add_cpu_reference_flag(bench_cmd, bench.cpu_reference);
 

@@ -15,7 +15,11 @@
 namespace asynct {
 
 struct SpeculativeOptions {
-  std::string method = "none";  // none, ngram (prompt lookup) or suffix (suffix decoding, engine/suffix_index.h)
+  // none, ngram (prompt lookup), suffix (suffix decoding, engine/suffix_index.h), or forced
+  // (`asynct bench` only: every step drafts num_tokens copies of the newest token and keeps them
+  // all, whatever the model draws, so that verification is timed apart from the model's luck;
+  // its outputs are not the model's).
+  std::string method = "none";
   int num_tokens = 4;           // drafted tokens a step at most (--speculative-tokens)
   int ngram_min = 1, ngram_max = 4;  // prompt lookup's match lengths
   // Suffix decoding: the index's longest window (a match and the token after it), the share of its
@@ -36,11 +40,11 @@ struct SpeculativeOptions {
   bool enabled() const { return method != "none"; }
 };
 
-// Throws Error naming the option: an unknown method, num_tokens outside 1..64, ngram lengths
+// Throws Error naming the option: an unknown method (forced only when allow_forced), num_tokens outside 1..64, ngram lengths
 // outside 1..64 or min over max, suffix depth outside 2..64, min probability outside [0, 1],
 // cached tokens outside 0..2^30, a request's own tokens outside 1..2^30, max_batch outside
 // 0..2^20, max_pause outside 0..2^20.
-void validate_speculative(const SpeculativeOptions& options);
+void validate_speculative(const SpeculativeOptions& options, bool allow_forced = false);
 
 // Prompt lookup over `tokens` (a sequence's prompt and output): for n from max_n down to min_n,
 // the most recent earlier occurrence of its last n tokens; the tokens that followed it there,

@@ -23,7 +23,7 @@ std::unique_ptr<SuffixIndex> checked_suffix_cache(const EngineOptions& options) 
   check(options.max_num_seqs >= 1, "engine: max_num_seqs must be >= 1");
   check(options.max_num_batched_tokens >= 1, "engine: max_num_batched_tokens must be >= 1");
   check(options.max_model_len >= 2, "engine: max_model_len must be >= 2");
-  validate_speculative(options.speculative);
+  validate_speculative(options.speculative, /*allow_forced=*/true);
   const SpeculativeOptions& o = options.speculative;
   if (o.method == "suffix" && o.suffix_cache_tokens > 0) return std::make_unique<SuffixIndex>(o.suffix_depth, o.suffix_cache_tokens);
   return nullptr;
@@ -435,7 +435,8 @@ void Engine::take_drafted_tokens(Sequence& seq, int row, const StepOutput& out, 
   for (;; ++ahead) {
     // The model's token after the drafts kept so far; a draft it equals was computed at the
     // position it now has, so its K/V stay.
-    const bool kept = ahead < drafts.size() && out.summaries[std::size_t(row) + ahead].token == drafts[ahead];
+    const bool kept = ahead < drafts.size() &&
+                      (options_.speculative.method == "forced" || out.summaries[std::size_t(row) + ahead].token == drafts[ahead]);
     if (take_token(seq, row + int(ahead), out, done)) return;  // ended: its blocks are gone
     if (!kept) break;
     ++seq.num_computed;

@@ -82,7 +82,9 @@ std::vector<std::int32_t> Scheduler::drafts_for(const Sequence& seq, int budget)
   // A step gives up to drafts + 1 tokens: within max_tokens and the step's budget.
   const int most = std::min({o.num_tokens, seq.request.max_tokens - seq.num_generated - 1, budget - 1});
   std::vector<std::int32_t> drafts;
-  if (o.method == "ngram") {
+  if (o.method == "forced") {  // (timing: kept whatever the model draws)
+    drafts.assign(std::size_t(std::max(0, most)), seq.tokens.back());
+  } else if (o.method == "ngram") {
     drafts = ngram_draft(seq.tokens, o.ngram_min, o.ngram_max, most);
   } else {
     SuffixIndex::Draft own = seq.suffix->draft(seq.tokens, most, o.suffix_min_probability);

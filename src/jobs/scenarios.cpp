@@ -338,7 +338,7 @@ int run_scenarios(const ScenarioOptions& options) {
     options_check.quantization = o.quantization;
     options_check.cpu_reference = o.cpu_reference;
     check_runner_options(options_check, o.device);  // before any weights are made
-    validate_speculative(o.speculative);
+    validate_speculative(o.speculative, /*allow_forced=*/true);
   }
   if (o.config == "auto") o.config = gpu ? "1.7b" : "tiny";
   if (o.scale == 0) o.scale = gpu ? 1 : 64;

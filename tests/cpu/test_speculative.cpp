@@ -233,6 +233,19 @@ TEST(Speculative, DraftingStopsOverMaxBatchAndPausesWhenFruitless) {
               static_cast<long long>(paused.stats.drafts_skipped_paused));
 }
 
+// The bench's forced mode keeps every draft whatever the model draws: each step after the
+// prompt's gives num_tokens + 1 tokens (the outputs are not the model's: timing only).
+TEST(Speculative, ForcedDraftsAreAllKept) {
+  Request r = requests()[0];
+  r.max_tokens = 21;
+  Engine e = make_engine({.speculative = true, .method = "forced"});
+  e.add_request(r);
+  EXPECT_EQ(e.run_to_completion()[0].tokens.size(), 21u);
+  EXPECT_EQ(e.stats().accepted_tokens, e.stats().drafted_tokens);
+  EXPECT_EQ(e.stats().steps, 1 + 4);  // the prompt's step (1 token), then 4 steps of 5
+  expect_error([] { validate_speculative({.method = "forced"}); }, "--speculative must be none, ngram or suffix, got 'forced'");
+}
+
 // Alone, a request takes a step fewer for every draft kept.
 TEST(Speculative, KeptDraftsSaveSteps) {
   for (const char* method : {"ngram", "suffix"}) {

@@ -99,18 +99,39 @@ AVX2 inline __m256 exp256(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-AVX2 float dot_avx2(const float* a, const std::uint16_t* b, int n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+// R rows of x (ldx apart) against one bf16 weight row b: each row's sum in 4 accumulators over
+// 32-input chunks, the 8-input rest into the first, their sum, then the last inputs in order.
+// Both rows of a pair share each weight load; a row's sum is the same for R = 1 as for R = 2, so
+// a product gives a row the result it gets alone [C6].
+template <int R>
+AVX2 inline void dot_rows_avx2(const float* a, std::int64_t ldx, const std::uint16_t* b, int n, float* out, std::int64_t ldy) {
+  __m256 s[R][4];
+  for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = s[r][2] = s[r][3] = _mm256_setzero_ps();
   int i = 0;
   for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_bf16(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_bf16(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load_bf16(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load_bf16(b + i + 24), s3);
+    const __m256 w0 = load_bf16(b + i), w1 = load_bf16(b + i + 8), w2 = load_bf16(b + i + 16), w3 = load_bf16(b + i + 24);
+    for (int r = 0; r < R; ++r) {
+      const float* x = a + r * ldx + i;
+      s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x), w0, s[r][0]);
+      s[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 8), w1, s[r][1]);
+      s[r][2] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 16), w2, s[r][2]);
+      s[r][3] = _mm256_fmadd_ps(_mm256_loadu_ps(x + 24), w3, s[r][3]);
+    }
   }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_bf16(b + i), s0);
-  float sum = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-  for (; i < n; ++i) sum += a[i] * bf16_to_float(b[i]);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 w = load_bf16(b + i);
+    for (int r = 0; r < R; ++r) s[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + r * ldx + i), w, s[r][0]);
+  }
+  for (int r = 0; r < R; ++r) {
+    float sum = hsum(_mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), _mm256_add_ps(s[r][2], s[r][3])));
+    for (int k = i; k < n; ++k) sum += a[r * ldx + k] * bf16_to_float(b[k]);
+    out[r * ldy] = sum;
+  }
+}
+
+AVX2 float dot_avx2(const float* a, const std::uint16_t* b, int n) {
+  float sum;
+  dot_rows_avx2<1>(a, 0, b, n, &sum, 0);
   return sum;
 }
 
@@ -265,13 +286,15 @@ AVX2 void gemm_avx2(const float* x, std::int64_t ldx, int rows, const std::uint1
                     std::int64_t ldy) {
   if (rows <= kBatchInvariantRows) {  // decode rows: each weight row read once, straight from memory
     // Prefetching 4 rows ahead keeps more of the row's lines in flight than the hardware's
-    // prefetcher alone does. Each row of x is one dot product: its sum is the same beside
-    // other rows as alone [C6].
+    // prefetcher alone does. Rows of x go in pairs (dot_rows_avx2), each row's sum as alone [C6].
     const char* end = reinterpret_cast<const char*>(w + std::int64_t(nw) * in);
     for (int o = 0; o < nw; ++o) {
       const char* ahead = reinterpret_cast<const char*>(w + std::int64_t(o + 4) * in);
       for (int b = 0; b < in * 2 && ahead + b < end; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
-      for (int r = 0; r < rows; ++r) y[r * ldy + o] = dot_avx2(x + r * ldx, w + std::int64_t(o) * in, in);
+      const std::uint16_t* row = w + std::int64_t(o) * in;
+      int r = 0;
+      for (; r + 2 <= rows; r += 2) dot_rows_avx2<2>(x + r * ldx, ldx, row, in, y + r * ldy + o, ldy);
+      if (r < rows) dot_rows_avx2<1>(x + r * ldx, ldx, row, in, y + r * ldy + o, ldy);
     }
     return;
   }

@@ -60,25 +60,48 @@ AVX2 void row_to_float_avx2(const std::uint8_t* w, const float* scales, int bloc
   }
 }
 
-// Each block's dot product in two accumulators, added into the total times the block's scale.
-AVX2 float dot_avx2(const float* x, const std::uint8_t* w, const float* scales, int block_cols, int in) {
-  __m256 total = _mm256_setzero_ps();
-  float tail = 0.0f;
+// R rows of x (ldx apart) against one e4m3 weight row: each row's block dot products in two
+// accumulators, added into its total times the block's scale; the rows share each conversion.
+// A row's sums are the same for any R, so a product gives a row the result it gets alone [C6].
+template <int R>
+AVX2 void dot_rows_avx2(const float* x, std::int64_t ldx, const std::uint8_t* w, const float* scales, int block_cols, int in,
+                        float* out, std::int64_t ldy) {
+  __m256 total[R];
+  float tail[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps(), tail[r] = 0.0f;
   for (int k0 = 0; k0 < in; k0 += block_cols) {
     const int k1 = std::min(in, k0 + block_cols);
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a[R][2];
+    for (int r = 0; r < R; ++r) a[r][0] = a[r][1] = _mm256_setzero_ps();
     int k = k0;
     for (; k + 16 <= k1; k += 16) {
       __m256 lo, hi;
       load_fp8x16(w + k, lo, hi);
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k), lo, a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + k + 8), hi, a1);
+      for (int r = 0; r < R; ++r) {
+        a[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k), lo, a[r][0]);
+        a[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * ldx + k + 8), hi, a[r][1]);
+      }
     }
     const float s = scales[k0 / block_cols];
-    total = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), _mm256_set1_ps(s * kHalfBias), total);
-    for (; k < k1; ++k) tail += x[k] * (fp8_e4m3_to_float(w[k]) * s);
+    for (int r = 0; r < R; ++r) {
+      total[r] = _mm256_fmadd_ps(_mm256_add_ps(a[r][0], a[r][1]), _mm256_set1_ps(s * kHalfBias), total[r]);
+      for (int t = k; t < k1; ++t) tail[r] += x[r * ldx + t] * (fp8_e4m3_to_float(w[t]) * s);
+    }
   }
-  return hsum(total) + tail;
+  for (int r = 0; r < R; ++r) out[r * ldy] = hsum(total[r]) + tail[r];
+}
+
+// Rows of x against one weight row, 4 at a time.
+AVX2 void dot_rows_avx2(const float* x, std::int64_t ldx, int rows, const std::uint8_t* w, const float* scales, int block_cols,
+                        int in, float* out, std::int64_t ldy) {
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) dot_rows_avx2<4>(x + r * ldx, ldx, w, scales, block_cols, in, out + r * ldy, ldy);
+  switch (rows - r) {
+    case 3: return dot_rows_avx2<3>(x + r * ldx, ldx, w, scales, block_cols, in, out + r * ldy, ldy);
+    case 2: return dot_rows_avx2<2>(x + r * ldx, ldx, w, scales, block_cols, in, out + r * ldy, ldy);
+    case 1: return dot_rows_avx2<1>(x + r * ldx, ldx, w, scales, block_cols, in, out + r * ldy, ldy);
+    default: return;
+  }
 }
 
 // 8 values: e4m3 bytes to the halves of their values times 2^-8 (load_fp8x16), then floats.
@@ -163,15 +186,13 @@ void gemm_fp8(const float* x, std::int64_t ldx, int rows, const std::uint8_t* w,
     for (int o = 0; o < nw; ++o) {
       const std::uint8_t* row = w + std::int64_t(o) * in;
       const float* s = scale_row(scales, block_rows, block_cols, in, first + o);
-      for (int r = 0; r < rows; ++r) {
 #ifdef ASYNCT_X86
-        if (vector) {
-          y[r * ldy + o] = dot_avx2(x + r * ldx, row, s, block_cols, in);
-          continue;
-        }
-#endif
-        y[r * ldy + o] = dot_generic(x + r * ldx, row, s, block_cols, in);
+      if (vector) {
+        dot_rows_avx2(x, ldx, rows, row, s, block_cols, in, y + o, ldy);
+        continue;
       }
+#endif
+      for (int r = 0; r < rows; ++r) y[r * ldy + o] = dot_generic(x + r * ldx, row, s, block_cols, in);
     }
     return;
   }

@@ -14,8 +14,9 @@
 # load in process (SERVE_ARCHS, SERVE_RATES narrow it), STAGES=probes for the design probes in bench/*_probe.cu (what
 # a dependency costs; what the decode step's structure costs with no math in it),
 # STAGES="build prefill_profile" for the prefill kernel's clock under load and ncu (PROFILE_SHAPES),
-# STAGES="build speculative" for bench/bench_speculative.py on SmolLM2 (once scripts/device_smollm2.sh
-# has unpacked it into $ASYNCT_CACHE, default /tmp/asynct-cache; SPECULATIVE_ROUNDS, default 2).
+# STAGES="build speculative" for a 1.7B step verifying 4 drafts against a one-token step, and
+# bench/bench_speculative.py on SmolLM2 (once scripts/device_smollm2.sh has unpacked it into
+# $ASYNCT_CACHE, default /tmp/asynct-cache; SPECULATIVE_ROUNDS, default 2).
 # GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
 # (e.g. "decode norms"), SCENARIO_SCALE and SCENARIO_REPEAT (runs per model, median reported)
 # narrow or widen further. Needs the Debian packages of scripts/device_deps.sh in .deps/ when the machine
@@ -136,6 +137,13 @@ if want fp8; then
   done
 fi
 if want speculative; then
+  echo "== a step verifying 4 drafts against a one-token step (1.7B decode_b1, every draft kept: --speculative forced) =="
+  for method in none forced; do
+    timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario decode_b1 --speculative "$method" \
+      --speculative-tokens 4 --repeat "${SCENARIO_REPEAT:-3}" --json "$out/decode_b1_speculative_$method.json" \
+      >"$out/decode_b1_speculative_$method.log" 2>&1 || status=1
+    echo "-- --speculative $method"; grep -E "decode steps|drafts" "$out/decode_b1_speculative_$method.log" | tail -3
+  done
   echo "== speculative decoding at batch 1: rewrite and chat prompts, ngram and suffix against none (SmolLM2) =="
   smollm2_dir="${ASYNCT_CACHE:-/tmp/asynct-cache}/smollm2-135m-instruct"
   if [ -f "$smollm2_dir/config.json" ]; then

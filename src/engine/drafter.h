@@ -33,11 +33,13 @@ struct SpeculativeOptions {
   std::int64_t suffix_request_tokens = 4096;
   // When drafting stops (it costs more than it gives): a step drafts only while at most
   // max_batch sequences run (0: any number; each draft is one more row of every product, and a
-  // large batch's rows are no longer free); and a sequence whose round of drafts kept none skips
-  // its next 1, 2, 4, ... rounds of drafts, up to max_pause (0: never), until a round keeps one [S2].
+  // large batch's rows are no longer free); and a sequence whose round of drafts kept none does
+  // not draft for its next 1, 2, 4, ... decode steps, up to max_pause (0: never), until a round
+  // keeps one [S2].
   int max_batch = 8;
   int max_pause = 16;
   bool enabled() const { return method != "none"; }
+  bool forced() const { return method == "forced"; }
 };
 
 // Throws Error naming the option: an unknown method (forced only when allow_forced), num_tokens outside 1..64, ngram lengths

@@ -436,22 +436,14 @@ void Engine::take_drafted_tokens(Sequence& seq, int row, const StepOutput& out, 
     // The model's token after the drafts kept so far; a draft it equals was computed at the
     // position it now has, so its K/V stay.
     const bool kept = ahead < drafts.size() &&
-                      (options_.speculative.method == "forced" || out.summaries[std::size_t(row) + ahead].token == drafts[ahead]);
+                      (options_.speculative.forced() || out.summaries[std::size_t(row) + ahead].token == drafts[ahead]);
     if (take_token(seq, row + int(ahead), out, done)) return;  // ended: its blocks are gone
     if (!kept) break;
     ++seq.num_computed;
     ++stats_.accepted_tokens;
     ++stats_.decode_tokens;
   }
-  // A round that kept nothing pauses the sequence's drafting, each time twice as long (up to
-  // max_pause); one that kept a draft ends the pauses.
-  const int max_pause = options_.speculative.max_pause;
-  if (ahead == 0 && max_pause > 0) {
-    seq.draft_pause = std::min(seq.next_draft_pause, max_pause);
-    seq.next_draft_pause = std::min(2 * seq.next_draft_pause, max_pause);
-  } else {
-    seq.next_draft_pause = 1;
-  }
+  scheduler_.drafts_kept(seq, int(ahead));
   blocks_.shrink(seq.block_table, seq.num_computed + 1);
   if (options_.prefix_caching) file_full_blocks(seq);
 }

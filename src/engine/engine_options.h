@@ -46,8 +46,9 @@ struct EngineStats {
   // Speculative decoding: sequence-steps that verified drafts, the tokens drafted in them, and
   // those the model kept (each kept draft is a token the step gave beyond the one it gives anyway).
   std::int64_t draft_rounds = 0, drafted_tokens = 0, accepted_tokens = 0;
-  // Sequence-steps that would have drafted but for SpeculativeOptions' switch-off rule: the
-  // batch over max_batch, or the sequence's pause after a round that kept nothing.
+  // Sequence-steps that could have drafted (decoding, room for a draft) but for
+  // SpeculativeOptions' switch-off rule: the batch over max_batch, or the sequence's pause after
+  // a round that kept nothing.
   std::int64_t drafts_skipped_batch = 0, drafts_skipped_paused = 0;
   // Prefix caching: the tokens of the requests that started running (again, after a
   // preemption), and those of them found in cached blocks (not computed).

@@ -18,17 +18,6 @@ void Scheduler::schedule(std::vector<Scheduled>& out) {
     Sequence* seq = running_[i].get();
     int n = std::min(int(seq->tokens.size()) - seq->num_computed, budget);
     seq->drafts = drafts_for(*seq, budget);
-    if (!seq->drafts.empty()) {  // the switch-off rule (SpeculativeOptions::max_batch, max_pause)
-      const int max_batch = options_.speculative.max_batch;
-      if (max_batch > 0 && int(running_.size()) > max_batch) {
-        seq->drafts.clear();
-        ++stats_.drafts_skipped_batch;
-      } else if (seq->draft_pause > 0) {
-        seq->drafts.clear();
-        --seq->draft_pause;
-        ++stats_.drafts_skipped_paused;
-      }
-    }
     n += int(seq->drafts.size());
     bool preempted_self = false;
     while (!blocks_.can_grow(seq->block_table, seq->num_computed + n)) {
@@ -73,7 +62,7 @@ void Scheduler::schedule(std::vector<Scheduled>& out) {
   std::stable_partition(out.begin(), out.end(), [](const Scheduled& s) { return s.num_tokens == 1; });
 }
 
-std::vector<std::int32_t> Scheduler::drafts_for(const Sequence& seq, int budget) const {
+std::vector<std::int32_t> Scheduler::drafts_for(Sequence& seq, int budget) {
   const SpeculativeOptions& o = options_.speculative;
   // Decoding (one new token, past the prompt), without penalties.
   if (!o.enabled() || seq.num_generated == 0 || int(seq.tokens.size()) - seq.num_computed != 1 ||
@@ -81,9 +70,20 @@ std::vector<std::int32_t> Scheduler::drafts_for(const Sequence& seq, int budget)
     return {};
   // A step gives up to drafts + 1 tokens: within max_tokens and the step's budget.
   const int most = std::min({o.num_tokens, seq.request.max_tokens - seq.num_generated - 1, budget - 1});
+  if (most <= 0) return {};
+  // The switch-off rule, before any draft is looked for.
+  if (o.max_batch > 0 && int(running_.size()) > o.max_batch) {
+    ++stats_.drafts_skipped_batch;
+    return {};
+  }
+  if (seq.draft_pause > 0) {
+    --seq.draft_pause;
+    ++stats_.drafts_skipped_paused;
+    return {};
+  }
   std::vector<std::int32_t> drafts;
-  if (o.method == "forced") {  // (timing: kept whatever the model draws)
-    drafts.assign(std::size_t(std::max(0, most)), seq.tokens.back());
+  if (o.forced()) {  // (timing: kept whatever the model draws)
+    drafts.assign(std::size_t(most), seq.tokens.back());
   } else if (o.method == "ngram") {
     drafts = ngram_draft(seq.tokens, o.ngram_min, o.ngram_max, most);
   } else {
@@ -97,6 +97,16 @@ std::vector<std::int32_t> Scheduler::drafts_for(const Sequence& seq, int budget)
   // Only into blocks that are free: drafts never preempt a sequence.
   if (!drafts.empty() && !blocks_.can_grow(seq.block_table, seq.num_computed + 1 + int(drafts.size()))) drafts.clear();
   return drafts;
+}
+
+void Scheduler::drafts_kept(Sequence& seq, int kept) const {
+  const int max_pause = options_.speculative.max_pause;
+  if (kept == 0 && max_pause > 0) {
+    seq.draft_pause = std::min(seq.next_draft_pause, max_pause);
+    seq.next_draft_pause = std::min(2 * seq.next_draft_pause, max_pause);
+  } else {
+    seq.next_draft_pause = 1;
+  }
 }
 
 void Scheduler::preempt(Sequence* seq) {

@@ -29,6 +29,10 @@ class Scheduler {
   // The next step's sequences, one-token ones first (a backend can hand that leading run to its
   // decode kernel), each sequence's drafts set (Sequence::drafts, its new tokens counting them).
   void schedule(std::vector<Scheduled>& out);
+  // The switch-off rule's other half: a round of drafts that kept none pauses the sequence's
+  // drafting (SpeculativeOptions::max_pause), each time twice as long; one that kept a draft
+  // ends the pauses.
+  void drafts_kept(Sequence& seq, int kept) const;
   // Moves a running sequence to the front of the waiting queue, its blocks freed.
   void preempt(Sequence* seq);
 
@@ -38,10 +42,11 @@ class Scheduler {
   const std::deque<std::unique_ptr<Sequence>>& running() const { return running_; }
 
  private:
-  // The drafts `seq` takes into a step that has `budget` tokens left, or none. Suffix decoding
-  // drafts from the sequence's own index and from the cache, taking the draft whose match is
-  // longer (a tie: its own).
-  std::vector<std::int32_t> drafts_for(const Sequence& seq, int budget) const;
+  // The drafts `seq` takes into a step that has `budget` tokens left, or none (also while the
+  // switch-off rule holds: over max_batch running sequences, or the sequence's pause, which it
+  // counts down). Suffix decoding drafts from the sequence's own index and from the cache,
+  // taking the draft whose match is longer (a tie: its own).
+  std::vector<std::int32_t> drafts_for(Sequence& seq, int budget);
   // Lets go of the sequence's blocks: nothing of it is computed any more.
   void release_blocks(Sequence& seq);
 

@@ -35,7 +35,7 @@ struct Sequence {
   std::vector<std::unique_ptr<Sequence>> forks;  // its group's other choices, until they fork
   std::vector<std::int32_t> drafts;  // this step's drafted tokens after its newest (speculative decoding)
   std::unique_ptr<SuffixIndex> suffix;  // its newest prompt and output tokens (--speculative suffix, when it drafts)
-  // Rounds of drafts still skipped, and the next pause's length (SpeculativeOptions::max_pause).
+  // Decode steps it still drafts in none, and the next pause's length (SpeculativeOptions::max_pause).
   int draft_pause = 0, next_draft_pause = 1;
 };
 

@@ -273,8 +273,8 @@ int run_generate(const GenerateOptions& o) {
                static_cast<long long>(s.decode_tokens), seconds,
                double(s.prefill_tokens + s.decode_tokens) / seconds, static_cast<long long>(s.preemptions));
   if (s.draft_rounds > 0)
-    std::fprintf(info, "speculative: %lld tokens drafted, %lld kept (%.1f%%), %.2f kept a round of drafts; rounds skipped: "
-                 "%lld over the batch limit, %lld paused after rounds that kept none\n",
+    std::fprintf(info, "speculative: %lld tokens drafted, %lld kept (%.1f%%), %.2f kept a round of drafts; steps without "
+                 "drafts: %lld over the batch limit, %lld paused after rounds that kept none\n",
                  static_cast<long long>(s.drafted_tokens), static_cast<long long>(s.accepted_tokens),
                  100.0 * double(s.accepted_tokens) / double(s.drafted_tokens), double(s.accepted_tokens) / double(s.draft_rounds),
                  static_cast<long long>(s.drafts_skipped_batch), static_cast<long long>(s.drafts_skipped_paused));

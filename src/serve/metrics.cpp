@@ -113,7 +113,7 @@ std::string ServerMetrics::prometheus_text() const {
          "asynct_spec_drafted_tokens_total " + std::to_string(drafted_) + "\n";
   out += header("asynct_spec_accepted_tokens_total", "Drafted tokens the model kept.", "counter") +
          "asynct_spec_accepted_tokens_total " + std::to_string(accepted_) + "\n";
-  out += header("asynct_spec_skipped_rounds_total", "Rounds of drafts the switch-off rule skipped, by reason.", "counter") +
+  out += header("asynct_spec_skipped_rounds_total", "Decoding sequence-steps the speculative switch-off rule kept from drafting, by reason.", "counter") +
          "asynct_spec_skipped_rounds_total{reason=\"batch\"} " + std::to_string(skipped_batch_) + "\n" +
          "asynct_spec_skipped_rounds_total{reason=\"paused\"} " + std::to_string(skipped_paused_) + "\n";
   out += header("asynct_engine_steps_total", "Engine steps.", "counter") + "asynct_engine_steps_total " +

@@ -16,8 +16,9 @@
 //   asynct_spec_draft_rounds_total, asynct_spec_drafted_tokens_total, asynct_spec_accepted_tokens_total
 //                                                        speculative decoding: sequence-steps with drafts, tokens
 //                                                        drafted, and drafts kept (mean kept a round: kept / rounds)
-//   asynct_spec_skipped_rounds_total{reason}             rounds the switch-off rule skipped: "batch" (over
-//                                                        --speculative-max-batch), "paused" (after rounds that kept none)
+//   asynct_spec_skipped_rounds_total{reason}             sequence-steps the switch-off rule kept from drafting:
+//                                                        "batch" (over --speculative-max-batch), "paused" (after
+//                                                        rounds that kept none)
 //   asynct_engine_step_seconds                           histogram: a step's host time (EngineStats::last_step_ms)
 //   asynct_engine_gap_seconds                            histogram: the engine thread's time between two steps
 //                                                        while requests are unfinished (the server's own share)

@@ -211,6 +211,8 @@ if want serve; then
     # in-process anchor has its untimed run for that, so each load here has its warm-up.
     [ "${SERVE_C64:-1}" = 1 ] && bench c64 --input-len 1024 --output-len 256 --num-prompts 256 --concurrency 64 --warmup-prompts 64
     if [ "${SERVE_JSON:-0}" = 1 ]; then  # 32 streams, unconstrained and under a JSON schema (xgrammar's masks)
+      [ -x build/gpu/bench/asynct_bench_structured_output ] &&
+        build/gpu/bench/asynct_bench_structured_output "$dir/tokenizer.json" 151936 128 | tee "$out/structured_output_host.txt"
       bench c32 --input-len 1024 --output-len 256 --num-prompts 128 --concurrency 32 --warmup-prompts 32
       bench json_c32 --input-len 1024 --output-len 256 --num-prompts 128 --concurrency 32 --warmup-prompts 32 \
         --response-format json_schema

@@ -173,7 +173,7 @@ void Engine::build_batch(StepState& s) {
       if (!seq.forks.empty()) fork(*scheduled[i].seq, sample_row[i], s);
     }
   }
-  fill_token_masks(s);
+  b.masks_later = !s.masks_to_fill.empty();
 }
 
 void Engine::fork(Sequence& leader, int row, StepState& s) {
@@ -235,25 +235,30 @@ void Engine::add_row_sampling(StepState& s, const Sequence& seq, bool chained, i
   b.logit_bias.insert(b.logit_bias.end(), seq.request.logit_bias.begin(), seq.request.logit_bias.end());
   row.bias_end = int(b.logit_bias.size());
   if (seq.constraint) {
-    check(!chained && ahead == 0, "engine: a constrained sequence's row must follow its newest token");
+    check(ahead == 0, "engine: a constrained sequence's row must not follow drafts");
     row.mask_offset = int(b.token_masks.size());
     b.token_masks.resize(b.token_masks.size() + std::size_t(token_mask_words(vocab_size_)), 0u);
-    s.masks_to_fill.push_back({seq.constraint.get(), row.mask_offset});
+    s.masks_to_fill.push_back({&seq, seq.constraint.get(), row.mask_offset});
   }
   b.sampling.push_back(row);
 }
 
-void Engine::fill_token_masks(StepState& s) {
+void Engine::supply_masks(StepState& s) {
+  const int words = token_mask_words(vocab_size_);
   const auto fill = [&](std::size_t i) {
-    const auto [constraint, offset] = s.masks_to_fill[i];
-    constraint->fill_allowed(s.batch.token_masks.data() + offset, vocab_size_);
+    const StepState::MaskToFill& m = s.masks_to_fill[i];
+    std::uint32_t* mask = s.batch.token_masks.data() + m.offset;
+    std::fill(mask, mask + words, 0u);
+    if (m.constraint) return m.constraint->fill_allowed(mask, vocab_size_);
+    for (int t = 0; t < vocab_size_; ++t) mask[t / 32] |= 1u << (t % 32);
   };
   if (s.masks_to_fill.size() < 2) {
     if (!s.masks_to_fill.empty()) fill(0);
-    return;
+  } else {
+    if (!mask_pool_) mask_pool_ = std::make_unique<ThreadPool>();
+    mask_pool_->run(s.masks_to_fill.size(), fill);
   }
-  if (!mask_pool_) mask_pool_ = std::make_unique<ThreadPool>();
-  mask_pool_->run(s.masks_to_fill.size(), fill);
+  runner_->supply_masks(s.batch);
 }
 
 bool Engine::can_chain(const StepState& s) const {
@@ -264,7 +269,7 @@ bool Engine::can_chain(const StepState& s) const {
   std::int64_t new_blocks = 0;
   for (std::size_t i = 0; i < s.scheduled.size(); ++i) {
     const Sequence* seq = s.scheduled[i].seq;
-    if (seq == nullptr || s.scheduled[i].num_tokens != 1 || s.sample_row[i] < 0 || seq->constraint) return false;
+    if (seq == nullptr || s.scheduled[i].num_tokens != 1 || s.sample_row[i] < 0) return false;
     // Its token drawn where the step runs, and not ended by length by it (an end of sequence,
     // a stop token or on_token still may: the next step's row for it is then dropped).
     if (!runner_->samples_on_device(s.batch.sampling[std::size_t(s.sample_row[i])])) return false;
@@ -279,6 +284,7 @@ bool Engine::can_chain(const StepState& s) const {
 void Engine::build_chained_batch(const StepState& s, StepState& next) {
   next.chained = true;
   next.scheduled = s.scheduled;
+  next.masks_to_fill.clear();
   StepBatch& b = next.batch;
   const std::size_t n = s.scheduled.size();
   b.reset(n);
@@ -300,6 +306,7 @@ void Engine::build_chained_batch(const StepState& s, StepState& next) {
     b.logit_rows.push_back(int(i));
     add_row_sampling(next, seq, /*chained=*/true);
   }
+  b.masks_later = !next.masks_to_fill.empty();  // once s's tokens are applied
 }
 
 std::vector<RequestOutput> Engine::step() {
@@ -320,6 +327,7 @@ std::vector<RequestOutput> Engine::step() {
     t = Clock::now();
     runner_->submit(current_.batch);
     if (!current_.block_copies.empty()) runner_->copy_blocks(current_.block_copies);
+    if (current_.batch.masks_later) supply_masks(current_);
     stats_.forward_ms += ms_since(t);
     current_.submit_ms = ms_since(start);
   }
@@ -339,6 +347,7 @@ std::vector<RequestOutput> Engine::step() {
   }
 
   t = Clock::now();
+  const auto collected = t;
   const StepOutput& out = runner_->collect();
   stats_.forward_ms += ms_since(t);
   ++stats_.steps;
@@ -347,14 +356,24 @@ std::vector<RequestOutput> Engine::step() {
     done = apply(current_, out);
   } catch (...) {
     // The step's output is bad (e.g. a non-finite logit): the sequences are as they were, and
-    // the step queued behind it, built on its tokens, is dropped.
+    // the step queued behind it, built on its tokens, is dropped (its masks allowing any token).
     if (next_queued_) {
       next_queued_ = false;
+      if (next_.batch.masks_later) {
+        for (StepState::MaskToFill& m : next_.masks_to_fill) m.constraint = nullptr;
+        supply_masks(next_);
+      }
       runner_->collect();
     }
     throw;
   }
-  stats_.last_step_ms = current_.submit_ms + ms_since(t);  // + collect() and apply()
+  // The step queued behind samples once its masks follow the tokens just applied.
+  if (next_queued_ && next_.batch.masks_later) {
+    t = Clock::now();
+    supply_masks(next_);
+    stats_.schedule_ms += ms_since(t);
+  }
+  stats_.last_step_ms = current_.submit_ms + ms_since(collected);  // + collect(), apply() and the next step's masks
   if (callback_error_) {  // the step is applied: the error goes to the caller, the outputs to the next step()
     unreported_.insert(unreported_.end(), std::make_move_iterator(done.begin()), std::make_move_iterator(done.end()));
     std::rethrow_exception(std::exchange(callback_error_, nullptr));
@@ -485,9 +504,12 @@ void Engine::end_running(Sequence& seq, const std::string& reason, std::vector<R
   for (const auto& fork : seq.forks) done.push_back(output_of(*fork, "abort"));  // only a prompt's end forks them
   seq.forks.clear();
   // A step queued behind this one computed a token for it too: that row is dropped.
-  if (next_queued_)
+  if (next_queued_) {
     for (Scheduled& e : next_.scheduled)
       if (e.seq == &seq) e.seq = nullptr;
+    for (StepState::MaskToFill& m : next_.masks_to_fill)
+      if (m.seq == &seq) m.constraint = nullptr;
+  }
   blocks_.release(seq.block_table);
   auto it = std::find_if(scheduler_.running().begin(), scheduler_.running().end(), [&](const auto& r) { return r.get() == &seq; });
   scheduler_.running().erase(it);

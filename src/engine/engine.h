@@ -73,9 +73,15 @@ class Engine {
     // and the blocks copied for them once the step has run.
     std::vector<std::pair<Sequence*, int>> forks;
     std::vector<BlockCopy> block_copies;
-    // The constrained rows' masks to fill once the batch is built (fill_token_masks), each with
-    // its first word in batch.token_masks.
-    std::vector<std::pair<TokenConstraint*, int>> masks_to_fill;
+    // The constrained rows' masks, filled once the step is submitted (supply_masks): each row's
+    // sequence, its constraint (null once the sequence ended: any token, the row is dropped)
+    // and its first word in batch.token_masks.
+    struct MaskToFill {
+      const Sequence* seq = nullptr;
+      TokenConstraint* constraint = nullptr;
+      int offset = 0;
+    };
+    std::vector<MaskToFill> masks_to_fill;
     bool chained = false;         // its tokens come from the step before (pipelining)
     double submit_ms = 0;         // host time building and submitting it (EngineStats::last_step_ms)
   };
@@ -100,9 +106,11 @@ class Engine {
   // in a chained batch, of the token after the one the step before draws for it; `ahead`
   // drafted tokens further on (speculative decoding).
   void add_row_sampling(StepState& s, const Sequence& seq, bool chained, int ahead = 0) const;
-  // The allowed-token masks of a built batch's constrained rows, each request's on its own thread
-  // (xgrammar's matchers are independent): a step's host time grows by one mask, not by one a row.
-  void fill_token_masks(StepState& s);
+  // The allowed-token masks of a submitted step's constrained rows, each request's on its own
+  // thread (xgrammar's matchers are independent: a step's host time grows by one mask, not by
+  // one a row), handed to the runner. The step computes meanwhile: a step's masks after
+  // submit(), a chained step's after the tokens of the step before are applied.
+  void supply_masks(StepState& s);
   // Whether the step after `s` is known before s's tokens are (see EngineOptions::pipeline_steps),
   // and that step, every sequence one token further, its tokens taken from s's rows.
   bool can_chain(const StepState& s) const;
@@ -127,7 +135,7 @@ class Engine {
   std::int64_t next_id_ = 0;
   EngineStats stats_;
   Scheduler scheduler_;  // the waiting and running sequences
-  std::unique_ptr<ThreadPool> mask_pool_;  // fill_token_masks' threads, from the first step with two constrained rows
+  std::unique_ptr<ThreadPool> mask_pool_;  // supply_masks' threads, from the first step with two constrained rows
   StepState current_;         // the step step() submits (or finds queued) and collects
   StepState next_;            // the step queued behind it, when next_queued_
   bool next_queued_ = false;

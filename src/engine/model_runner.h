@@ -33,6 +33,7 @@ class ModelRunner {
   // Runs the model on the batch, writing the new tokens' K/V into the cache.
   const StepOutput& forward(const StepBatch& batch) {
     submit(batch);
+    if (batch.masks_later) supply_masks(batch);
     return collect();
   }
   // forward() in two halves: submit() queues a step, collect() waits for the oldest step queued
@@ -40,6 +41,12 @@ class ModelRunner {
   // pipelines_steps(): the GPU then runs the next step while the host reads this one's tokens.
   virtual void submit(const StepBatch& batch) = 0;
   virtual const StepOutput& collect() = 0;
+  // A batch with masks_later is submitted before its constrained rows' masks are known (they
+  // follow the tokens of the step before, or take host time the step's computation can hide):
+  // the runner computes the step meanwhile and samples it once supply_masks() hands it the same
+  // batch with token_masks filled. That comes before the next submit() and before collect()
+  // reaches the step.
+  virtual void supply_masks(const StepBatch& batch) = 0;
   // Whether a second step may be submitted before the first is collected, and batches may take
   // their tokens from the step before (StepBatch::tokens_from_rows).
   virtual bool pipelines_steps() const { return false; }

@@ -32,6 +32,9 @@ struct StepBatch {
   // The allowed-token bitmasks of constrained rows (engine/token_constraint.h), (vocab + 31) / 32
   // words each, row r's from word sampling[r].mask_offset (when >= 0).
   std::vector<std::uint32_t> token_masks;
+  // token_masks is sized but its masks are not yet known: the runner starts the step and samples
+  // it once ModelRunner::supply_masks hands it this batch with them filled.
+  bool masks_later = false;
   // [logit_rows.size()] non-zero where the engine reads that row's full logits (recording them:
   // EngineOptions::record_first_logits); every other row's logits may stay where they were
   // computed.
@@ -55,6 +58,7 @@ struct StepBatch {
     penalty_tokens.clear();
     logit_bias.clear();
     token_masks.clear();
+    masks_later = false;
     full_logits.clear();
     tokens_from_rows.clear();
     cu_seqlens_q.assign(1, 0);

@@ -135,6 +135,70 @@ TEST(TokenConstraint, EngineMasksEveryRowAndStopsWhenComplete) {
     }
 }
 
+// Constrained decode steps are queued before the host has the tokens their masks follow: each
+// mask is filled once the step before is applied and handed to the runner afterwards
+// (StepBatch::masks_later), with the same tokens as steps run one at a time, also when a
+// constrained request completes while the step behind it is queued.
+TEST(TokenConstraint, ConstrainedStepsArePipelinedWithTheSameTokens) {
+  std::vector<std::vector<RequestOutput>> outs;
+  std::vector<EngineStats> stats;
+  for (const bool pipeline : {true, false}) {
+    int made = 0;
+    Engine e = make_engine(pipeline, false);
+    for (int i = 0; i < 4; ++i) {
+      Request r;
+      r.prompt = {1, 2, 3, 1, 2, 3, 1, 2};
+      r.max_tokens = 16;
+      if (i % 2) r.sampling = {.temperature = 1.0f, .seed = std::uint64_t(i)};
+      const int modulus = 2 + i, length = i == 1 ? 5 : 100;  // request 1 completes after 5 tokens
+      r.constraint = [&made, modulus, length] { return std::make_unique<PatternConstraint>(modulus, length, &made); };
+      e.add_request(r);
+    }
+    outs.push_back(e.run_to_completion());
+    stats.push_back(e.stats());
+  }
+  ASSERT_EQ(outs[0].size(), 4u);
+  ASSERT_EQ(outs[1].size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(outs[0][i].tokens, outs[1][i].tokens) << "request " << i;
+    EXPECT_EQ(outs[0][i].finish_reason, outs[1][i].finish_reason) << "request " << i;
+    for (std::size_t t = 0; t < outs[0][i].tokens.size(); ++t)
+      EXPECT_EQ(outs[0][i].tokens[t] % int(2 + i), int(t) % int(2 + i)) << "request " << i << " token " << t;
+  }
+  EXPECT_EQ(outs[0][1].finish_reason, "stop");
+  EXPECT_EQ(outs[0][1].tokens.size(), 5u);
+  EXPECT_GT(stats[0].pipelined_steps, 8);
+  EXPECT_EQ(stats[1].pipelined_steps, 0);
+}
+
+// A runner refuses a step that waits for its masks to be overtaken: another submit, or its
+// collect, before supply_masks.
+TEST(TokenConstraint, AStepWaitingForItsMasksIsNotOvertaken) {
+  ModelWeights w = random_weights(tiny_config(Architecture::Qwen3), 7);
+  const int vocab = w.config.vocab_size;
+  CpuModelRunner runner(std::move(w), 8, 16);
+  StepBatch b;
+  b.tokens = {1};
+  b.positions = {0};
+  b.cu_seqlens_q = {0, 1};
+  b.kv_lens = {1};
+  b.block_tables = {{0}};
+  b.slot_mapping = {0};
+  b.logit_rows = {0};
+  b.full_logits = {0};
+  b.sampling = {RowSampling{}};
+  b.sampling[0].mask_offset = 0;
+  b.token_masks.assign(std::size_t(token_mask_words(vocab)), 0u);
+  b.masks_later = true;
+  testing::expect_error([&] { runner.supply_masks(b); }, "supply_masks: no step waits for its token masks");
+  runner.submit(b);
+  testing::expect_error([&] { runner.submit(b); }, "submit: the step before waits for its token masks");
+  testing::expect_error([&] { runner.collect(); }, "collect: the step waits for its token masks");
+  b.token_masks[0] = 1u << 5;  // token 5 alone
+  runner.supply_masks(b);
+  EXPECT_EQ(runner.collect().summaries[0].token, 5);
+}
+
 TEST(TokenConstraint, BadMasksAreRefused) {
   StepBatch b;
   b.tokens = {1};

@@ -311,6 +311,38 @@ TEST_P(CudaModel, ConstrainedDecodeStepsTakeOnlyAllowedTokens) {
     }
 }
 
+// Constrained decode steps queued before the host has the tokens their masks follow (the model
+// runs from submit, the sampler once the masks are sent: StepBatch::masks_later), with CUDA
+// graphs: the tokens of steps run one at a time, greedy and sampled.
+TEST_P(CudaModel, ConstrainedPipelinedStepsEqualUnpipelined) {
+  testing::require_gpu();
+  ModelConfig c = tiny_config(GetParam());
+  c.vocab_size = 151936;
+  ModelWeights w = random_weights(c, 31);
+  auto generate = [&](bool pipeline, EngineStats* stats) {
+    EngineOptions o;
+    o.pipeline_steps = pipeline;
+    Engine e(std::make_unique<CudaModelRunner>(w, 64, 16, 64), c.vocab_size, o);
+    for (int r = 0; r < 12; ++r) {
+      Request req;
+      for (int t = 0; t < 5 + r % 7; ++t) req.prompt.push_back((t * 13 + r) % c.vocab_size);
+      req.max_tokens = 20;
+      if (r % 2) req.sampling = {.temperature = 0.9f, .top_k = 40, .seed = std::uint64_t(r)};
+      req.constraint = [r] { return std::make_unique<ThreeTokens>(r); };
+      e.add_request(req);
+    }
+    auto out = e.run_to_completion();
+    *stats = e.stats();
+    return out;
+  };
+  EngineStats plain_stats, pipelined_stats;
+  const auto plain = generate(false, &plain_stats), pipelined = generate(true, &pipelined_stats);
+  ASSERT_EQ(plain.size(), pipelined.size());
+  for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(pipelined[i].tokens, plain[i].tokens) << "request " << i;
+  EXPECT_GT(pipelined_stats.pipelined_steps, 10);
+  EXPECT_EQ(plain_stats.pipelined_steps, 0);
+}
+
 // Decode steps queued before the host reads the tokens they continue from (the runner takes
 // them from the step before on the device) give the tokens of steps run one at a time, with
 // CUDA graphs, across block-table widths, and when a sequence ends at an end-of-sequence token

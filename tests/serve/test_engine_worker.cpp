@@ -16,6 +16,7 @@ namespace {
 class FailingRunner : public ModelRunner {
  public:
   void submit(const StepBatch&) override { throw std::runtime_error("the device is gone"); }
+  void supply_masks(const StepBatch&) override {}
   const StepOutput& collect() override { return out_; }
   void copy_blocks(const std::vector<BlockCopy>&) override {}
   int num_blocks() const override { return 8; }

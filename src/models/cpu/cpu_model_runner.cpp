@@ -97,7 +97,11 @@ Tensor CpuModelRunner::mlp_block(int layer, const Tensor& x) {
 void CpuModelRunner::submit(const StepBatch& batch) {
   const ModelConfig& c = weights_.config;
   steps_.submit(batch, {num_blocks_, block_size_, c.vocab_size, c.max_position_embeddings},
-                [&](const std::vector<std::int32_t>& tokens) { return run(batch, tokens); });
+                [&](const StepBatch& b, const std::vector<std::int32_t>& tokens) { return run(b, tokens); });
+}
+
+void CpuModelRunner::supply_masks(const StepBatch& batch) {
+  steps_.supply_masks(batch, [&](const StepBatch& b, const std::vector<std::int32_t>& tokens) { return run(b, tokens); });
 }
 
 void CpuModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) {

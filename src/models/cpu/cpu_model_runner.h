@@ -21,11 +21,12 @@ class CpuModelRunner : public ModelRunner {
   CpuModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype = KvCacheDtype::Float32);
 
   // Throws Error for a block size the CPU backend does not run (check_block_size) or no blocks.
-  // A step runs in submit(), sampling every row with the host sampler; collect() hands its
-  // output out. Steps can be pipelined (the tokens a chained batch takes from the step before
+  // A step runs in submit() (in supply_masks() when its masks come later), sampling every row
+  // with the host sampler; collect() hands its output out. Steps can be pipelined (the tokens a chained batch takes from the step before
   // are that step's tokens, greedy or drawn), which lets the engine's pipelined path run, and
   // be tested, without a GPU.
   void submit(const StepBatch& batch) override;
+  void supply_masks(const StepBatch& batch) override;  // runs the step that waited for them
   const StepOutput& collect() override { return steps_.collect(); }
   bool pipelines_steps() const override { return true; }
   void copy_blocks(const std::vector<BlockCopy>& copies) override;  // at once: submit() has run its steps

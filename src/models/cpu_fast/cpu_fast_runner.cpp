@@ -229,7 +229,11 @@ void CpuFastModelRunner::mlp_block(const Layer& layer) {
 void CpuFastModelRunner::submit(const StepBatch& batch) {
   const ModelConfig& c = weights_.config;
   steps_.submit(batch, {num_blocks_, block_size_, c.vocab_size, c.max_position_embeddings},
-                [&](const std::vector<std::int32_t>& tokens) { return run(batch, tokens); });
+                [&](const StepBatch& b, const std::vector<std::int32_t>& tokens) { return run(b, tokens); });
+}
+
+void CpuFastModelRunner::supply_masks(const StepBatch& batch) {
+  steps_.supply_masks(batch, [&](const StepBatch& b, const std::vector<std::int32_t>& tokens) { return run(b, tokens); });
 }
 
 void CpuFastModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) {

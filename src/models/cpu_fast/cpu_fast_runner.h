@@ -33,6 +33,7 @@ class CpuFastModelRunner : public ModelRunner {
   // A step runs in submit(); collect() hands its output out. Steps pipeline as the
   // reference's do (the tokens a chained batch takes are the step before's).
   void submit(const StepBatch& batch) override;
+  void supply_masks(const StepBatch& batch) override;  // runs the step that waited for them
   const StepOutput& collect() override { return steps_.collect(); }
   bool pipelines_steps() const override { return true; }
   void copy_blocks(const std::vector<BlockCopy>& copies) override;

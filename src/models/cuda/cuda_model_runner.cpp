@@ -42,6 +42,7 @@ bool plain_greedy(const RowSampling& row) {
 struct Streams {
   cudaStream_t compute = nullptr, upload = nullptr, download = nullptr;
   cudaEvent_t uploaded[2] = {}, computed[2] = {};  // per metadata turn
+  cudaEvent_t masks_uploaded = nullptr;              // a step's token masks, sent after the step (masks_later)
 
   Streams() {
     ASYNCT_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
@@ -51,6 +52,7 @@ struct Streams {
       ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded[i], cudaEventDisableTiming));
       ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&computed[i], cudaEventDisableTiming));
     }
+    ASYNCT_CUDA_CHECK(cudaEventCreateWithFlags(&masks_uploaded, cudaEventDisableTiming));
   }
   Streams(const Streams&) = delete;
   Streams& operator=(const Streams&) = delete;
@@ -59,6 +61,7 @@ struct Streams {
       if (uploaded[i]) cudaEventDestroy(uploaded[i]);
       if (computed[i]) cudaEventDestroy(computed[i]);
     }
+    if (masks_uploaded) cudaEventDestroy(masks_uploaded);
     for (cudaStream_t s : {compute, upload, download})
       if (s) cudaStreamDestroy(s);
   }
@@ -138,16 +141,27 @@ struct CudaModelRunner::Impl {
     return {summaries().get(), top_logprobs().get(), device_draws};
   }
 
-  void run_model(const StepShape& shape, int rows, bool device_draws) {
-    forward.run(shape, step, rows, sampling_out(device_draws), timer, streams.compute);
+  // The step submitted last whose token masks come later (StepBatch::masks_later): its model is
+  // queued, its sampler waits for supply_masks().
+  struct WaitingForMasks {
+    bool active = false;
+    int rows = 0;
+    bool device_draws = false;
+    std::size_t mask_words = 0;
+  } waiting;
+
+  // The step on the compute stream: the model, and the sampler unless `samples` is false.
+  void run_model(const StepShape& shape, int rows, bool device_draws, bool samples) {
+    forward.run_model(shape, step, rows, timer, streams.compute);
+    if (samples) forward.sample(step, rows, sampling_out(device_draws), timer, streams.compute);
   }
 
-  void run_graph(const StepShape& shape, int rows, bool device_draws) {
+  void run_graph(const StepShape& shape, int rows, bool device_draws, bool samples) {
     const DecodeGraphKey key{shape.seqs, shape.max_blocks, rows, metadata.turn(), step.tokens_from_rows != nullptr,
-                             device_draws};
+                             device_draws, samples};
     const GraphAddresses addresses{forward.act.addresses(), summaries().get(), top_logprobs().get(),
                                    forward.act.decode_workspace.get(), step};
-    graphs.run(key, addresses, streams.compute, timer, [&] { run_model(shape, rows, device_draws); });
+    graphs.run(key, addresses, streams.compute, timer, [&] { run_model(shape, rows, device_draws, samples); });
   }
 
   // Queues the copies of the results to the host: the full logits of the rows the engine asked
@@ -295,6 +309,7 @@ void CudaModelRunner::submit(const StepBatch& b) {
   Impl& m = *impl_;
   const int t = b.num_tokens(), rows = int(b.logit_rows.size());
   check(m.num_queued < 2, "submit: two steps are queued already; collect one first");
+  check(!m.waiting.active, "submit: the step before waits for its token masks (supply_masks)");
   check_step_batch(b, {m.num_blocks, m.block_size, m.c.vocab_size, m.c.max_position_embeddings,
                        std::max(0, m.last_submitted_rows)});
   const bool chained = !b.tokens_from_rows.empty();
@@ -337,17 +352,22 @@ void CudaModelRunner::submit(const StepBatch& b) {
   // The metadata goes up on the upload stream, beside the step before; the step's stream waits
   // for it. Its GPU phases run from that wait ("h2d": nothing when the upload was early) to the
   // full logits' copies ("d2h"); the summaries follow on the download stream.
+  // A step whose masks come later sends them then (supply_masks), and samples after them.
   const int turn = m.metadata.turn();
-  m.metadata.upload(m.streams.upload);
+  const bool samples = !b.masks_later;
+  m.metadata.upload(m.streams.upload, 0, m.metadata.bytes() - (samples ? 0 : token_masks_bytes(b)));
   ASYNCT_CUDA_CHECK(cudaEventRecord(m.streams.uploaded[turn], m.streams.upload));
   m.timer.begin(m.streams.compute);
   ASYNCT_CUDA_CHECK(cudaStreamWaitEvent(m.streams.compute, m.streams.uploaded[turn], 0));
   m.timer.mark("h2d");
   if (graph)
-    m.run_graph(shape, rows, device_draws);
+    m.run_graph(shape, rows, device_draws, samples);
   else
-    m.run_model(shape, rows, device_draws);
-  m.download_results(b, rows, q);
+    m.run_model(shape, rows, device_draws, samples);
+  if (samples)
+    m.download_results(b, rows, q);
+  else
+    m.waiting = {true, rows, device_draws, b.token_masks.size()};
   ++m.num_queued;
   m.last_submitted_rows = rows;
   m.last_device_sampled.resize(std::size_t(rows));
@@ -355,10 +375,27 @@ void CudaModelRunner::submit(const StepBatch& b) {
   lap(m.host.launch);
 }
 
+void CudaModelRunner::supply_masks(const StepBatch& b) {
+  Lap lap;
+  Impl& m = *impl_;
+  check(m.waiting.active, "supply_masks: no step waits for its token masks");
+  check(b.token_masks.size() == m.waiting.mask_words, "supply_masks: the batch has ", b.token_masks.size(),
+        " mask words; the step submitted has ", m.waiting.mask_words);
+  // Up beside the step's model; the sampler waits for them on the step's stream.
+  upload_token_masks(b, m.metadata, m.streams.upload);
+  ASYNCT_CUDA_CHECK(cudaEventRecord(m.streams.masks_uploaded, m.streams.upload));
+  ASYNCT_CUDA_CHECK(cudaStreamWaitEvent(m.streams.compute, m.streams.masks_uploaded, 0));
+  m.forward.sample(m.step, m.waiting.rows, m.sampling_out(m.waiting.device_draws), m.timer, m.streams.compute);
+  m.download_results(b, m.waiting.rows, m.queued[(m.first_queued + m.num_queued - 1) % 2]);
+  m.waiting.active = false;
+  lap(m.host.launch);
+}
+
 const StepOutput& CudaModelRunner::collect() {
   Lap lap;
   Impl& m = *impl_;
   check(m.num_queued > 0, "collect: no step was submitted");
+  check(!m.waiting.active || m.num_queued > 1, "collect: the step waits for its token masks (supply_masks)");
   Impl::QueuedStep& q = m.queued[m.first_queued];
   ASYNCT_CUDA_CHECK(cudaEventSynchronize(q.done));
   lap(m.host.wait);

@@ -34,6 +34,9 @@ class CudaModelRunner : public ModelRunner {
   // and the logprobs any row asks for, are drawn in collect() from their logits copied back,
   // with the host sampler, and such rows are not chained (samples_on_device).
   void submit(const StepBatch& batch) override;
+  // A step whose masks come later runs its model on submit(); its sampler is queued here, behind
+  // the masks' upload, so the host fills them while the GPU computes.
+  void supply_masks(const StepBatch& batch) override;
   const StepOutput& collect() override;
   bool pipelines_steps() const override { return true; }
   bool samples_on_device(const RowSampling& row) const override;

@@ -59,8 +59,8 @@ ModelForward::ModelForward(const ModelWeights& w, const ArchitectureRecipe& reci
   if (largest) fp8_scratch_.resize(largest);
 }
 
-void ModelForward::run(const StepShape& shape, const StepPointers& step, int rows, const Sampling& out,
-                       PhaseTimer& timer, cudaStream_t stream) {
+void ModelForward::run_model(const StepShape& shape, const StepPointers& step, int rows, PhaseTimer& timer,
+                             cudaStream_t stream) {
   const int t = shape.tokens;
   const int h = c_.hidden_size;
   std::vector<DeviceLayer>& layers = weights_.layers;
@@ -137,6 +137,12 @@ void ModelForward::run(const StepShape& shape, const StepPointers& step, int row
     kernels::launch_gather_rows(act.hidden.get(), step.logit_rows, act.last.get(), rows, t, h, stream);
     gemm_.linear(act.last.get(), weights_.lm_head, act.logits.get(), rows, h, c_.vocab_size, true, stream);
     timer.mark("lm_head");
+  }
+}
+
+void ModelForward::sample(const StepPointers& step, int rows, const Sampling& out, PhaseTimer& timer,
+                          cudaStream_t stream) {
+  if (rows > 0) {
     if (out.device_draws) {
       kernels::SampleRowsArgs s;
       s.logits = act.logits.get();

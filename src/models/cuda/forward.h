@@ -59,9 +59,16 @@ class ModelForward {
                                 // otherwise the rows are only summarised (their greedy tokens)
   };
   // Runs the step whose metadata is at `step` (already uploaded, or to be by the time the
-  // stream gets there), sampling its `rows` logit rows into `out`.
+  // stream gets there), sampling its `rows` logit rows into `out`: the model up to the rows'
+  // logits (run_model), then the sampler (sample), which may be queued later (a step whose token
+  // masks come later: StepBatch::masks_later).
   void run(const StepShape& shape, const StepPointers& step, int rows, const Sampling& out, PhaseTimer& timer,
-           cudaStream_t stream);
+           cudaStream_t stream) {
+    run_model(shape, step, rows, timer, stream);
+    sample(step, rows, out, timer, stream);
+  }
+  void run_model(const StepShape& shape, const StepPointers& step, int rows, PhaseTimer& timer, cudaStream_t stream);
+  void sample(const StepPointers& step, int rows, const Sampling& out, PhaseTimer& timer, cudaStream_t stream);
   // Copies whole KV blocks in every layer's cache (ModelRunner::copy_blocks), queued on `stream`.
   void copy_blocks(const std::vector<BlockCopy>& copies, cudaStream_t stream);
   // Room for the decode kernel's split partials of an all-decode step of this shape (before a

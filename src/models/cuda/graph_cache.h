@@ -23,6 +23,7 @@ struct DecodeGraphKey {
   int metadata_turn = 0;      // each turn has its own metadata and summaries buffers
   bool chained = false;       // its tokens are taken from the step before on the device
   bool device_draws = false;  // its rows are drawn by the device sampler, not only summarised
+  bool samples = true;        // the sampler is in the graph (else queued once the masks come)
 
   auto operator<=>(const DecodeGraphKey&) const = default;
 };

@@ -26,9 +26,19 @@ StepShape shape_of(const StepBatch& b) {
   return shape;
 }
 
-void StepMetadata::upload(cudaStream_t stream) {
-  if (bytes_)
-    ASYNCT_CUDA_CHECK(cudaMemcpyAsync(device_[turn_].get(), host_[turn_].get(), bytes_, cudaMemcpyHostToDevice, stream));
+void StepMetadata::upload(cudaStream_t stream, std::size_t from, std::size_t to) {
+  to = std::min(to, bytes_);
+  if (from < to)
+    ASYNCT_CUDA_CHECK(cudaMemcpyAsync(device_[turn_].get() + from, host_[turn_].get() + from, to - from,
+                                      cudaMemcpyHostToDevice, stream));
+}
+
+std::size_t token_masks_bytes(const StepBatch& b) { return b.token_masks.size() * sizeof(std::uint32_t); }
+
+void upload_token_masks(const StepBatch& b, StepMetadata& md, cudaStream_t stream) {
+  const std::size_t bytes = token_masks_bytes(b), offset = md.bytes() - bytes;
+  std::copy(b.token_masks.begin(), b.token_masks.end(), md.host<std::uint32_t>(offset));
+  md.upload(stream, offset);
 }
 
 StepPointers write_step_metadata(const StepBatch& b, const StepShape& shape, StepMetadata& md) {

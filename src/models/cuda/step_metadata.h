@@ -88,7 +88,9 @@ class StepMetadata {
   T* host(std::size_t offset) const { return reinterpret_cast<T*>(host_[turn_].get() + offset); }
   template <typename T>
   const T* device(std::size_t offset) const { return reinterpret_cast<const T*>(device_[turn_].get() + offset); }
-  void upload(cudaStream_t stream);
+  // Uploads bytes [from, to) of this turn's sections (all of them by default).
+  void upload(cudaStream_t stream, std::size_t from = 0, std::size_t to = SIZE_MAX);
+  std::size_t bytes() const { return bytes_; }
 
  private:
   std::size_t bytes_ = 0;
@@ -101,5 +103,12 @@ class StepMetadata {
 // shape's width with block 0, which is never read past a sequence's length); returns the
 // device addresses the upload will fill (previous_summaries and previous_rows left empty).
 StepPointers write_step_metadata(const StepBatch& batch, const StepShape& shape, StepMetadata& metadata);
+
+// The bytes of the token masks' section, the last one: what a step whose masks come later
+// (StepBatch::masks_later) uploads at first is everything before it.
+std::size_t token_masks_bytes(const StepBatch& batch);
+// For that step, once the batch's masks are filled: writes them into their section of the same
+// turn (no step written since) and uploads it alone on `stream`.
+void upload_token_masks(const StepBatch& batch, StepMetadata& metadata, cudaStream_t stream);
 
 }  // namespace asynct

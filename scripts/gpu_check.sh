@@ -14,7 +14,8 @@
 # load in process (SERVE_ARCHS, SERVE_RATES narrow it), STAGES=probes for the design probes in bench/*_probe.cu (what
 # a dependency costs; what the decode step's structure costs with no math in it),
 # STAGES="build prefill_profile" for the prefill kernel's clock under load and ncu (PROFILE_SHAPES),
-# STAGES="build speculative" for a 1.7B step verifying 4 drafts against a one-token step, and
+# STAGES="build speculative" for a 1.7B step verifying 4 drafts against a one-token step, decode_heavy_b32
+# with speculation on against off, and
 # bench/bench_speculative.py on SmolLM2 (once scripts/device_smollm2.sh has unpacked it into
 # $ASYNCT_CACHE, default /tmp/asynct-cache; SPECULATIVE_ROUNDS, default 2).
 # GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
@@ -143,6 +144,13 @@ if want speculative; then
       --speculative-tokens 4 --repeat "${SCENARIO_REPEAT:-3}" --json "$out/decode_b1_speculative_$method.json" \
       >"$out/decode_b1_speculative_$method.log" 2>&1 || status=1
     echo "-- --speculative $method"; grep -E "decode steps|drafts" "$out/decode_b1_speculative_$method.log" | tail -3
+  done
+  echo "== decode_heavy_b32 with speculation on (ngram: the switch-off rule at 32 sequences) against off =="
+  for method in none ngram; do
+    timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario decode_heavy_b32 --speculative "$method" \
+      --repeat "${SCENARIO_REPEAT:-3}" --json "$out/decode_heavy_b32_speculative_$method.json" \
+      >"$out/decode_heavy_b32_speculative_$method.log" 2>&1 || status=1
+    echo "-- --speculative $method"; grep -E "^decode_heavy_b32|decode steps|drafts" "$out/decode_heavy_b32_speculative_$method.log" | tail -4
   done
   echo "== speculative decoding at batch 1: rewrite and chat prompts, ngram and suffix against none (SmolLM2) =="
   smollm2_dir="${ASYNCT_CACHE:-/tmp/asynct-cache}/smollm2-135m-instruct"

@@ -264,8 +264,9 @@ void Engine::supply_masks(StepState& s) {
 bool Engine::can_chain(const StepState& s) const {
   // Every running sequence is in the step, and nothing waits: scheduling again would pick them all.
   if (!scheduler_.waiting().empty() || s.scheduled.size() != scheduler_.running().size()) return false;
-  // The next step's drafts come from this step's tokens.
-  if (options_.speculative.enabled()) return false;
+  // The next step's drafts would come from this step's tokens: only a batch over the switch-off
+  // rule's size, where no sequence drafts, is queued ahead.
+  if (options_.speculative.enabled() && !scheduler_.drafting_off_for_batch()) return false;
   std::int64_t new_blocks = 0;
   for (std::size_t i = 0; i < s.scheduled.size(); ++i) {
     const Sequence* seq = s.scheduled[i].seq;
@@ -306,6 +307,7 @@ void Engine::build_chained_batch(const StepState& s, StepState& next) {
     b.logit_rows.push_back(int(i));
     add_row_sampling(next, seq, /*chained=*/true);
   }
+  if (options_.speculative.enabled()) stats_.drafts_skipped_batch += std::int64_t(n);  // (can_chain)
   b.masks_later = !next.masks_to_fill.empty();  // once s's tokens are applied
 }
 

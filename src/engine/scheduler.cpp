@@ -72,7 +72,7 @@ std::vector<std::int32_t> Scheduler::drafts_for(Sequence& seq, int budget) {
   const int most = std::min({o.num_tokens, seq.request.max_tokens - seq.num_generated - 1, budget - 1});
   if (most <= 0) return {};
   // The switch-off rule, before any draft is looked for.
-  if (o.max_batch > 0 && int(running_.size()) > o.max_batch) {
+  if (drafting_off_for_batch()) {
     ++stats_.drafts_skipped_batch;
     return {};
   }

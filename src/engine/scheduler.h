@@ -33,6 +33,12 @@ class Scheduler {
   // drafting (SpeculativeOptions::max_pause), each time twice as long; one that kept a draft
   // ends the pauses.
   void drafts_kept(Sequence& seq, int kept) const;
+  // The switch-off rule's batch half: more running sequences than SpeculativeOptions::max_batch,
+  // so no sequence drafts (and a step may be queued behind the one before: Engine::can_chain).
+  bool drafting_off_for_batch() const {
+    const int most = options_.speculative.max_batch;
+    return most > 0 && int(running_.size()) > most;
+  }
   // Moves a running sequence to the front of the waiting queue, its blocks freed.
   void preempt(Sequence* seq);
 

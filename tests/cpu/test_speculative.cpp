@@ -217,6 +217,10 @@ TEST(Speculative, DraftingStopsOverMaxBatchAndPausesWhenFruitless) {
   EXPECT_GT(over.stats.drafts_skipped_batch, 0);
   EXPECT_GT(within.stats.drafted_tokens, 0);
   EXPECT_EQ(within.stats.drafts_skipped_batch, 0);
+  // Over the rule's batch size steps are queued behind each other as without speculation.
+  EXPECT_GT(over.stats.pipelined_steps, 0);
+  EXPECT_EQ(over.stats.pipelined_steps, plain.stats.pipelined_steps);
+  EXPECT_EQ(within.stats.pipelined_steps, 0);
 
   // A prompt lookup that keeps little: the random model does not repeat this prompt's pattern.
   Request r;

@@ -135,7 +135,7 @@ struct CudaModelRunner::Impl {
   StepOutput output;             // of the last step collected
 
   bool use_graphs = true;
-  DecodeGraphCache graphs;
+  StepGraphCache graphs;
 
   ModelForward::Sampling sampling_out(bool device_draws) {
     return {summaries().get(), top_logprobs().get(), device_draws};
@@ -157,8 +157,10 @@ struct CudaModelRunner::Impl {
   }
 
   void run_graph(const StepShape& shape, int rows, bool device_draws, bool samples) {
-    const DecodeGraphKey key{shape.seqs, shape.max_blocks, rows, metadata.turn(), step.tokens_from_rows != nullptr,
-                             device_draws, samples};
+    const StepGraphKey key{shape.seqs,        shape.tokens,   shape.decodes,
+                           shape.prefill_q_len, shape.max_blocks, rows,
+                           metadata.turn(),     step.tokens_from_rows != nullptr, device_draws,
+                           samples};
     const GraphAddresses addresses{forward.act.addresses(), summaries().get(), top_logprobs().get(),
                                    forward.act.decode_workspace.get(), step};
     graphs.run(key, addresses, streams.compute, timer, [&] { run_model(shape, rows, device_draws, samples); });
@@ -327,9 +329,9 @@ void CudaModelRunner::submit(const StepBatch& b) {
   for (const RowSampling& s : b.sampling) device_draws = device_draws || (m.device_sampler && !plain_greedy(s));
 
   // Split the step: leading one-token sequences to the decode kernel, the rest to prefill.
-  // All-decode steps replay CUDA graphs (graph_cache.h), at a widened block-table width.
+  // All-decode and small steps replay CUDA graphs (graph_cache.h), at a widened block-table width.
   StepShape shape = shape_of(b);
-  const bool graph = m.use_graphs && shape.decodes == shape.seqs;
+  const bool graph = m.use_graphs && replays_from_graph(shape);
   if (graph) widen_for_graph(shape, m.block_size);
 
   // (A buffer that grows while another step is queued is freed with cudaFree, which waits for

@@ -198,8 +198,9 @@ void ModelForward::copy_blocks(const std::vector<BlockCopy>& copies, cudaStream_
 }
 
 void ModelForward::reserve_decode_workspace(const StepShape& shape, const StepPointers& step) {
+  if (shape.decodes == 0) return;
   const kernels::DecodeParams probe =
-      decode_params(weights_.layers[0], step, shape.seqs, shape.max_blocks, shape.decode_kv_len);
+      decode_params(weights_.layers[0], step, shape.decodes, shape.max_blocks, shape.decode_kv_len);
   act.decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(probe, probe.num_splits)));
 }
 

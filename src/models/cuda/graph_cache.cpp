@@ -4,31 +4,37 @@
 
 namespace asynct {
 
+bool replays_from_graph(const StepShape& shape) {
+  return shape.decodes == shape.seqs ||
+         (shape.prefill_q_len <= kGraphMaxQueryLen && shape.tokens - shape.decodes <= kGraphMaxPrefillTokens);
+}
+
 void widen_for_graph(StepShape& shape, int block_size) {
   int width = 1;
   while (width < shape.max_blocks) width *= 2;
   shape.max_blocks = width;
-  shape.decode_kv_len = width * block_size;
+  if (shape.decodes > 0) shape.decode_kv_len = width * block_size;
+  if (shape.decodes < shape.seqs) shape.prefill_kv_len = width * block_size;
 }
 
-DecodeGraphCache::~DecodeGraphCache() {
+StepGraphCache::~StepGraphCache() {
   for (auto& [key, g] : graphs_)
     if (g.exec) cudaGraphExecDestroy(g.exec);
 }
 
-void DecodeGraphCache::begin_capture(Captured& g, cudaStream_t stream) {
+void StepGraphCache::begin_capture(Captured& g, cudaStream_t stream) {
   if (g.exec) ASYNCT_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
   g.exec = nullptr;
   ASYNCT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
 }
 
-void DecodeGraphCache::abort_capture(cudaStream_t stream) {
+void StepGraphCache::abort_capture(cudaStream_t stream) {
   cudaGraph_t graph = nullptr;
   cudaStreamEndCapture(stream, &graph);
   if (graph) cudaGraphDestroy(graph);
 }
 
-void DecodeGraphCache::end_capture(Captured& g, cudaStream_t stream, const GraphAddresses& addresses) {
+void StepGraphCache::end_capture(Captured& g, cudaStream_t stream, const GraphAddresses& addresses) {
   cudaGraph_t graph = nullptr;
   ASYNCT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   const cudaError_t instantiated = cudaGraphInstantiate(&g.exec, graph, 0);
@@ -37,7 +43,7 @@ void DecodeGraphCache::end_capture(Captured& g, cudaStream_t stream, const Graph
   g.addresses = addresses;
 }
 
-void DecodeGraphCache::launch(const Captured& g, cudaStream_t stream) {
+void StepGraphCache::launch(const Captured& g, cudaStream_t stream) {
   ASYNCT_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));
 }
 

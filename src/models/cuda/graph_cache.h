@@ -1,6 +1,7 @@
-// All-decode steps captured once per shape and replayed as CUDA graphs: one launch instead of
+// All-decode steps, and small steps (a few new tokens a sequence: speculative verification, a
+// short prompt), captured once per shape and replayed as CUDA graphs: one launch instead of
 // hundreds. A graph holds the device addresses it was captured with, so it is found by the
-// step's shape (DecodeGraphKey) and replayed only while every address it baked in is the same
+// step's shape (StepGraphKey) and replayed only while every address it baked in is the same
 // (GraphAddresses); otherwise it is captured again.
 #pragma once
 
@@ -15,9 +16,21 @@
 
 namespace asynct {
 
-// Which graph a decode step replays.
-struct DecodeGraphKey {
+// The largest prefill part a step replayed from a graph has: its longest sequence's new tokens
+// (a verification of up to 15 drafts) and its new tokens in all. Larger ones run eagerly: their
+// launches are a small part of their time, and their shapes too many to capture.
+constexpr int kGraphMaxQueryLen = 16;
+constexpr int kGraphMaxPrefillTokens = 64;
+
+// Whether a step is replayed from a graph: every sequence one new token, or a small prefill part.
+bool replays_from_graph(const StepShape& shape);
+
+// Which graph a step replays.
+struct StepGraphKey {
   int seqs = 0;
+  int tokens = 0;
+  int decodes = 0;            // leading one-token sequences; the rest is the prefill part
+  int prefill_q_len = 0;      // the prefill part's longest sequence
   int block_table_width = 0;  // a power of two (widen_for_graph)
   int rows = 0;               // sampling rows
   int metadata_turn = 0;      // each turn has its own metadata and summaries buffers
@@ -25,7 +38,7 @@ struct DecodeGraphKey {
   bool device_draws = false;  // its rows are drawn by the device sampler, not only summarised
   bool samples = true;        // the sampler is in the graph (else queued once the masks come)
 
-  auto operator<=>(const DecodeGraphKey&) const = default;
+  auto operator<=>(const StepGraphKey&) const = default;
 };
 
 // Every address a decode graph reads or writes apart from the weights and the KV cache (which
@@ -41,24 +54,24 @@ struct GraphAddresses {
   bool operator==(const GraphAddresses&) const = default;
 };
 
-// Rounds an all-decode step's block-table width up to a power of two, so that a growing
-// context re-captures rarely, and bounds its KV lengths by that width's capacity: the decode
-// kernel's splits are sized from it, not from this step's longest context.
+// Rounds a replayed step's block-table width up to a power of two, so that a growing context
+// re-captures rarely, and bounds its KV lengths by that width's capacity: the attention kernels'
+// key splits are sized from it, not from this step's longest context.
 void widen_for_graph(StepShape& shape, int block_size);
 
-class DecodeGraphCache {
+class StepGraphCache {
  public:
-  DecodeGraphCache() = default;
-  DecodeGraphCache(const DecodeGraphCache&) = delete;
-  DecodeGraphCache& operator=(const DecodeGraphCache&) = delete;
-  ~DecodeGraphCache();
+  StepGraphCache() = default;
+  StepGraphCache(const StepGraphCache&) = delete;
+  StepGraphCache& operator=(const StepGraphCache&) = delete;
+  ~StepGraphCache();
 
-  // Runs an all-decode step: the first step of a key runs eagerly (`run_model()`: it creates the
-  // GEMM plans and loads the kernels), the second captures the graph, and from then on a step
+  // Runs a step of a replayed shape: the first step of a key runs eagerly (`run_model()`: it creates the
+  // GEMM plans, loads the kernels and sizes the workspaces), the second captures the graph, and from then on a step
   // is one launch. Timed as one phase, "decode_graph"; a capture shows as "capture" (the GPU
   // waits for it).
   template <typename RunModel>
-  void run(const DecodeGraphKey& key, const GraphAddresses& addresses, cudaStream_t stream, PhaseTimer& timer,
+  void run(const StepGraphKey& key, const GraphAddresses& addresses, cudaStream_t stream, PhaseTimer& timer,
            RunModel&& run_model) {
     Captured& g = graphs_[key];
     if (!g.seen) {
@@ -96,7 +109,7 @@ class DecodeGraphCache {
   static void end_capture(Captured& g, cudaStream_t stream, const GraphAddresses& addresses);
   static void launch(const Captured& g, cudaStream_t stream);
 
-  std::map<DecodeGraphKey, Captured> graphs_;
+  std::map<StepGraphKey, Captured> graphs_;
 };
 
 }  // namespace asynct

@@ -16,7 +16,7 @@
 # STAGES="build prefill_profile" for the prefill kernel's clock under load and ncu (PROFILE_SHAPES),
 # STAGES="build speculative" for a 1.7B step verifying 4 drafts against a one-token step, decode_heavy_b32
 # with speculation on against off, and
-# bench/bench_speculative.py on SmolLM2 (once scripts/device_smollm2.sh has unpacked it into
+# bench/bench_speculative.py on SmolLM2, a process a request and a warm server (once scripts/device_smollm2.sh has unpacked it into
 # $ASYNCT_CACHE, default /tmp/asynct-cache; SPECULATIVE_ROUNDS, default 2).
 # GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
 # (e.g. "decode norms"), SCENARIO_SCALE and SCENARIO_REPEAT (runs per model, median reported)
@@ -158,6 +158,10 @@ if want speculative; then
     timeout 400 python3 bench/bench_speculative.py --build build/gpu --model "$smollm2_dir" --device cuda --allow-divergence \
       --rounds "${SPECULATIVE_ROUNDS:-2}" --out "$out/bench_speculative.json" >"$out/bench_speculative.txt" 2>&1 || status=1
     grep -E "^\||differs" "$out/bench_speculative.txt"
+    echo "-- the same through a warm asynct serve (a server a method, after a warm-up pass)"
+    timeout 400 python3 bench/bench_speculative.py --build build/gpu --model "$smollm2_dir" --device cuda --allow-divergence \
+      --rounds "${SPECULATIVE_ROUNDS:-2}" --serve --out "$out/bench_speculative_serve.json" >"$out/bench_speculative_serve.txt" 2>&1 || status=1
+    grep -E "^\||differs" "$out/bench_speculative_serve.txt"
   else
     echo "-- SmolLM2 not unpacked ($smollm2_dir): scripts/device_smollm2.sh"; status=1
   fi

@@ -171,12 +171,8 @@ TEST(TokenConstraint, ConstrainedStepsArePipelinedWithTheSameTokens) {
   EXPECT_EQ(stats[1].pipelined_steps, 0);
 }
 
-// A runner refuses a step that waits for its masks to be overtaken: another submit, or its
-// collect, before supply_masks.
-TEST(TokenConstraint, AStepWaitingForItsMasksIsNotOvertaken) {
-  ModelWeights w = random_weights(tiny_config(Architecture::Qwen3), 7);
-  const int vocab = w.config.vocab_size;
-  CpuModelRunner runner(std::move(w), 8, 16);
+// A step of one token at position 0 whose row has a mask at word 0 (token_masks left to the test).
+StepBatch one_masked_token() {
   StepBatch b;
   b.tokens = {1};
   b.positions = {0};
@@ -188,6 +184,16 @@ TEST(TokenConstraint, AStepWaitingForItsMasksIsNotOvertaken) {
   b.full_logits = {0};
   b.sampling = {RowSampling{}};
   b.sampling[0].mask_offset = 0;
+  return b;
+}
+
+// A runner refuses a step that waits for its masks to be overtaken: another submit, or its
+// collect, before supply_masks.
+TEST(TokenConstraint, AStepWaitingForItsMasksIsNotOvertaken) {
+  ModelWeights w = random_weights(tiny_config(Architecture::Qwen3), 7);
+  const int vocab = w.config.vocab_size;
+  CpuModelRunner runner(std::move(w), 8, 16);
+  StepBatch b = one_masked_token();
   b.token_masks.assign(std::size_t(token_mask_words(vocab)), 0u);
   b.masks_later = true;
   testing::expect_error([&] { runner.supply_masks(b); }, "supply_masks: no step waits for its token masks");
@@ -200,17 +206,7 @@ TEST(TokenConstraint, AStepWaitingForItsMasksIsNotOvertaken) {
 }
 
 TEST(TokenConstraint, BadMasksAreRefused) {
-  StepBatch b;
-  b.tokens = {1};
-  b.positions = {0};
-  b.cu_seqlens_q = {0, 1};
-  b.kv_lens = {1};
-  b.block_tables = {{0}};
-  b.slot_mapping = {0};
-  b.logit_rows = {0};
-  b.full_logits = {0};
-  b.sampling = {RowSampling{}};
-  b.sampling[0].mask_offset = 0;
+  StepBatch b = one_masked_token();
   b.token_masks.assign(3, ~0u);
   const StepBounds bounds{.num_blocks = 4, .block_size = 16, .vocab_size = 100, .max_position_embeddings = 64};
   testing::expect_error([&] { check_step_batch(b, bounds); },

@@ -37,13 +37,18 @@ inline void add_cpu_reference_flag(CLI::App* cmd, bool& cpu_reference) {
 // `forced`: bench only (SpeculativeOptions::method).
 inline void add_speculative_options(CLI::App* cmd, SpeculativeOptions& o, bool forced = false) {
   cmd->add_option("--speculative", o.method,
-                  "speculative decoding: none, ngram (drafts from the request's own prompt and output by prompt lookup) or "
+                  "speculative decoding: none, ngram (drafts from the request's own prompt and output by prompt lookup), "
                   "suffix (suffix decoding: drafts from a suffix index over the request's tokens and recent requests' "
-                  "prompts and outputs, as long as the match is confident); drafts are verified in one step: the same "
+                  "prompts and outputs, as long as the match is confident) or draft (a smaller model's greedy tokens: "
+                  "--draft-model); drafts are verified in one step: the same "
                   "tokens, fewer steps where the output repeats its input or earlier requests" +
                       std::string(forced ? "; forced (bench only) drafts --speculative-tokens tokens a step and keeps them all, "
                                            "to time verification apart from the model's luck" : ""))
-      ->check(forced ? CLI::IsMember({"none", "ngram", "suffix", "forced"}) : CLI::IsMember({"none", "ngram", "suffix"}));
+      ->check(forced ? CLI::IsMember({"none", "ngram", "suffix", "draft", "forced"})
+                     : CLI::IsMember({"none", "ngram", "suffix", "draft"}));
+  cmd->add_option("--draft-model", o.draft_model,
+                  "--speculative draft's model: a smaller checkpoint directory with the model's tokenizer (it runs on "
+                  "the same backend, with its own KV cache of as many blocks); none by default");
   cmd->add_option("--speculative-tokens", o.num_tokens, "tokens drafted a step at most")->check(integer_in(1, 64));
   cmd->add_option("--speculative-max-batch", o.max_batch,
                   "draft only while at most this many sequences run (0: any number); a sequence whose drafts keep "

@@ -7,8 +7,9 @@
 namespace asynct {
 
 void validate_speculative(const SpeculativeOptions& o, bool allow_forced) {
-  check(o.method == "none" || o.method == "ngram" || o.method == "suffix" || (allow_forced && o.method == "forced"),
-        "--speculative must be none, ngram or suffix", allow_forced ? " (or forced, to time verification)" : "", ", got '",
+  check(o.method == "none" || o.method == "ngram" || o.method == "suffix" || o.method == "draft" ||
+            (allow_forced && o.method == "forced"),
+        "--speculative must be none, ngram, suffix or draft", allow_forced ? " (or forced, to time verification)" : "", ", got '",
         o.method, "'");
   check(o.num_tokens >= 1 && o.num_tokens <= 64, "--speculative-tokens must be in 1..64, got ", o.num_tokens);
   check(o.ngram_min >= 1 && o.ngram_max <= 64 && o.ngram_min <= o.ngram_max,

@@ -15,7 +15,8 @@
 namespace asynct {
 
 struct SpeculativeOptions {
-  // none, ngram (prompt lookup), suffix (suffix decoding, engine/suffix_index.h), or forced
+  // none, ngram (prompt lookup), suffix (suffix decoding, engine/suffix_index.h), draft (a draft
+  // model's greedy tokens, engine/draft_model.h: the engine is given its runner), or forced
   // (`asynct bench` only: every step drafts num_tokens copies of the newest token and keeps them
   // all, whatever the model draws, so that verification is timed apart from the model's luck;
   // its outputs are not the model's).
@@ -38,6 +39,9 @@ struct SpeculativeOptions {
   // keeps one [S2].
   int max_batch = 8;
   int max_pause = 16;
+  // --draft-model: the checkpoint directory of --speculative draft's model, which the commands
+  // load (make_draft_model, models/runner_factory.h) and hand to the engine.
+  std::string draft_model = "";
   bool enabled() const { return method != "none"; }
   bool forced() const { return method == "forced"; }
 };

@@ -31,10 +31,15 @@ std::unique_ptr<SuffixIndex> checked_suffix_cache(const EngineOptions& options) 
 
 }  // namespace
 
-Engine::Engine(std::unique_ptr<ModelRunner> runner, int vocab_size, EngineOptions options)
+Engine::Engine(std::unique_ptr<ModelRunner> runner, int vocab_size, EngineOptions options,
+               std::unique_ptr<DraftModel> draft_model)
     : runner_(std::move(runner)), vocab_size_(vocab_size), options_(options),
       blocks_(runner_->num_blocks(), runner_->block_size()), suffix_cache_(checked_suffix_cache(options_)),
-      scheduler_(options_, blocks_, stats_, suffix_cache_.get()) {}
+      draft_model_(std::move(draft_model)), scheduler_(options_, blocks_, stats_, suffix_cache_.get(), draft_model_.get()) {
+  check((options_.speculative.method == "draft") == (draft_model_ != nullptr),
+        draft_model_ ? "engine: a draft model is given but --speculative is not draft"
+                     : "engine: --speculative draft needs a draft model (--draft-model)");
+}
 
 std::int64_t Engine::add_request(const Request& r) {
   scheduler_.waiting().push_back(make_sequence(r));
@@ -513,6 +518,7 @@ void Engine::end_running(Sequence& seq, const std::string& reason, std::vector<R
       if (m.seq == &seq) m.constraint = nullptr;
   }
   blocks_.release(seq.block_table);
+  if (draft_model_) draft_model_->release(seq);
   auto it = std::find_if(scheduler_.running().begin(), scheduler_.running().end(), [&](const auto& r) { return r.get() == &seq; });
   scheduler_.running().erase(it);
 }

@@ -14,6 +14,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/block_manager.h"
+#include "engine/draft_model.h"
 #include "engine/engine_options.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
@@ -25,7 +26,9 @@ namespace asynct {
 
 class Engine {
  public:
-  Engine(std::unique_ptr<ModelRunner> runner, int vocab_size, EngineOptions options = {});
+  // `draft_model`: --speculative draft's, and only then (with the target's vocabulary).
+  Engine(std::unique_ptr<ModelRunner> runner, int vocab_size, EngineOptions options = {},
+         std::unique_ptr<DraftModel> draft_model = nullptr);
 
   // Queues a request; throws Error for an empty prompt, out-of-vocabulary ids (prompt, end and
   // stop tokens), sampling parameters out of range (validate_sampling), or a request that could
@@ -132,6 +135,7 @@ class Engine {
   // Finished requests' prompts and outputs, the oldest evicted past suffix_cache_tokens
   // (--speculative suffix with a cache; else null).
   std::unique_ptr<SuffixIndex> suffix_cache_;
+  std::unique_ptr<DraftModel> draft_model_;  // --speculative draft's (else null)
   std::int64_t next_id_ = 0;
   EngineStats stats_;
   Scheduler scheduler_;  // the waiting and running sequences

@@ -6,12 +6,14 @@
 
 namespace asynct {
 
-Scheduler::Scheduler(const EngineOptions& options, BlockManager& blocks, EngineStats& stats, const SuffixIndex* suffix_cache)
-    : options_(options), blocks_(blocks), stats_(stats), suffix_cache_(suffix_cache) {}
+Scheduler::Scheduler(const EngineOptions& options, BlockManager& blocks, EngineStats& stats, const SuffixIndex* suffix_cache,
+                     DraftModel* draft_model)
+    : options_(options), blocks_(blocks), stats_(stats), suffix_cache_(suffix_cache), draft_model_(draft_model) {}
 
 void Scheduler::schedule(std::vector<Scheduled>& out) {
   out.clear();
   int budget = options_.max_num_batched_tokens;
+  if (draft_model_) propose_model_drafts(budget);
   // Running sequences first (decodes and unfinished prefill chunks), oldest first; the newest
   // running sequences give up their blocks when the older ones need more.
   for (std::size_t i = 0; i < running_.size() && budget > 0 && int(out.size()) < options_.max_num_seqs; ++i) {
@@ -62,14 +64,34 @@ void Scheduler::schedule(std::vector<Scheduled>& out) {
   std::stable_partition(out.begin(), out.end(), [](const Scheduled& s) { return s.num_tokens == 1; });
 }
 
-std::vector<std::int32_t> Scheduler::drafts_for(Sequence& seq, int budget) {
+int Scheduler::draft_limit(const Sequence& seq, int budget) const {
   const SpeculativeOptions& o = options_.speculative;
   // Decoding (one new token, past the prompt), without penalties.
   if (!o.enabled() || seq.num_generated == 0 || int(seq.tokens.size()) - seq.num_computed != 1 ||
       seq.request.sampling.has_penalties() || seq.constraint)
-    return {};
+    return 0;
   // A step gives up to drafts + 1 tokens: within max_tokens and the step's budget.
-  const int most = std::min({o.num_tokens, seq.request.max_tokens - seq.num_generated - 1, budget - 1});
+  return std::max(0, std::min({o.num_tokens, seq.request.max_tokens - seq.num_generated - 1, budget - 1}));
+}
+
+void Scheduler::propose_model_drafts(int budget) {
+  std::vector<Sequence*> seqs;
+  std::vector<int> most;
+  if (!drafting_off_for_batch())
+    for (std::size_t i = 0; i < running_.size() && int(i) < options_.max_num_seqs; ++i) {
+      Sequence& seq = *running_[i];
+      const int limit = draft_limit(seq, budget);
+      if (limit > 0 && seq.draft_pause == 0) {
+        seqs.push_back(&seq);
+        most.push_back(limit);
+      }
+    }
+  draft_model_->propose(seqs, most);
+}
+
+std::vector<std::int32_t> Scheduler::drafts_for(Sequence& seq, int budget) {
+  const SpeculativeOptions& o = options_.speculative;
+  const int most = draft_limit(seq, budget);
   if (most <= 0) return {};
   // The switch-off rule, before any draft is looked for.
   if (drafting_off_for_batch()) {
@@ -82,7 +104,11 @@ std::vector<std::int32_t> Scheduler::drafts_for(Sequence& seq, int budget) {
     return {};
   }
   std::vector<std::int32_t> drafts;
-  if (o.forced()) {  // (timing: kept whatever the model draws)
+  if (o.method == "draft") {  // (proposed before the step's loop: propose_model_drafts)
+    drafts = std::move(seq.proposed_drafts);
+    seq.proposed_drafts.clear();
+    if (int(drafts.size()) > most) drafts.resize(std::size_t(most));
+  } else if (o.forced()) {  // (timing: kept whatever the model draws)
     drafts.assign(std::size_t(most), seq.tokens.back());
   } else if (o.method == "ngram") {
     drafts = ngram_draft(seq.tokens, o.ngram_min, o.ngram_max, most);
@@ -122,6 +148,7 @@ void Scheduler::preempt(Sequence* seq) {
 
 void Scheduler::release_blocks(Sequence& seq) {
   blocks_.release(seq.block_table);
+  if (draft_model_) draft_model_->release(seq);
   seq.num_computed = 0;  // computed again (or taken from the prefix cache) when it runs again
   seq.num_filed_blocks = 0;
   seq.last_filed_hash = 0;

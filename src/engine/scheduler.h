@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "engine/block_manager.h"
+#include "engine/draft_model.h"
 #include "engine/engine_options.h"
 #include "engine/sequence.h"
 #include "engine/suffix_index.h"
@@ -24,7 +25,9 @@ class Scheduler {
  public:
   // `blocks` and `stats` are the engine's (outliving the scheduler); `suffix_cache`, finished
   // requests' index that suffix decoding also drafts from, or null.
-  Scheduler(const EngineOptions& options, BlockManager& blocks, EngineStats& stats, const SuffixIndex* suffix_cache);
+  // `draft_model`: --speculative draft's (else null).
+  Scheduler(const EngineOptions& options, BlockManager& blocks, EngineStats& stats, const SuffixIndex* suffix_cache,
+            DraftModel* draft_model = nullptr);
 
   // The next step's sequences, one-token ones first (a backend can hand that leading run to its
   // decode kernel), each sequence's drafts set (Sequence::drafts, its new tokens counting them).
@@ -53,6 +56,12 @@ class Scheduler {
   // counts down). Suffix decoding drafts from the sequence's own index and from the cache,
   // taking the draft whose match is longer (a tie: its own).
   std::vector<std::int32_t> drafts_for(Sequence& seq, int budget);
+  // The most drafts `seq` may take into a step with `budget` tokens left; 0 when it does not draft
+  // (not decoding, penalties, a constraint, the switch-off rule). Changes nothing.
+  int draft_limit(const Sequence& seq, int budget) const;
+  // --speculative draft: the draft model's proposals for the running sequences that will draft
+  // (as drafts_for then takes them), every one's draft steps batched.
+  void propose_model_drafts(int budget);
   // Lets go of the sequence's blocks: nothing of it is computed any more.
   void release_blocks(Sequence& seq);
 
@@ -60,6 +69,7 @@ class Scheduler {
   BlockManager& blocks_;
   EngineStats& stats_;
   const SuffixIndex* suffix_cache_;
+  DraftModel* draft_model_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::deque<std::unique_ptr<Sequence>> running_;
 };

@@ -37,6 +37,11 @@ struct Sequence {
   std::unique_ptr<SuffixIndex> suffix;  // its newest prompt and output tokens (--speculative suffix, when it drafts)
   // Decode steps it still drafts in none, and the next pause's length (SpeculativeOptions::max_pause).
   int draft_pause = 0, next_draft_pause = 1;
+  // --speculative draft (engine/draft_model.h): the draft model's proposal for this step, the
+  // tokens its cache was fed, in order, and that cache's blocks.
+  std::vector<std::int32_t> proposed_drafts;
+  std::vector<std::int32_t> draft_fed;
+  std::vector<int> draft_block_table;
 };
 
 struct Scheduled {

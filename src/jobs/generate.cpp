@@ -185,7 +185,8 @@ int run_generate(const GenerateOptions& o) {
   engine_options.speculative = o.speculative;
   std::string backend;
   ro.num_blocks = num_blocks;
-  Engine engine(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);
+  std::unique_ptr<DraftModel> draft = make_draft_model(o.speculative, config, ro);
+  Engine engine(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options, std::move(draft));
 
   // With text or JSON, stdout holds only the output; the header and statistics go to stderr.
   std::FILE* info = text || o.json ? stderr : stdout;

@@ -183,7 +183,7 @@ Run run_scenario(const Scenario& s, const ModelWeights& weights, const char* lab
   ro.kv_cache_dtype = o.kv_cache_dtype;
   ro.quantization = o.quantization;
   ro.cpu_reference = o.cpu_reference;
-  Engine engine(make_runner(weights, ro, &backend), config.vocab_size, eo);
+  Engine engine(make_runner(weights, ro, &backend), config.vocab_size, eo, make_draft_model(o.speculative, config, ro));
   if (o.warmup) warm_up(engine, s, prompt_min, output, o, config.vocab_size);
   Run run;
   for (Request& r : requests) {

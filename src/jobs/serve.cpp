@@ -182,7 +182,9 @@ int run_serve(const ServeOptions& o) {
   engine_options.speculative = o.speculative;
   ro.num_blocks = num_blocks;
   std::string backend;
-  auto engine = std::make_unique<Engine>(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options);
+  std::unique_ptr<DraftModel> draft = make_draft_model(o.speculative, config, ro);
+  auto engine = std::make_unique<Engine>(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options,
+                                         std::move(draft));
 
   const int in_flight = o.max_num_seqs + o.max_waiting;
   serve::ServerMetrics metrics;

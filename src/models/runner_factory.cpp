@@ -1,6 +1,7 @@
 #include "models/runner_factory.h"
 
 #include "core/error.h"
+#include "models/config.h"
 #include "models/cpu/cpu_model_runner.h"
 #include "models/cpu_fast/cpu_fast_runner.h"
 #ifdef ASYNCT_WITH_CUDA
@@ -71,6 +72,21 @@ std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptio
   if (o.cpu_reference) return std::make_unique<CpuModelRunner>(std::move(weights), o.num_blocks, o.block_size, kv_dtype);
   return std::make_unique<CpuFastModelRunner>(std::move(weights), o.num_blocks, o.block_size, kv_dtype,
                                               o.quantization == "int8");
+}
+
+std::unique_ptr<DraftModel> make_draft_model(const SpeculativeOptions& speculative, const ModelConfig& target,
+                                             const RunnerOptions& options) {
+  const bool wanted = speculative.method == "draft";
+  check(wanted == !speculative.draft_model.empty(),
+        wanted ? "--speculative draft needs --draft-model DIR (a smaller checkpoint with the model's tokenizer)"
+               : "--draft-model is for --speculative draft");
+  if (!wanted) return nullptr;
+  const ModelConfig config = load_checkpoint_config(speculative.draft_model);
+  check(config.vocab_size == target.vocab_size, "--draft-model ", speculative.draft_model, ": its vocabulary has ",
+        config.vocab_size, " tokens, the model's ", target.vocab_size, " (a draft model shares the model's tokenizer)");
+  std::string backend;
+  return std::make_unique<DraftModel>(make_runner(load_weights(speculative.draft_model), options, &backend),
+                                      config.vocab_size, config.max_position_embeddings);
 }
 
 }  // namespace asynct

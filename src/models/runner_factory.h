@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "engine/draft_model.h"
+#include "engine/drafter.h"
 #include "engine/model_runner.h"
 #include "models/kv_cache_format.h"
 #include "models/weights.h"
@@ -56,5 +58,13 @@ std::string weights_label(const std::string& quantization, const ModelConfig& co
 
 // Throws Error when "cuda" is asked for and not available; *chosen says which backend runs.
 std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptions& options, std::string* chosen);
+
+// --speculative draft's model (null for the other methods): the checkpoint at
+// speculative.draft_model, on the target's backend with its options (as many KV blocks, each of
+// the draft model's own size). Throws Error naming the option for --draft-model without
+// --speculative draft or the reverse, a checkpoint that cannot be loaded, or a vocabulary other
+// than the target's.
+std::unique_ptr<DraftModel> make_draft_model(const SpeculativeOptions& speculative, const ModelConfig& target,
+                                             const RunnerOptions& options);
 
 }  // namespace asynct

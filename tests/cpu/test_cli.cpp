@@ -147,7 +147,7 @@ TEST(Cli, HelpShowsEveryDefault) {
       // Options whose absence is the default: their descriptions say what that means.
       static const std::set<std::string> unset = {"--model", "--prompt", "--prompt-ids", "--system", "--logprobs", "--stop",
                                                    "--stop-token-id", "--logits", "--out", "--scenario", "--json", "--eos",
-                                                   "--served-model-name", "--api-key", "--allowed-origins", "--file"};
+                                                   "--served-model-name", "--api-key", "--allowed-origins", "--file", "--draft-model"};
       if (unset.count(m[1])) continue;
       EXPECT_NE(m[2].str().find('='), std::string::npos) << command << ": no default shown in\n" << line;
     }
@@ -387,6 +387,29 @@ TEST(CliGenerate, SpeculativeDecoding) {
   const Outcome reversed = run_asynct(joined(base, {"--speculative", "ngram", "--ngram-min", "3", "--ngram-max", "2"}), s.dir());
   EXPECT_EQ(reversed.code, 2) << reversed.describe();
   EXPECT_TRUE(contains(reversed.err, "1 <= min <= max <= 64")) << reversed.describe();
+}
+
+// --speculative draft: a checkpoint as its own draft model keeps every greedy draft, the same
+// tokens, and another model's drafts leave them as they are; a draft model needs the method and
+// the method a draft model.
+TEST(CliGenerate, DraftModelSpeculation) {
+  Scratch s;
+  ASSERT_EQ(run_asynct({"init-checkpoint", "--arch", "llama", "--out", "target"}, s.dir()).code, 0);
+  ASSERT_EQ(run_asynct({"init-checkpoint", "--arch", "llama", "--seed", "3", "--out", "other"}, s.dir()).code, 0);
+  const std::vector<std::string> base = {"generate", "--model", "target", "--prompt-ids", "5,6,7,8,5,6", "--max-tokens", "21"};
+  const Outcome plain = run_asynct(base, s.dir());
+  const Outcome self = run_asynct(joined(base, {"--speculative", "draft", "--draft-model", "target"}), s.dir());
+  const Outcome other = run_asynct(joined(base, {"--speculative", "draft", "--draft-model", "other"}), s.dir());
+  for (const Outcome* o : {&plain, &self, &other}) ASSERT_EQ(o->code, 0) << o->describe();
+  EXPECT_EQ(generated(self.out).tokens, generated(plain.out).tokens);
+  EXPECT_EQ(generated(other.out).tokens, generated(plain.out).tokens);
+  EXPECT_TRUE(contains(self.out, "speculative: 16 tokens drafted, 16 kept")) << self.describe();
+  const Outcome no_model = run_asynct(joined(base, {"--speculative", "draft"}), s.dir());
+  const Outcome no_method = run_asynct(joined(base, {"--draft-model", "other"}), s.dir());
+  EXPECT_EQ(no_model.code, 2) << no_model.describe();
+  EXPECT_TRUE(contains(no_model.err, "--speculative draft needs --draft-model DIR")) << no_model.describe();
+  EXPECT_EQ(no_method.code, 2) << no_method.describe();
+  EXPECT_TRUE(contains(no_method.err, "--draft-model is for --speculative draft")) << no_method.describe();
 }
 
 // A 1-token chunk of the prompt is prefill, not decode.

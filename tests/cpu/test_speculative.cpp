@@ -39,7 +39,7 @@ TEST(NgramDraft, TakesWhatFollowedTheMostRecentLongestMatch) {
 }
 
 TEST(NgramDraft, OptionsAreChecked) {
-  expect_error([] { validate_speculative({.method = "medusa"}); }, "--speculative must be none, ngram or suffix, got 'medusa'");
+  expect_error([] { validate_speculative({.method = "medusa"}); }, "--speculative must be none, ngram, suffix or draft, got 'medusa'");
   expect_error([] { validate_speculative({.method = "ngram", .num_tokens = 0}); }, "--speculative-tokens must be in 1..64");
   expect_error([] { validate_speculative({.method = "ngram", .ngram_min = 3, .ngram_max = 2}); }, "1 <= min <= max <= 64");
 }
@@ -54,6 +54,7 @@ struct Setup {
   std::int64_t suffix_cache_tokens = std::int64_t(1) << 16;
   bool production = false;  // the production CPU backend (models/cpu_fast), not the reference
   bool int8 = false;        // with it, int8 weights (--quantization int8)
+  std::uint64_t draft_seed = 7;  // --speculative draft: the draft model's weights (7: the target's own)
 };
 
 Engine make_engine(const Setup& s) {
@@ -65,9 +66,16 @@ Engine make_engine(const Setup& s) {
   if (s.speculative)
     o.speculative = {.method = s.method, .num_tokens = s.num_tokens, .ngram_min = 1, .ngram_max = 3,
                      .suffix_cache_tokens = s.suffix_cache_tokens};
+  std::unique_ptr<DraftModel> draft;
+  if (s.speculative && s.method == "draft") {
+    ModelWeights dw = random_weights(tiny_config(s.arch), s.draft_seed);
+    const int positions = dw.config.max_position_embeddings;
+    draft = std::make_unique<DraftModel>(std::make_unique<CpuModelRunner>(std::move(dw), s.num_blocks, 16), vocab, positions);
+  }
   if (s.production)
-    return Engine(std::make_unique<CpuFastModelRunner>(std::move(w), s.num_blocks, 16, KvCacheDtype::BF16, s.int8), vocab, o);
-  return Engine(std::make_unique<CpuModelRunner>(std::move(w), s.num_blocks, 16), vocab, o);
+    return Engine(std::make_unique<CpuFastModelRunner>(std::move(w), s.num_blocks, 16, KvCacheDtype::BF16, s.int8), vocab, o,
+                  std::move(draft));
+  return Engine(std::make_unique<CpuModelRunner>(std::move(w), s.num_blocks, 16), vocab, o, std::move(draft));
 }
 
 // Prompts that repeat themselves (prompt lookup finds them), greedy and sampled.
@@ -119,7 +127,7 @@ void expect_same(const std::vector<RequestOutput>& a, const std::vector<RequestO
 }
 
 TEST(Speculative, SameTokensAsOneTokenAStep) {
-  for (const char* method : {"ngram", "suffix"})
+  for (const char* method : {"ngram", "suffix", "draft"})
   for (const Architecture arch : {Architecture::AsyncT, Architecture::Llama})
     for (const auto& [num_blocks, caching] : {std::pair{64, false}, {5, true}}) {  // 5 blocks: preemption
         SCOPED_TRACE(::testing::Message() << method << ", " << tiny_config(arch).architecture_name() << ", "
@@ -237,6 +245,40 @@ TEST(Speculative, DraftingStopsOverMaxBatchAndPausesWhenFruitless) {
               static_cast<long long>(paused.stats.drafts_skipped_paused));
 }
 
+// A draft model: its greedy tokens are guesses the target verifies, so the tokens are the
+// target's whatever the draft model (another model of the vocabulary; the target itself, whose
+// greedy drafts a greedy request keeps every one of), with preemption, forks and prefix caching;
+// its cache's blocks are all back at the end.
+TEST(Speculative, DraftModelProposalsAreVerified) {
+  const std::vector<Request> rs = requests();
+  for (const std::uint64_t draft_seed : {std::uint64_t(7), std::uint64_t(11)})
+    for (const auto& [num_blocks, caching] : {std::pair{64, false}, {6, true}}) {
+      SCOPED_TRACE(::testing::Message() << "draft seed " << draft_seed << ", " << num_blocks << " blocks");
+      const Outcome plain = run({.num_blocks = num_blocks, .prefix_caching = caching}, rs);
+      const Outcome spec = run({.num_blocks = num_blocks, .prefix_caching = caching, .speculative = true,
+                                .method = "draft", .draft_seed = draft_seed},
+                               rs);
+      expect_same(spec.outputs, plain.outputs);
+      EXPECT_GT(spec.stats.drafted_tokens, 0);
+      EXPECT_EQ(spec.blocks_left, 0);
+      const Outcome grouped_plain = run({.num_blocks = num_blocks}, {rs[1], rs[1], rs[1]}, /*grouped=*/true);
+      const Outcome grouped = run({.num_blocks = num_blocks, .speculative = true, .method = "draft", .draft_seed = draft_seed},
+                                  {rs[1], rs[1], rs[1]}, /*grouped=*/true);
+      expect_same(grouped.outputs, grouped_plain.outputs);
+    }
+  // The target as its own draft model, one greedy request alone: every draft kept.
+  Request greedy = rs[0];
+  greedy.max_tokens = 26;
+  const Outcome self = run({.speculative = true, .method = "draft"}, {greedy});
+  EXPECT_GT(self.stats.drafted_tokens, 0);
+  EXPECT_EQ(self.stats.accepted_tokens, self.stats.drafted_tokens);
+  EXPECT_EQ(self.stats.steps, 1 + 5);  // the prompt's step, then 5 steps of 5 tokens
+  EngineOptions o;
+  o.speculative.method = "draft";
+  expect_error([&] { Engine(std::make_unique<CpuModelRunner>(random_weights(tiny_config(Architecture::AsyncT), 7), 8, 16), 64, o); },
+               "engine: --speculative draft needs a draft model");
+}
+
 // The bench's forced mode keeps every draft whatever the model draws: each step after the
 // prompt's gives num_tokens + 1 tokens (the outputs are not the model's: timing only).
 TEST(Speculative, ForcedDraftsAreAllKept) {
@@ -247,7 +289,7 @@ TEST(Speculative, ForcedDraftsAreAllKept) {
   EXPECT_EQ(e.run_to_completion()[0].tokens.size(), 21u);
   EXPECT_EQ(e.stats().accepted_tokens, e.stats().drafted_tokens);
   EXPECT_EQ(e.stats().steps, 1 + 4);  // the prompt's step (1 token), then 4 steps of 5
-  expect_error([] { validate_speculative({.method = "forced"}); }, "--speculative must be none, ngram or suffix, got 'forced'");
+  expect_error([] { validate_speculative({.method = "forced"}); }, "--speculative must be none, ngram, suffix or draft, got 'forced'");
 }
 
 // Alone, a request takes a step fewer for every draft kept.

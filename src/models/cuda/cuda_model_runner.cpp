@@ -339,7 +339,7 @@ void CudaModelRunner::submit(const StepBatch& b) {
   m.forward.act.reserve(std::size_t(t), m.c);
   m.forward.act.logits.reserve(std::size_t(std::max(rows, 1)) * std::size_t(m.c.vocab_size));  // rows that sample only
   const LogitSummary* previous_summaries = m.summaries().get();  // the turn before this step's
-  m.step = write_step_metadata(b, shape, m.metadata);  // (this step's turn)
+  m.step = write_step_metadata(b, shape, m.metadata, m.num_queued > 0);  // (this step's turn)
   m.summaries().reserve(std::size_t(std::max(rows, 1)));
   m.top_logprobs().reserve(std::size_t(std::max(rows, 1)) * kMaxTopLogprobs);
   if (chained) {

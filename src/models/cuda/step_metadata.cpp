@@ -41,10 +41,10 @@ void upload_token_masks(const StepBatch& b, StepMetadata& md, cudaStream_t strea
   md.upload(stream, offset);
 }
 
-StepPointers write_step_metadata(const StepBatch& b, const StepShape& shape, StepMetadata& md) {
+StepPointers write_step_metadata(const StepBatch& b, const StepShape& shape, StepMetadata& md, bool in_flight) {
   const std::size_t t = std::size_t(shape.tokens), s = std::size_t(shape.seqs), width = std::size_t(shape.max_blocks);
   const std::size_t decodes = std::size_t(shape.decodes), rows = b.logit_rows.size();
-  md.clear();
+  md.clear(in_flight);
   const std::size_t o_tokens = md.add<std::int32_t>(t), o_positions = md.add<std::int64_t>(t),
                     o_slots = md.add<std::int64_t>(t), o_cu = md.add<std::int32_t>(s - decodes + 1),
                     o_kv_lens = md.add<std::int32_t>(s), o_table = md.add<std::int32_t>(s * width),

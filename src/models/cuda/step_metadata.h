@@ -58,15 +58,16 @@ struct StepPointers {
 // A step's metadata laid out in one pinned host buffer and uploaded with one copy into one
 // device buffer, instead of one pageable copy per array. Sections are carved in order at
 // offsets that depend only on their sizes, so a decode graph replayed for the same shape finds
-// its metadata at the device addresses it was captured with. Consecutive steps take turns
-// between two host and two device buffers: a step's metadata is written and uploaded while the
-// step before it, which reads the other turn's, may still run (pipelined steps).
+// its metadata at the device addresses it was captured with. A step submitted while another is
+// in flight takes the other turn of two host and two device buffers: its metadata is written and
+// uploaded while the step before, which reads its own turn's, may still run (pipelined steps). A
+// step submitted with none in flight keeps the turn: a shape's one graph serves every such step.
 class StepMetadata {
  public:
-  // Starts a step's metadata, in the other turn's buffers.
-  void clear() {
+  // Starts a step's metadata, in the other turn's buffers when `other_turn`.
+  void clear(bool other_turn) {
     bytes_ = 0;
-    turn_ ^= 1;
+    if (other_turn) turn_ ^= 1;
   }
   int turn() const { return turn_; }
   // Adds a section of `count` T; returns its offset.
@@ -102,7 +103,8 @@ class StepMetadata {
 // Writes a checked batch into the next turn's pinned buffer (the block table padded to the
 // shape's width with block 0, which is never read past a sequence's length); returns the
 // device addresses the upload will fill (previous_summaries and previous_rows left empty).
-StepPointers write_step_metadata(const StepBatch& batch, const StepShape& shape, StepMetadata& metadata);
+// `in_flight`: a step submitted before is not yet collected (this one takes the other turn).
+StepPointers write_step_metadata(const StepBatch& batch, const StepShape& shape, StepMetadata& metadata, bool in_flight);
 
 // The bytes of the token masks' section, the last one: what a step whose masks come later
 // (StepBatch::masks_later) uploads at first is everything before it.

@@ -14,7 +14,11 @@ void linear(ThreadPool& pool, const float* x, std::int64_t rows, std::int64_t ld
   // multiples of the kernel's 6 make them (192 KiB of x per 256 inputs stays in L2 while the
   // packed weight panels pass).
   const bool decode = rows <= 2;
-  const int features = decode ? 32 : 64;
+  // Decode: about four pieces a thread, so that each streams long runs of rows (its prefetcher
+  // restarts at every piece), at least 32 rows.
+  std::int64_t total_out = 0;
+  for (const LinearPart& p : parts) total_out += p.out;
+  const int features = decode ? int(std::max<std::int64_t>(32, (total_out / (4 * std::int64_t(pool.size())) + 31) / 32 * 32)) : 64;
   const std::int64_t pieces = decode ? 1 : (rows + 191) / 192;
   const std::int64_t row_piece = decode ? rows : ((rows + pieces - 1) / pieces + 5) / 6 * 6;  // even pieces
   const std::int64_t row_pieces = (rows + row_piece - 1) / row_piece;

@@ -26,7 +26,6 @@ class DraftModel {
   void propose(const std::vector<Sequence*>& seqs, const std::vector<int>& most);
   // Lets go of the sequence's draft cache (it ended, or was preempted).
   void release(Sequence& seq);
-  int num_free_blocks() const { return blocks_.num_free_blocks(); }
 
  private:
   std::unique_ptr<ModelRunner> runner_;

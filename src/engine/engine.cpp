@@ -249,11 +249,9 @@ void Engine::add_row_sampling(StepState& s, const Sequence& seq, bool chained, i
 }
 
 void Engine::supply_masks(StepState& s) {
-  const int words = token_mask_words(vocab_size_);
-  const auto fill = [&](std::size_t i) {
+  const auto fill = [&](std::size_t i) {  // (into the zeros add_row_sampling made room with)
     const StepState::MaskToFill& m = s.masks_to_fill[i];
     std::uint32_t* mask = s.batch.token_masks.data() + m.offset;
-    std::fill(mask, mask + words, 0u);
     if (m.constraint) return m.constraint->fill_allowed(mask, vocab_size_);
     for (int t = 0; t < vocab_size_; ++t) mask[t / 32] |= 1u << (t % 32);
   };

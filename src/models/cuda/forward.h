@@ -58,15 +58,10 @@ class ModelForward {
     bool device_draws = false;  // the device sampler draws every row (StepPointers::sampling);
                                 // otherwise the rows are only summarised (their greedy tokens)
   };
-  // Runs the step whose metadata is at `step` (already uploaded, or to be by the time the
-  // stream gets there), sampling its `rows` logit rows into `out`: the model up to the rows'
-  // logits (run_model), then the sampler (sample), which may be queued later (a step whose token
-  // masks come later: StepBatch::masks_later).
-  void run(const StepShape& shape, const StepPointers& step, int rows, const Sampling& out, PhaseTimer& timer,
-           cudaStream_t stream) {
-    run_model(shape, step, rows, timer, stream);
-    sample(step, rows, out, timer, stream);
-  }
+  // A step whose metadata is at `step` (already uploaded, or to be by the time the stream gets
+  // there) in two parts: the model up to its `rows` logit rows (run_model), then the sampler into
+  // `out` (sample), which may be queued later (a step whose token masks come later:
+  // StepBatch::masks_later).
   void run_model(const StepShape& shape, const StepPointers& step, int rows, PhaseTimer& timer, cudaStream_t stream);
   void sample(const StepPointers& step, int rows, const Sampling& out, PhaseTimer& timer, cudaStream_t stream);
   // Copies whole KV blocks in every layer's cache (ModelRunner::copy_blocks), queued on `stream`.

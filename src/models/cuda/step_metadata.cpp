@@ -71,7 +71,8 @@ StepPointers write_step_metadata(const StepBatch& b, const StepShape& shape, Ste
   std::copy(b.sampling.begin(), b.sampling.end(), md.host<RowSampling>(o_sampling));
   std::copy(b.logit_bias.begin(), b.logit_bias.end(), md.host<LogitBias>(o_bias));
   std::copy(b.penalty_tokens.begin(), b.penalty_tokens.end(), md.host<PenaltyToken>(o_penalties));
-  std::copy(b.token_masks.begin(), b.token_masks.end(), md.host<std::uint32_t>(o_masks));
+  if (!b.masks_later)  // (else written and sent once filled: upload_token_masks)
+    std::copy(b.token_masks.begin(), b.token_masks.end(), md.host<std::uint32_t>(o_masks));
   StepPointers p{md.device<std::int32_t>(o_tokens), md.device<std::int64_t>(o_positions), md.device<std::int64_t>(o_slots),
                  md.device<std::int32_t>(o_cu),     md.device<std::int32_t>(o_kv_lens),     md.device<std::int32_t>(o_table),
                  md.device<std::int32_t>(o_rows),   b.tokens_from_rows.empty() ? nullptr : md.device<std::int32_t>(o_from)};

@@ -9,7 +9,8 @@ difference is an error, unless --allow-divergence (a GPU's products may round a 
 row otherwise than a one-row step at a near tie): then the first differing token is reported.
 
     python3 bench/bench_speculative.py --build build/cpu --model DIR [--device cpu] [--rounds 3]
-        [--methods ngram,suffix] [--tokens 4] [--max-tokens 256] [--serve] [--out FILE.json]
+        [--methods ngram,suffix[,draft --draft-model DIR]] [--tokens 4] [--max-tokens 256] [--serve]
+        [--out FILE.json]
 
 Each request is its own `asynct generate` process, which pays for what a fresh engine does once
 (loading kernels, capturing CUDA graphs: more shapes with drafts). --serve measures a warm engine
@@ -79,11 +80,16 @@ WORKLOADS = {
 }
 
 
+def method_options(args, method):
+    """The speculative options of one method on generate's and serve's command lines."""
+    options = ["--speculative", method, "--speculative-tokens", str(args.tokens)]
+    return options + (["--draft-model", args.draft_model] if method == "draft" else [])
+
+
 def generate(args, prompt, method):
     """(token ids, generated tokens, seconds of generation) of one request."""
     cmd = [os.path.join(args.build, "src", "asynct"), "generate", "--model", args.model, "--chat", "--prompt", prompt,
-           "--max-tokens", str(args.max_tokens), "--device", args.device, "--json", "--speculative", method,
-           "--speculative-tokens", str(args.tokens)]
+           "--max-tokens", str(args.max_tokens), "--device", args.device, "--json"] + method_options(args, method)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"bench_speculative: {' '.join(cmd[:3])} ... failed:\n{done.stderr}")
@@ -114,7 +120,7 @@ class Server:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         cmd = [os.path.join(args.build, "src", "asynct"), "serve", "--model", args.model, "--device", args.device,
-               "--port", str(self.port), "--speculative", method, "--speculative-tokens", str(args.tokens)]
+               "--port", str(self.port)] + method_options(args, method)
         self.log = open(os.devnull, "w")
         self.process = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 300
@@ -209,6 +215,7 @@ def main():
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--methods", default="ngram,suffix", help="comma-separated, beside none")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated, of " + ", ".join(WORKLOADS))
+    p.add_argument("--draft-model", help="the draft checkpoint of the `draft` method (bench/layer_draft.py cuts one from the model)")
     p.add_argument("--tokens", type=int, default=4, help="--speculative-tokens")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=2)
@@ -219,6 +226,8 @@ def main():
     if args.rounds < 1 or args.tokens < 1 or args.max_tokens < 2:
         sys.exit("bench_speculative: --rounds and --tokens must be >= 1, --max-tokens >= 2")
     methods = ["none"] + [m for m in args.methods.split(",") if m and m != "none"]
+    if ("draft" in methods) != bool(args.draft_model):
+        sys.exit("bench_speculative: the draft method and --draft-model DIR go together")
     workloads = {w: WORKLOADS[w] for w in args.workloads.split(",") if w}
     if not workloads or len(workloads) != len([w for w in args.workloads.split(",") if w]):
         sys.exit(f"bench_speculative: --workloads takes some of {', '.join(WORKLOADS)}")

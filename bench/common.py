@@ -98,7 +98,8 @@ def parse_args(doc, block_size=False, extra=None):
 # The kernel overrides (src/kernels/common/tuning.h): the library reads no environment, so a
 # benchmark passes ASYNCT_* variables set for it, then --tune's, through asynct.set_tuning.
 TUNING_NAMES = ("ASYNCT_GEMM", "ASYNCT_PREFILL", "ASYNCT_PREFILL_SPLITS", "ASYNCT_PREFILL_GROUP",
-                "ASYNCT_PREFILL_CTAS", "ASYNCT_SKINNY_TILE", "ASYNCT_SKINNY_SPLITS", "ASYNCT_SKINNY_WGMMA", "ASYNCT_PDL")
+                "ASYNCT_PREFILL_CTAS", "ASYNCT_SKINNY_TILE", "ASYNCT_SKINNY_SPLITS", "ASYNCT_SKINNY_WGMMA", "ASYNCT_PDL",
+                "ASYNCT_GRAPH_PREFILL")
 
 
 def apply_tuning(settings=()):

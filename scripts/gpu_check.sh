@@ -174,7 +174,8 @@ if want serve; then
   # $SERVE_SMOLLM2). SERVE_MODELS picks the models; SERVE_RATES and SERVE_RATES_SMOLLM2 the
   # sweeps' rates (empty: no sweep). SERVE_TIMELINE=1 runs the servers under the kernel timeline
   # and prints the GPU's view of the last steps (the short prompts'); SERVE_C64=0 leaves out the
-  # 64-stream load and its in-process anchor.
+  # 64-stream load and its in-process anchor; SERVE_FIRST_WAVE=1 times a fresh server's first 64
+  # requests against the next 64; SERVE_ARGS adds options to asynct serve (e.g. --warm-up off).
   echo "== asynct serve: HTTP against the same load in process, a request-rate sweep, a shared system prompt =="
   tokenizer="${SERVE_TOKENIZER:-build/device-qwen3}"
   smollm2="${SERVE_SMOLLM2:-${ASYNCT_CACHE:-/tmp/asynct-cache}/smollm2-135m-instruct}"
@@ -209,7 +210,7 @@ if want serve; then
       timeline_env=(ASYNCT_TIMELINE_OUT="$out/timeline_$model.csv" CUDA_INJECTION64_PATH="$PWD/build/gpu/libkernel_timeline.so")
     fi
     env "${timeline_env[@]}" build/gpu/src/asynct serve --model "$dir" --port 8011 --max-model-len 4352 --max-cache-mib 24576 --max-waiting 1024 \
-      --max-batched-tokens 8192 >"$out/serve_$model.log" 2>&1 &
+      --max-batched-tokens 8192 ${SERVE_ARGS:-} >"$out/serve_$model.log" 2>&1 &
     server=$!
     for _ in $(seq 120); do curl -sf http://127.0.0.1:8011/health >/dev/null 2>&1 && break; sleep 1; done
     bench() {  # name, then bench_serve.py's arguments; every run its own prompts (no cache hits across runs)
@@ -219,8 +220,14 @@ if want serve; then
         --json "$out/serve_${model}_$name.json" "$@" >"$out/serve_${model}_$name.txt" 2>&1 || status=1
       echo "-- $model $name: $*"; grep -E "completed|requests|ttft|tpot|shared prefix|server side|error" "$out/serve_${model}_$name.txt"
     }
-    # A fresh server's first requests load kernels, plan products and capture graphs; the
-    # in-process anchor has its untimed run for that, so each load here has its warm-up.
+    # A fresh server's first requests load kernels, plan products and capture graphs: with
+    # SERVE_FIRST_WAVE=1 its first 64 requests are timed as they come, then 64 more on the
+    # now warm server (issue 44's first-wave goal: the first TTFT p50 within 1.2x of the second).
+    if [ "${SERVE_FIRST_WAVE:-0}" = 1 ]; then
+      bench first_wave --input-len 1024 --output-len 64 --num-prompts 64 --concurrency 64
+      bench second_wave --input-len 1024 --output-len 64 --num-prompts 64 --concurrency 64
+    fi
+    # The in-process anchor has its untimed run for the same, so each load below has its warm-up.
     [ "${SERVE_C64:-1}" = 1 ] && bench c64 --input-len 1024 --output-len 256 --num-prompts 256 --concurrency 64 --warmup-prompts 64
     if [ "${SERVE_JSON:-0}" = 1 ]; then  # 32 streams, unconstrained and under a JSON schema (xgrammar's masks)
       [ -x build/gpu/bench/asynct_bench_structured_output ] &&

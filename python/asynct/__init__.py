@@ -236,7 +236,7 @@ _TUNING = {"gemm": "ASYNCT_GEMM", "prefill": "ASYNCT_PREFILL", "prefill_splits":
            "prefill_group": "ASYNCT_PREFILL_GROUP",
            "prefill_ctas": "ASYNCT_PREFILL_CTAS", "skinny_tile": "ASYNCT_SKINNY_TILE",
            "skinny_splits": "ASYNCT_SKINNY_SPLITS", "skinny_wgmma": "ASYNCT_SKINNY_WGMMA",
-           "pdl": "ASYNCT_PDL"}
+           "pdl": "ASYNCT_PDL", "graph_prefill": "ASYNCT_GRAPH_PREFILL"}
 
 
 def set_tuning(**overrides):
@@ -248,7 +248,8 @@ def set_tuning(**overrides):
     tile's keys in the Hopper prefill kernel); prefill_group = N (sequences whose tiles the
     prefill kernels take before the next ones'); prefill_ctas = N (at most N
     persistent Hopper prefill CTAs taking tiles in turn; 0: one CTA a tile); skinny_tile = 64 | 128; skinny_splits = N;
-    skinny_wgmma = True | False; pdl = True | False (dependent launches). None restores a
+    skinny_wgmma = True | False; pdl = True | False (dependent launches); graph_prefill = N (the
+    engine's CUDA runner: the most new tokens a sequence of a step replayed from a graph). None restores a
     default. Example: asynct.set_tuning(prefill="portable").
     """
     names = set(_TUNING.values())

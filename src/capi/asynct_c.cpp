@@ -235,6 +235,7 @@ int asynct_set_tuning(const char* name, const char* value) {
       if (wanted == "ASYNCT_SKINNY_SPLITS") base.skinny.splits = reset.skinny.splits;
       if (wanted == "ASYNCT_SKINNY_WGMMA") base.skinny.wgmma = reset.skinny.wgmma;
       if (wanted == "ASYNCT_PDL") base.dependent_launch = reset.dependent_launch;
+      if (wanted == "ASYNCT_GRAPH_PREFILL") base.graph_prefill_len = reset.graph_prefill_len;
       k::set_kernel_tuning(base);
       return;
     }

@@ -67,7 +67,7 @@ int asynct_linear(const void* x, const void* weight, void* y, int rows, int in, 
 
 /* Sets one override of the kernels' own choices (src/kernels/common/tuning.h, KernelTuning) by its
  * ASYNCT_* name: ASYNCT_GEMM, ASYNCT_PREFILL, ASYNCT_PREFILL_SPLITS, ASYNCT_PREFILL_GROUP,
- * ASYNCT_PREFILL_CTAS, ASYNCT_SKINNY_TILE, ASYNCT_SKINNY_SPLITS, ASYNCT_SKINNY_WGMMA or ASYNCT_PDL, with a value in the form the variable takes; value NULL or
+ * ASYNCT_PREFILL_CTAS, ASYNCT_SKINNY_TILE, ASYNCT_SKINNY_SPLITS, ASYNCT_SKINNY_WGMMA, ASYNCT_PDL or ASYNCT_GRAPH_PREFILL, with a value in the form the variable takes; value NULL or
  * "" restores that override's default. The others are kept. Applies to every later launch in the
  * process (not to CUDA graphs already captured); set it between launches, not during them. */
 int asynct_set_tuning(const char* name, const char* value);

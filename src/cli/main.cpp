@@ -200,6 +200,10 @@ int main(int argc, char** argv) {
   serve_cmd->add_flag("!--no-cuda-graphs", serve.cuda_graphs, "run decode steps eagerly, not as CUDA graphs");
   serve_cmd->add_flag("!--no-prefix-caching", serve.prefix_caching,
                       "compute every prompt whole (default: reuse the cached K/V blocks of an earlier prompt's prefix)");
+  serve_cmd->add_option("--warm-up", serve.warm_up,
+                        "before listening, run a few untimed requests (one full prefill step, a few decode steps) so that "
+                        "the first clients do not pay for loading kernels and capturing graphs: auto (on the GPU), on or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   serve_cmd->add_option("--api-key", serve.api_key,
                         "requests (but /health and /metrics) need 'Authorization: Bearer KEY' (default: the environment's "
                         "ASYNCT_API_KEY; neither: none)")

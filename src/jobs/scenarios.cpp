@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "engine/engine.h"
+#include "jobs/warm_up.h"
 #include "models/runner_factory.h"
 #include "models/weights.h"
 
@@ -96,23 +97,17 @@ const ModelWeights& weights_for(Architecture arch, const ScenarioOptions& o) {
   return it->second;
 }
 
-// Untimed, on the engine the scenario then runs on: as many requests as the scenario, with
-// prompts that fill one prefill step of the token budget together, and a few decode steps.
-// That pays the one-time costs of the shapes the scenario uses most (cuBLASLt plans for the
-// full prefill chunk and for the decode batch, lazy kernel loading, first touch of buffers,
-// the first decode graphs) before the clock starts; graphs for the longer contexts the
-// scenario reaches are still captured inside the timed run, as in serving.
+// Untimed, on the engine the scenario then runs on (warm_up.h): as many requests as the
+// scenario, with prompts that fill one prefill step of the token budget together, and a few
+// decode steps: the shapes the scenario uses most. Graphs for the longer contexts the scenario
+// reaches are still captured inside the timed run, as in serving.
 void warm_up(Engine& engine, const Scenario& s, int prompt_min, int output, const ScenarioOptions& o, int vocab) {
-  const int prompt = std::max(1, std::min(prompt_min, o.max_batched_tokens / s.requests));
-  for (int i = 0; i < s.requests; ++i) {
-    Request r;
-    for (int t = 0; t < prompt; ++t) r.prompt.push_back((i * 31 + t * 7 + 1) % vocab);
-    r.max_tokens = std::min(output, 4);  // the first decode step of a shape runs eagerly, the second captures it
-    if (s.sampled) r.sampling = sampled_params(i);
-    engine.add_request(r);
-  }
-  engine.run_to_completion();
-  engine.reset_stats();
+  WarmUp w;
+  w.requests = s.requests;
+  w.prompt_tokens = std::max(1, std::min(prompt_min, o.max_batched_tokens / s.requests));
+  w.output_tokens = std::min(output, 4);
+  if (s.sampled) w.sampling = sampled_params;
+  warm_up_engine(engine, w, vocab);
 }
 
 // One line: a run's time per step, host phases first (they add up to the wall time, less what

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "engine/step_batch.h"
+#include "jobs/warm_up.h"
 #include "text/model_text.h"
 #include "models/config.h"
 #include "models/runner_factory.h"
@@ -185,6 +186,15 @@ int run_serve(const ServeOptions& o) {
   std::unique_ptr<DraftModel> draft = make_draft_model(o.speculative, config, ro);
   auto engine = std::make_unique<Engine>(make_runner(std::move(weights), ro, &backend), config.vocab_size, engine_options,
                                          std::move(draft));
+  if (o.warm_up == "on" || (o.warm_up == "auto" && device == "cuda")) {
+    const WarmUp w = server_warm_up(step_tokens, o.max_num_seqs, int(context), (long long)num_blocks * o.block_size);
+    std::fprintf(stderr, "asynct serve: warming up: %d request%s of %d prompt and %d output tokens\n", w.requests,
+                 w.requests == 1 ? "" : "s", w.prompt_tokens, w.output_tokens);
+    const auto start = std::chrono::steady_clock::now();
+    warm_up_engine(*engine, w, config.vocab_size);
+    std::fprintf(stderr, "asynct serve: warmed up in %.0f ms\n",
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
 
   const int in_flight = o.max_num_seqs + o.max_waiting;
   serve::ServerMetrics metrics;

@@ -35,6 +35,9 @@ struct ServeOptions {
   std::int64_t max_body_mib = 8;    // larger request bodies get 413
   bool cuda_graphs = true;
   bool prefix_caching = true;       // EngineOptions::prefix_caching (off there by default)
+  // Untimed requests before listening (jobs/warm_up.h: server_warm_up): "auto" (on the CUDA
+  // backend, whose first steps load kernels, plan products and capture graphs), "on" or "off".
+  std::string warm_up = "auto";
   SpeculativeOptions speculative;   // drafts verified a step (engine/drafter.h); off by default
   std::string api_key;              // non-empty: requests need "Authorization: Bearer <api_key>"
   std::string allowed_origins;      // CORS: comma-separated origins or "*"; empty: off

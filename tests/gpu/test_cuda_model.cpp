@@ -12,6 +12,7 @@
 
 #include "engine/engine.h"
 #include "gpu/device_buffer.h"
+#include "kernels/common/tuning.h"
 #include "kernels/sampling/sample_rows.h"
 #include "models/cpu/cpu_model_runner.h"
 #include "models/cuda/cuda_model_runner.h"
@@ -302,6 +303,52 @@ TEST_P(CudaModel, SmallStepsReplayedFromGraphsEqualEager) {
       EXPECT_GT(graph_phases["decode_graph"], 0.0);
       EXPECT_EQ(eager_phases.count("decode_graph"), 0u);
     }
+}
+
+// Questions of up to 64 tokens after a cached prefix (a system prompt), each its own one-token
+// step, replayed from CUDA graphs once ASYNCT_GRAPH_PREFILL admits them: the same tokens and
+// first logits within 1e-3 as eager steps (the graph sizes the key splits from the block-table
+// width), for prompts asked three times (eager, captured, replayed) and a fourth length.
+TEST_P(CudaModel, PromptsAfterACachedPrefixReplayedFromGraphsEqualEager) {
+  testing::require_gpu();
+  ModelWeights w = random_weights(tiny_config(GetParam()), 31);
+  const int vocab = w.config.vocab_size;
+  const kernels::KernelTuning saved = kernels::kernel_tuning();
+  kernels::KernelTuning forced = saved;
+  forced.graph_prefill_len = 64;
+  kernels::set_kernel_tuning(forced);
+  auto generate = [&](bool graphs, std::map<std::string, double>* phases) {
+    auto runner = std::make_unique<CudaModelRunner>(w, 64, 16, 256);
+    runner->set_cuda_graphs(graphs);
+    runner->set_profiling(true);
+    CudaModelRunner* timed = runner.get();
+    EngineOptions o;
+    o.record_first_logits = true;
+    o.prefix_caching = true;
+    Engine e(std::move(runner), vocab, o);
+    std::vector<RequestOutput> outputs;
+    for (const int question : {64, 64, 64, 40, 64}) {
+      Request req;
+      for (int t = 0; t < 96; ++t) req.prompt.push_back(5 + (t * 13) % 97);  // six full blocks, cached after the first
+      for (int t = 0; t < question; ++t) req.prompt.push_back(200 + (t * 7 + int(outputs.size()) * 3) % 301);
+      req.max_tokens = 1;  // one step a request: the prompt's
+      e.add_request(req);
+      for (RequestOutput& out : e.run_to_completion()) outputs.push_back(std::move(out));
+    }
+    *phases = timed->phase_times_ms();
+    return outputs;
+  };
+  std::map<std::string, double> eager_phases, graph_phases;
+  const auto off = generate(false, &eager_phases), on = generate(true, &graph_phases);
+  kernels::set_kernel_tuning(saved);
+  ASSERT_EQ(off.size(), on.size());
+  for (std::size_t i = 0; i < off.size(); ++i) {
+    EXPECT_EQ(on[i].tokens, off[i].tokens) << "request " << i;
+    EXPECT_EQ(on[i].cached_tokens, i == 0 ? 0 : 96) << "request " << i;
+    EXPECT_TRUE(close_to(on[i].first_logits, off[i].first_logits, 1e-3)) << "request " << i;
+  }
+  EXPECT_GT(graph_phases["decode_graph"], 0.0);  // no step is all-decode: this is a prompt's replay
+  EXPECT_EQ(eager_phases.count("decode_graph"), 0u);
 }
 
 // A constraint allowing three tokens a step (a low, a middle and a high id of a 151936-token

@@ -73,7 +73,8 @@ def main():
         write_tiny_llama(model, args.tokenizer_from)
         # 32 sequences a step: the 32 concurrent streams below run together (in 8-sequence waves the
         # last ones waited past the client's timeout for their first token under the sanitizers).
-        with Server(args.asynct, model, "--max-num-seqs", "32", "--max-waiting", "16", "--max-body-mib", "1") as server:
+        with Server(args.asynct, model, "--max-num-seqs", "32", "--max-waiting", "16", "--max-body-mib", "1",
+                    "--warm-up", "on") as server:
             client = openai.OpenAI(base_url=server.url(), api_key="unused", timeout=TIMEOUT, max_retries=0)
             c.equal("/v1/models lists the model", [m.id for m in client.models.list().data], ["tiny"])
 

@@ -30,7 +30,7 @@ void set_kernel_tuning(const KernelTuning& tuning) { g_tuning = tuning; }
 const std::vector<std::string>& kernel_tuning_names() {
   static const std::vector<std::string> names = {"ASYNCT_GEMM",          "ASYNCT_PREFILL",      "ASYNCT_PREFILL_SPLITS",
                                                  "ASYNCT_PREFILL_GROUP", "ASYNCT_PREFILL_CTAS", "ASYNCT_SKINNY_TILE",   "ASYNCT_SKINNY_SPLITS", "ASYNCT_SKINNY_WGMMA",
-                                                 "ASYNCT_PDL"};
+                                                 "ASYNCT_PDL", "ASYNCT_GRAPH_PREFILL"};
   return names;
 }
 
@@ -75,6 +75,8 @@ KernelTuning parse_kernel_tuning(const std::function<const char*(const char* nam
                          : KernelTuning::Skinny::kOff;
   if (const char* v = value_of("ASYNCT_PDL"))
     t.dependent_launch = parse_int("ASYNCT_PDL", v, 0, 1, "0 (off) or 1 (on)") != 0;
+  if (const char* v = value_of("ASYNCT_GRAPH_PREFILL"))
+    t.graph_prefill_len = parse_int("ASYNCT_GRAPH_PREFILL", v, 0, 4096, "a token count of 0..4096 (0: the default)");
   return t;
 }
 

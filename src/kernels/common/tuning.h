@@ -80,6 +80,11 @@ struct KernelTuning {
   // may start before their predecessor ends, on sm_90 and later. On by default: decode step
   // 1.99 ms with it, 2.348 ms without.
   bool dependent_launch = true;
+  // ASYNCT_GRAPH_PREFILL: the most new tokens a sequence of a step's prefill part may have for
+  // the CUDA runner to replay the step from a graph (models/cuda/graph_cache.h), and, when over
+  // 64, its prefill tokens in all (else 64); 0 leaves it to the runner's default (16: a
+  // verification of up to 15 drafts). Larger parts run eagerly.
+  int graph_prefill_len = 0;
 };
 
 // The tuning in force (defaults until set_kernel_tuning).

@@ -1,12 +1,17 @@
 #include "models/cuda/graph_cache.h"
 
+#include <algorithm>
+
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/tuning.h"
 
 namespace asynct {
 
 bool replays_from_graph(const StepShape& shape) {
-  return shape.decodes == shape.seqs ||
-         (shape.prefill_q_len <= kGraphMaxQueryLen && shape.tokens - shape.decodes <= kGraphMaxPrefillTokens);
+  const int tuned = kernels::kernel_tuning().graph_prefill_len;
+  const int max_query = tuned > 0 ? tuned : kGraphMaxQueryLen;
+  const int max_tokens = std::max(max_query, kGraphMaxPrefillTokens);
+  return shape.decodes == shape.seqs || (shape.prefill_q_len <= max_query && shape.tokens - shape.decodes <= max_tokens);
 }
 
 void widen_for_graph(StepShape& shape, int block_size) {

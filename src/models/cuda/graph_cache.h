@@ -16,9 +16,10 @@
 
 namespace asynct {
 
-// The largest prefill part a step replayed from a graph has: its longest sequence's new tokens
-// (a verification of up to 15 drafts) and its new tokens in all. Larger ones run eagerly: their
-// launches are a small part of their time, and their shapes too many to capture.
+// The largest prefill part a step replayed from a graph has by default: its longest sequence's
+// new tokens (a verification of up to 15 drafts) and its new tokens in all. Larger ones run
+// eagerly: their launches are a small part of their time, and their shapes too many to capture.
+// KernelTuning::graph_prefill_len overrides the first (and the second, when larger).
 constexpr int kGraphMaxQueryLen = 16;
 constexpr int kGraphMaxPrefillTokens = 64;
 

@@ -306,11 +306,12 @@ TEST_P(CudaModel, SmallStepsReplayedFromGraphsEqualEager) {
 }
 
 // Questions of up to 64 tokens after a cached prefix (a system prompt), each its own one-token
-// step, replayed from CUDA graphs once ASYNCT_GRAPH_PREFILL admits them: the same tokens as
-// eager steps and first logits within 1e-2 (a replayed shape's KV length is its block-table
+// step, replayed from CUDA graphs (ASYNCT_GRAPH_PREFILL set to its default, 64): the same tokens
+// as eager steps and first logits within 1e-2 (a replayed shape's KV length is its block-table
 // width's, which changes the prefill kernel's key splits and so the order the cached keys are
 // summed in: 3.3e-3 to 5.2e-3 measured on an H100), for prompts of one length asked three times
-// (eager, captured, replayed) and of another.
+// (eager, captured, replayed) and of another; and the same with a graph cache of two shapes,
+// which drops the least recently run as the lengths alternate.
 TEST_P(CudaModel, PromptsAfterACachedPrefixReplayedFromGraphsEqualEager) {
   testing::require_gpu();
   ModelWeights w = random_weights(tiny_config(GetParam()), 31);
@@ -319,9 +320,10 @@ TEST_P(CudaModel, PromptsAfterACachedPrefixReplayedFromGraphsEqualEager) {
   kernels::KernelTuning forced = saved;
   forced.graph_prefill_len = 64;
   kernels::set_kernel_tuning(forced);
-  auto generate = [&](bool graphs, std::map<std::string, double>* phases) {
+  auto generate = [&](bool graphs, std::map<std::string, double>* phases, int max_shapes = 512) {
     auto runner = std::make_unique<CudaModelRunner>(w, 64, 16, 256);
     runner->set_cuda_graphs(graphs);
+    runner->set_max_graph_shapes(max_shapes);
     runner->set_profiling(true);
     CudaModelRunner* timed = runner.get();
     EngineOptions o;
@@ -329,7 +331,7 @@ TEST_P(CudaModel, PromptsAfterACachedPrefixReplayedFromGraphsEqualEager) {
     o.prefix_caching = true;
     Engine e(std::move(runner), vocab, o);
     std::vector<RequestOutput> outputs;
-    for (const int question : {64, 64, 64, 40, 64}) {
+    for (const int question : {64, 64, 64, 40, 64, 40, 40, 64}) {
       Request req;
       for (int t = 0; t < 96; ++t) req.prompt.push_back(5 + (t * 13) % 97);  // six full blocks, cached after the first
       for (int t = 0; t < question; ++t) req.prompt.push_back(100 + (t * 7 + int(outputs.size()) * 3) % 150);
@@ -340,16 +342,21 @@ TEST_P(CudaModel, PromptsAfterACachedPrefixReplayedFromGraphsEqualEager) {
     *phases = timed->phase_times_ms();
     return outputs;
   };
-  std::map<std::string, double> eager_phases, graph_phases;
-  const auto off = generate(false, &eager_phases), on = generate(true, &graph_phases);
+  std::map<std::string, double> eager_phases, graph_phases, small_cache_phases;
+  const auto off = generate(false, &eager_phases), on = generate(true, &graph_phases),
+             small = generate(true, &small_cache_phases, 2);
   kernels::set_kernel_tuning(saved);
   ASSERT_EQ(off.size(), on.size());
+  ASSERT_EQ(off.size(), small.size());
   for (std::size_t i = 0; i < off.size(); ++i) {
     EXPECT_EQ(on[i].tokens, off[i].tokens) << "request " << i;
+    EXPECT_EQ(small[i].tokens, off[i].tokens) << "request " << i;
     EXPECT_EQ(on[i].cached_tokens, i == 0 ? 0 : 96) << "request " << i;
     EXPECT_TRUE(close_to(on[i].first_logits, off[i].first_logits, 1e-2)) << "request " << i;
+    EXPECT_TRUE(close_to(small[i].first_logits, off[i].first_logits, 1e-2)) << "request " << i;
   }
   EXPECT_GT(graph_phases["decode_graph"], 0.0);  // no step is all-decode: this is a prompt's replay
+  EXPECT_GT(small_cache_phases["decode_graph"], 0.0);
   EXPECT_EQ(eager_phases.count("decode_graph"), 0u);
 }
 

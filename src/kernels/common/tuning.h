@@ -82,8 +82,8 @@ struct KernelTuning {
   bool dependent_launch = true;
   // ASYNCT_GRAPH_PREFILL: the most new tokens a sequence of a step's prefill part may have for
   // the CUDA runner to replay the step from a graph (models/cuda/graph_cache.h), and, when over
-  // 64, its prefill tokens in all (else 64); 0 leaves it to the runner's default (16: a
-  // verification of up to 15 drafts). Larger parts run eagerly.
+  // 64, its prefill tokens in all (else 64); 0 leaves it to the runner's default (64: a question
+  // after a cached prefix, AsyncT's 3.5 -> 3.0 ms at the server [W35H]). Larger parts run eagerly.
   int graph_prefill_len = 0;
 };
 

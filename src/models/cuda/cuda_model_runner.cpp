@@ -292,6 +292,7 @@ bool CudaModelRunner::samples_on_device(const RowSampling& row) const { return i
 int CudaModelRunner::block_size() const { return impl_->block_size; }
 void CudaModelRunner::set_profiling(bool on) { impl_->timer.enabled = on; }
 void CudaModelRunner::set_cuda_graphs(bool on) { impl_->use_graphs = on; }
+void CudaModelRunner::set_max_graph_shapes(int shapes) { impl_->graphs.set_max_shapes(shapes); }
 std::map<std::string, double> CudaModelRunner::phase_times_ms() const {
   std::map<std::string, double> phases = impl_->timer.totals;
   const HostTimes& h = impl_->host;

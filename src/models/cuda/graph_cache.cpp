@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "kernels/common/cuda_check.h"
 #include "kernels/common/tuning.h"
 
@@ -25,6 +26,34 @@ void widen_for_graph(StepShape& shape, int block_size) {
 StepGraphCache::~StepGraphCache() {
   for (auto& [key, g] : graphs_)
     if (g.exec) cudaGraphExecDestroy(g.exec);
+}
+
+StepGraphCache::Captured& StepGraphCache::find_or_add(const StepGraphKey& key) {
+  auto it = graphs_.find(key);
+  if (it != graphs_.end()) {
+    recent_.splice(recent_.begin(), recent_, it->second.recent);
+    return it->second;
+  }
+  evict_beyond(std::size_t(max_shapes_ - 1));
+  recent_.push_front(key);
+  Captured& g = graphs_[key];
+  g.recent = recent_.begin();
+  return g;
+}
+
+void StepGraphCache::evict_beyond(std::size_t keep) {
+  while (graphs_.size() > keep && !recent_.empty()) {
+    const auto it = graphs_.find(recent_.back());
+    if (it->second.exec) ASYNCT_CUDA_CHECK(cudaGraphExecDestroy(it->second.exec));
+    graphs_.erase(it);
+    recent_.pop_back();
+  }
+}
+
+void StepGraphCache::set_max_shapes(int max_shapes) {
+  check(max_shapes >= 1, "the CUDA graph cache keeps at least one shape, not ", max_shapes);
+  max_shapes_ = max_shapes;
+  evict_beyond(std::size_t(max_shapes));
 }
 
 void StepGraphCache::begin_capture(Captured& g, cudaStream_t stream) {

@@ -18,7 +18,7 @@
 # with speculation on against off, and
 # bench/bench_speculative.py on SmolLM2, a process a request and a warm server (once scripts/device_smollm2.sh has unpacked it into
 # $ASYNCT_CACHE, default /tmp/asynct-cache; SPECULATIVE_ROUNDS, default 2).
-# GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
+# BUILD_TARGETS builds only those targets (e.g. "asynct"); GPU_TEST_TIMEOUT, SANITIZER_TIMEOUT (seconds), GPU_TEST_FILTER, SANITIZER_FILTER (gtest filters), BENCHES
 # (e.g. "decode norms"), SCENARIO_SCALE and SCENARIO_REPEAT (runs per model, median reported)
 # narrow or widen further. Needs the Debian packages of scripts/device_deps.sh in .deps/ when the machine
 # lacks GoogleTest, nlohmann-json and CLI11.
@@ -77,7 +77,7 @@ if want build; then
     ${prefix:+-DCMAKE_PREFIX_PATH="$prefix"} ${grammar:+-DASYNCT_XGRAMMAR_DIR="$grammar"} \
     >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
   start=$SECONDS
-  cmake --build build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$out/build.log" | head -60; exit 1; }
+  cmake --build build/gpu -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >"$out/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$out/build.log" | head -60; exit 1; }
   echo "built in $((SECONDS - start)) s"
 fi
 

@@ -237,19 +237,26 @@ TEST_P(CpuFastKernels, SwigluExpAndConversionsMatchReference) {
   }
 }
 
-void check_paged_attention(int d);
+void check_paged_attention(int d, int hq, int hkv, const std::vector<int>& q_lens, const std::vector<int>& kv_lens);
 
 // Paged attention of both gates on a bf16 cache against the reference on the same values in
-// float32: sequences of awkward lengths, a block size of 3, GQA (6 query heads, 2 KV heads), a
-// head size with a tail (20) and one of whole 32-column pieces (64).
+// float32: sequences of awkward lengths, a block size of 3, GQA groups of 1, 3 and 8 query heads
+// (the last read as two packs of 4, kernels.h: kMaxHeadPack), a head size with a tail (20), one
+// with a single 8-column group past the 32-column pieces (40) and one of whole pieces (64); and
+// one decode row of an odd number of keys, whose KV heads' query heads are split into smaller
+// packs to give each thread two tasks.
 TEST_P(CpuFastKernels, PagedAttentionMatchesReferenceForBothGates) {
-  for (const int d : {20, 64}) check_paged_attention(d);
+  for (const int d : {20, 40, 64})
+    for (const auto& [hq, hkv] : std::vector<std::pair<int, int>>{{6, 2}, {2, 2}, {16, 2}}) {
+      SCOPED_TRACE(::testing::Message() << "head_dim " << d << ", " << hq << " query heads, " << hkv << " KV heads");
+      check_paged_attention(d, hq, hkv, {1, 7, 1, 13}, {1, 11, 30, 13});
+      check_paged_attention(d, hq, hkv, {1}, {29});
+    }
 }
 
-void check_paged_attention(int d) {
+void check_paged_attention(int d, int hq, int hkv, const std::vector<int>& q_lens, const std::vector<int>& kv_lens) {
   Random rng(4);
-  const int hq = 6, hkv = 2, bs = 3, blocks = 64;
-  const std::vector<int> q_lens = {1, 7, 1, 13}, kv_lens = {1, 11, 30, 13};
+  const int bs = 3, blocks = 64;
   const Tensor keys = rng.normal({blocks, bs, hkv, d}, 1.0f, true), values = rng.normal({blocks, bs, hkv, d}, 1.0f, true);
   const std::vector<std::uint16_t> kb = to_bf16(keys), vb = to_bf16(values);
   StepBatch batch;
@@ -257,7 +264,7 @@ void check_paged_attention(int d) {
   std::vector<int> order = rng.permutation(blocks);
   std::size_t next = 0;
   const int max_blocks = 12;
-  Tensor table = Tensor::empty(DType::I32, {4, max_blocks});
+  Tensor table = Tensor::empty(DType::I32, {std::int64_t(q_lens.size()), max_blocks});
   for (std::size_t s = 0; s < q_lens.size(); ++s) {
     batch.cu_seqlens_q.push_back(batch.cu_seqlens_q.back() + q_lens[s]);
     batch.kv_lens.push_back(kv_lens[s]);

@@ -1,5 +1,6 @@
 // Paged attention over the production CPU runner's cache (bf16 or e4m3), for both gates: softmax, and
-// AsyncT's additive gate (core/gate.h), causal, GQA, each (query row, head) a task of the pool.
+// AsyncT's additive gate (core/gate.h), causal, GQA, each query row's pack of a KV head's query
+// heads (kernels.h: kMaxHeadPack) a task of the pool.
 #pragma once
 
 #include <cstdint>

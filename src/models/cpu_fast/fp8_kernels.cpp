@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/error.h"
 #include "core/fp8.h"
 #include "models/cpu_fast/kernels.h"
 #include "models/cpu_fast/x86_target.h"
@@ -110,65 +111,46 @@ AVX2 inline __m256 load_fp8x8(const std::uint8_t* p) {
   return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(wide, 7), _mm_set1_epi16(std::int16_t(0xBF80))));
 }
 
-AVX2 void scores_avx2(const float* q, const std::uint8_t* keys, const std::int64_t* rows, int n, int d, float scale,
-                      float* out) {
-  const int d8 = d & ~7;
-  const float unbiased = scale * kHalfBias;
-  for (int j = 0; j < n; ++j) {
-    const std::uint8_t* k = keys + rows[j];
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= d8; i += 16) {
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_fp8x8(k + i), a0);
-      a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), load_fp8x8(k + i + 8), a1);
-    }
-    if (i < d8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_fp8x8(k + i), a0);
-    float tail = 0.0f;
-    for (int t = d8; t < d; ++t) tail += q[t] * fp8_e4m3_to_float(k[t]);
-    out[j] = hsum(_mm256_add_ps(a0, a1)) * unbiased + tail * scale;
-  }
-}
-
 struct Fp8Loads {
   AVX2 __m256 operator()(const std::uint8_t* p) const { return load_fp8x8(p); }
 };
-
-AVX2 void weighted_sum_avx2(const float* p, const std::uint8_t* values, const std::int64_t* rows, int n, int d,
-                            float* out) {
-  for (int c = weighted_sum_columns(p, kHalfBias, values, rows, n, d, out, Fp8Loads{}); c < d; ++c)
-    for (int j = 0; j < n; ++j) out[c] += p[j] * fp8_e4m3_to_float(values[rows[j] + c]);
-}
 #endif
 
-void scores_generic(const float* q, const std::uint8_t* keys, const std::int64_t* rows, int n, int d, float scale,
-                    float* out) {
-  for (int j = 0; j < n; ++j) {
-    float sum = 0.0f;
-    for (int i = 0; i < d; ++i) sum += q[i] * fp8_e4m3_to_float(keys[rows[j] + i]);
-    out[j] = scale * sum;
-  }
+void scores_generic(const float* q, int heads, const std::uint8_t* keys, const std::int64_t* rows, int n, int d,
+                    float scale, float* out) {
+  for (int h = 0; h < heads; ++h)
+    for (int j = 0; j < n; ++j) {
+      float sum = 0.0f;
+      for (int i = 0; i < d; ++i) sum += q[h * d + i] * fp8_e4m3_to_float(keys[rows[j] + i]);
+      out[h * n + j] = scale * sum;
+    }
 }
 
-void weighted_sum_generic(const float* p, const std::uint8_t* values, const std::int64_t* rows, int n, int d,
+void weighted_sum_generic(const float* p, int heads, const std::uint8_t* values, const std::int64_t* rows, int n, int d,
                           float* out) {
-  for (int j = 0; j < n; ++j)
-    for (int i = 0; i < d; ++i) out[i] += p[j] * fp8_e4m3_to_float(values[rows[j] + i]);
+  for (int h = 0; h < heads; ++h)
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < d; ++i) out[h * d + i] += p[h * n + j] * fp8_e4m3_to_float(values[rows[j] + i]);
 }
 
 }  // namespace
 
-void scores_fp8(const float* q, const std::uint8_t* keys, const std::int64_t* rows, int n, int d, float scale, float* out) {
+void scores_fp8(const float* q, int heads, const std::uint8_t* keys, const std::int64_t* rows, int n, int d, float scale,
+                float* out) {
+  check(heads >= 1 && heads <= kMaxHeadPack, "scores_fp8: a pack of ", heads, " heads");
 #ifdef ASYNCT_X86
-  if (vector_kernels()) return scores_avx2(q, keys, rows, n, d, scale, out);
+  if (vector_kernels() && d % 8 == 0) return scores_heads(heads, q, d, scale, kHalfBias, keys, rows, n, out, Fp8Loads{});
 #endif
-  scores_generic(q, keys, rows, n, d, scale, out);
+  scores_generic(q, heads, keys, rows, n, d, scale, out);
 }
 
-void weighted_sum_fp8(const float* p, const std::uint8_t* values, const std::int64_t* rows, int n, int d, float* out) {
+void weighted_sum_fp8(const float* p, int heads, const std::uint8_t* values, const std::int64_t* rows, int n, int d,
+                      float* out) {
+  check(heads >= 1 && heads <= kMaxHeadPack, "weighted_sum_fp8: a pack of ", heads, " heads");
 #ifdef ASYNCT_X86
-  if (vector_kernels()) return weighted_sum_avx2(p, values, rows, n, d, out);
+  if (vector_kernels() && d % 8 == 0) return weighted_sum_heads(heads, p, n, kHalfBias, values, rows, d, out, Fp8Loads{});
 #endif
-  weighted_sum_generic(p, values, rows, n, d, out);
+  weighted_sum_generic(p, heads, values, rows, n, d, out);
 }
 
 void float_to_fp8_row(const float* in, float scale, std::uint8_t* out, int n) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "models/cpu_fast/x86_target.h"
 
 namespace asynct::cpu_fast {
@@ -46,14 +47,16 @@ void axpy_generic(float* out, float weight, const std::uint16_t* v, int n) {
   for (int i = 0; i < n; ++i) out[i] += weight * bf16_to_float(v[i]);
 }
 
-void scores_generic(const float* q, const std::uint16_t* keys, const std::int64_t* rows, int n, int d, float scale,
-                    float* out) {
-  for (int j = 0; j < n; ++j) out[j] = scale * dot_generic(q, keys + rows[j], d);
+void scores_generic(const float* q, int heads, const std::uint16_t* keys, const std::int64_t* rows, int n, int d,
+                    float scale, float* out) {
+  for (int h = 0; h < heads; ++h)
+    for (int j = 0; j < n; ++j) out[h * n + j] = scale * dot_generic(q + h * d, keys + rows[j], d);
 }
 
-void weighted_sum_generic(const float* p, const std::uint16_t* values, const std::int64_t* rows, int n, int d,
+void weighted_sum_generic(const float* p, int heads, const std::uint16_t* values, const std::int64_t* rows, int n, int d,
                           float* out) {
-  for (int j = 0; j < n; ++j) axpy_generic(out, p[j], values + rows[j], d);
+  for (int h = 0; h < heads; ++h)
+    for (int j = 0; j < n; ++j) axpy_generic(out + h * d, p[h * n + j], values + rows[j], d);
 }
 
 float sum_squares_generic(const float* x, int n) {
@@ -301,46 +304,9 @@ AVX2 void gemm_avx2(const float* x, std::int64_t ldx, int rows, const std::uint1
   gemm_panels_avx2(x, ldx, rows, w, nw, in, y, ldy);
 }
 
-// Four keys at a time: four accumulators, summed across lanes together at the end.
-AVX2 void scores_avx2(const float* q, const std::uint16_t* keys, const std::int64_t* rows, int n, int d, float scale,
-                      float* out) {
-  const int d8 = d & ~7;
-  int j = 0;
-  for (; j + 4 <= n; j += 4) {
-    const std::uint16_t *k0 = keys + rows[j], *k1 = keys + rows[j + 1], *k2 = keys + rows[j + 2], *k3 = keys + rows[j + 3];
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int i = 0; i < d8; i += 8) {
-      const __m256 x = _mm256_loadu_ps(q + i);
-      a0 = _mm256_fmadd_ps(x, load_bf16(k0 + i), a0);
-      a1 = _mm256_fmadd_ps(x, load_bf16(k1 + i), a1);
-      a2 = _mm256_fmadd_ps(x, load_bf16(k2 + i), a2);
-      a3 = _mm256_fmadd_ps(x, load_bf16(k3 + i), a3);
-    }
-    // Lane sums of the four: two rounds of horizontal adds, then the halves added.
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    __m128 sums = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    float tail[4] = {0, 0, 0, 0};
-    for (int i = d8; i < d; ++i) {
-      tail[0] += q[i] * bf16_to_float(k0[i]);
-      tail[1] += q[i] * bf16_to_float(k1[i]);
-      tail[2] += q[i] * bf16_to_float(k2[i]);
-      tail[3] += q[i] * bf16_to_float(k3[i]);
-    }
-    sums = _mm_mul_ps(_mm_add_ps(sums, _mm_loadu_ps(tail)), _mm_set1_ps(scale));
-    _mm_storeu_ps(out + j, sums);
-  }
-  for (; j < n; ++j) out[j] = scale * dot_avx2(q, keys + rows[j], d);
-}
-
 struct Bf16Loads {
   AVX2 __m256 operator()(const std::uint16_t* p) const { return load_bf16(p); }
 };
-
-AVX2 void weighted_sum_avx2(const float* p, const std::uint16_t* values, const std::int64_t* rows, int n, int d,
-                            float* out) {
-  for (int c = weighted_sum_columns(p, 1.0f, values, rows, n, d, out, Bf16Loads{}); c < d; ++c)
-    for (int j = 0; j < n; ++j) out[c] += p[j] * bf16_to_float(values[rows[j] + c]);
-}
 
 AVX2 void axpy_avx2(float* out, float weight, const std::uint16_t* v, int n) {
   const __m256 a = _mm256_set1_ps(weight);
@@ -438,13 +404,22 @@ void axpy_bf16(float* out, float weight, const std::uint16_t* v, int n) {
   DISPATCH(axpy_avx2(out, weight, v, n), axpy_generic(out, weight, v, n));
 }
 
-void scores_bf16(const float* q, const std::uint16_t* keys, const std::int64_t* rows, int n, int d, float scale,
+void scores_bf16(const float* q, int heads, const std::uint16_t* keys, const std::int64_t* rows, int n, int d, float scale,
                  float* out) {
-  DISPATCH(scores_avx2(q, keys, rows, n, d, scale, out), scores_generic(q, keys, rows, n, d, scale, out));
+  check(heads >= 1 && heads <= kMaxHeadPack, "scores_bf16: a pack of ", heads, " heads");
+#ifdef ASYNCT_X86
+  if (vector_kernels() && d % 8 == 0) return scores_heads(heads, q, d, scale, 1.0f, keys, rows, n, out, Bf16Loads{});
+#endif
+  scores_generic(q, heads, keys, rows, n, d, scale, out);
 }
 
-void weighted_sum_bf16(const float* p, const std::uint16_t* values, const std::int64_t* rows, int n, int d, float* out) {
-  DISPATCH(weighted_sum_avx2(p, values, rows, n, d, out), weighted_sum_generic(p, values, rows, n, d, out));
+void weighted_sum_bf16(const float* p, int heads, const std::uint16_t* values, const std::int64_t* rows, int n, int d,
+                       float* out) {
+  check(heads >= 1 && heads <= kMaxHeadPack, "weighted_sum_bf16: a pack of ", heads, " heads");
+#ifdef ASYNCT_X86
+  if (vector_kernels() && d % 8 == 0) return weighted_sum_heads(heads, p, n, 1.0f, values, rows, d, out, Bf16Loads{});
+#endif
+  weighted_sum_generic(p, heads, values, rows, n, d, out);
 }
 
 void norm_row(const float* x, int n, const float* w, float eps, float clip, float* y) {

@@ -83,8 +83,10 @@ void gemm_int8(const Int8Rows* xq, const float* x, std::int64_t ldx, int rows, c
 
 // An e4m3 cache's reads (fp8_kernels.cpp): scores_bf16 and weighted_sum_bf16 over e4m3 rows, each
 // value as stored (the caller applies its scale: into `scale`, and to the weighted sum's result).
-void scores_fp8(const float* q, const std::uint8_t* keys, const std::int64_t* rows, int n, int d, float scale, float* out);
-void weighted_sum_fp8(const float* p, const std::uint8_t* values, const std::int64_t* rows, int n, int d, float* out);
+void scores_fp8(const float* q, int heads, const std::uint8_t* keys, const std::int64_t* rows, int n, int d, float scale,
+                float* out);
+void weighted_sum_fp8(const float* p, int heads, const std::uint8_t* values, const std::int64_t* rows, int n, int d,
+                      float* out);
 // out[i] = e4m3(in[i] / scale), rounded to nearest even, saturating at +-448.
 void float_to_fp8_row(const float* in, float scale, std::uint8_t* out, int n);
 
@@ -93,12 +95,17 @@ float dot_bf16(const float* a, const std::uint16_t* b, int n);
 // out[i] += weight * v[i], v bf16.
 void axpy_bf16(float* out, float weight, const std::uint16_t* v, int n);
 
-// out[j] = scale * sum_i q[i] * keys[rows[j] + i] for j < n: a query's scores against n bf16 key
-// rows (a paged cache's rows, by their offsets from `keys`).
-void scores_bf16(const float* q, const std::uint16_t* keys, const std::int64_t* rows, int n, int d, float scale,
+// The most query heads of one KV head that attention reads the KV head's rows for at once.
+constexpr int kMaxHeadPack = 4;
+// out[h * n + j] = scale * sum_i q[h * d + i] * keys[rows[j] + i] for j < n and h < heads (1 to
+// kMaxHeadPack): the scores of a pack of query heads (their rows d apart) against n bf16 key
+// rows (a paged cache's rows, by their offsets from `keys`), each key row read once for the pack.
+void scores_bf16(const float* q, int heads, const std::uint16_t* keys, const std::int64_t* rows, int n, int d, float scale,
                  float* out);
-// out[i] += sum_j p[j] * values[rows[j] + i] for i < d: the weighted sum of n bf16 value rows.
-void weighted_sum_bf16(const float* p, const std::uint16_t* values, const std::int64_t* rows, int n, int d, float* out);
+// out[h * d + i] += sum_j p[h * n + j] * values[rows[j] + i] for i < d and h < heads: the pack's
+// weighted sums of n bf16 value rows, each read once for the pack.
+void weighted_sum_bf16(const float* p, int heads, const std::uint16_t* values, const std::int64_t* rows, int n, int d,
+                       float* out);
 
 // y = w * clamp(x / sqrt(mean(x^2) + eps), -clip, clip); clip may be infinite (RMSNorm).
 void norm_row(const float* x, int n, const float* w, float eps, float clip, float* y);

@@ -73,6 +73,8 @@ struct Int8Rows {
   int blocks = 0;
   std::vector<std::int8_t> values;  // [rows, blocks * kInt8Block]
   std::vector<float> scales;        // [rows, blocks]
+  const std::int8_t* row(int r) const { return values.data() + std::size_t(r) * std::size_t(blocks) * kInt8Block; }
+  const float* row_scales(int r) const { return scales.data() + std::size_t(r) * std::size_t(blocks); }
 };
 void quantize_rows_int8(const float* x, std::int64_t ldx, int rows, int in, Int8Rows& out);
 // Rows [first, first + nw) of W times x's rows, into y's first nw columns: with xq (x's rows

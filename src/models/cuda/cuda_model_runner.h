@@ -51,8 +51,8 @@ class CudaModelRunner : public ModelRunner {
   // Decode steps (every sequence one token) captured once per shape and replayed as CUDA
   // graphs: one launch instead of hundreds. On by default.
   void set_cuda_graphs(bool on);
-  // How many step shapes the graph cache keeps (default kMaxCapturedShapes, graph_cache.h); the
-  // least recently run beyond that are dropped (tests force a small cache).
+  // How many step shapes the graph cache keeps, at least 2 (default kMaxCapturedShapes,
+  // graph_cache.h); the least recently run beyond that are dropped (tests force a small cache).
   void set_max_graph_shapes(int shapes);
   std::map<std::string, double> phase_times_ms() const override;
   void reset_phase_times() override;

@@ -51,7 +51,7 @@ void StepGraphCache::evict_beyond(std::size_t keep) {
 }
 
 void StepGraphCache::set_max_shapes(int max_shapes) {
-  check(max_shapes >= 1, "the CUDA graph cache keeps at least one shape, not ", max_shapes);
+  check(max_shapes >= 2, "the CUDA graph cache keeps at least two shapes (the last may still run), not ", max_shapes);
   max_shapes_ = max_shapes;
   evict_beyond(std::size_t(max_shapes));
 }

@@ -69,7 +69,7 @@ constexpr int kMaxCapturedShapes = 512;
 
 class StepGraphCache {
  public:
-  explicit StepGraphCache(int max_shapes = kMaxCapturedShapes) : max_shapes_(max_shapes) {}
+  StepGraphCache() = default;
   StepGraphCache(const StepGraphCache&) = delete;
   StepGraphCache& operator=(const StepGraphCache&) = delete;
   ~StepGraphCache();
@@ -106,9 +106,8 @@ class StepGraphCache {
     timer.mark("decode_graph");
   }
 
-  // Shapes the cache holds (a shape run once and not yet captured counts).
-  std::size_t size() const { return graphs_.size(); }
-  // Sets how many shapes it keeps (>= 1); the least recently run beyond that go.
+  // Sets how many shapes it keeps, at least 2 (the step replayed last may still run while the
+  // next is submitted: it is never the one dropped); the least recently run beyond that go.
   void set_max_shapes(int max_shapes);
 
  private:
@@ -127,7 +126,7 @@ class StepGraphCache {
   static void end_capture(Captured& g, cudaStream_t stream, const GraphAddresses& addresses);
   static void launch(const Captured& g, cudaStream_t stream);
 
-  int max_shapes_;
+  int max_shapes_ = kMaxCapturedShapes;
   std::map<StepGraphKey, Captured> graphs_;
   std::list<StepGraphKey> recent_;  // most recently run first
 };

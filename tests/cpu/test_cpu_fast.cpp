@@ -106,8 +106,8 @@ TEST_P(CpuFastKernels, Fp8GemmMatchesTheDequantizedReference) {
       }
 }
 
-// int8 weights: each block's values are round(w / scale) (halves to even), scale = its largest
-// magnitude / 127, in the vector and the plain forms alike;
+// int8 weights: each block's values are round(w / scale) (halves to even, within [-127, 127]),
+// scale = its largest magnitude / 127 rounded to fp16, in the vector and the plain forms alike;
 // decode rows (quantized the same way) multiply in integers, other rows in float32; both against
 // the reference's product of the dequantized values (and, for decode rows, dequantized x).
 TEST_P(CpuFastKernels, Int8GemmMatchesTheDequantizedReference) {
@@ -125,7 +125,8 @@ TEST_P(CpuFastKernels, Int8GemmMatchesTheDequantizedReference) {
         for (int b = 0; b < q.blocks; ++b) {
           float largest = 0.0f;
           for (int k = b * 32; k < std::min(in, b * 32 + 32); ++k) largest = std::max(largest, std::fabs(bf16_to_float(wb[std::size_t(r) * in + k])));
-          ASSERT_FLOAT_EQ(q.row_scales(r)[b], largest / 127.0f);
+          const float scale = f16_to_float(float_to_f16(largest / 127.0f));
+          ASSERT_EQ(q.scale(r, b), scale);
           for (int k = b * 32; k < b * 32 + 32; ++k) {
             const int v = q.row(r)[k];
             if (k >= in) {
@@ -133,8 +134,8 @@ TEST_P(CpuFastKernels, Int8GemmMatchesTheDequantizedReference) {
               continue;
             }
             ASSERT_LE(std::abs(v), 127);
-            ASSERT_EQ(v, int(std::nearbyint(bf16_to_float(wb[std::size_t(r) * in + k]) / q.row_scales(r)[b])));
-            if (r >= first && r < first + out) w.data_as<float>()[std::int64_t(r - first) * in + k] = float(v) * q.row_scales(r)[b];
+            ASSERT_EQ(v, int(std::clamp(std::nearbyint(bf16_to_float(wb[std::size_t(r) * in + k]) / scale), -127.0f, 127.0f)));
+            if (r >= first && r < first + out) w.data_as<float>()[std::int64_t(r - first) * in + k] = float(v) * scale;
           }
         }
       const Tensor x = rng.normal({rows, in});
@@ -155,6 +156,21 @@ TEST_P(CpuFastKernels, Int8GemmMatchesTheDequantizedReference) {
       expect_close(y.data(), linear(xd, w).data_as<float>(), std::int64_t(rows) * out, 2e-6 * in,
                    "int8 gemm, int8 rows " + std::to_string(rows) + "x" + std::to_string(in));
     }
+}
+
+// Blocks whose scale leaves fp16's range keep a finite, non-zero scale: the largest fp16 (65504)
+// for huge weights, whose values saturate at +-127; the smallest (2^-24) for tiny ones, which
+// round to 0.
+TEST_P(CpuFastKernels, Int8ScalesStayWithinFp16) {
+  for (const float value : {3e9f, -3e9f, 1e-30f, -1e-30f}) {
+    const std::vector<std::uint16_t> wb(64, float_to_bf16(value));
+    const cpu_fast::Int8Matrix q = cpu_fast::quantize_int8(wb.data(), 1, 64);
+    for (int b = 0; b < 2; ++b) {
+      EXPECT_EQ(q.scale(0, b), std::fabs(value) > 1.0f ? 65504.0f : std::ldexp(1.0f, -24)) << value;
+      const int expected = std::fabs(value) < 1.0f ? 0 : value > 0 ? 127 : -127;
+      for (int k = 0; k < 32; ++k) EXPECT_EQ(int(q.row(0)[b * 32 + k]), expected) << value;
+    }
+  }
 }
 
 // A row's product is the same, bit for bit, whether it runs alone or beside up to
@@ -449,7 +465,7 @@ TEST_P(CpuFastRunnerArch, Int8WeightsMatchTheReference) {
         cpu_fast::quantize_int8(reinterpret_cast<const std::uint16_t*>(bf16.data()), int(t.shape()[0]), int(t.shape()[1]));
     Tensor out = Tensor::empty(DType::F32, t.shape());
     for (int r = 0; r < q.rows; ++r)
-      for (int k = 0; k < q.in; ++k) out.data_as<float>()[std::int64_t(r) * q.in + k] = float(q.row(r)[k]) * q.row_scales(r)[k / 32];
+      for (int k = 0; k < q.in; ++k) out.data_as<float>()[std::int64_t(r) * q.in + k] = float(q.row(r)[k]) * q.scale(r, k / 32);
     return out;
   };
   for (LayerWeights& l : dequantized.layers)

@@ -52,19 +52,21 @@ void gemm_fp8(const float* x, std::int64_t ldx, int rows, const std::uint8_t* w,
               int block_cols, int first, int nw, int in, float* y, std::int64_t ldy);
 
 // 8-bit integer weights (int8_kernels.cpp; --quantization int8): each row in blocks of
-// kInt8Block inputs, a block's values int8 in [-127, 127] times its float scale (its largest
-// magnitude / 127), the last block padded with zeros. A row is one run of bytes, its scales
-// (padded to 32 bytes) then its values: a decode product reads the weights as one stream (with
-// the scales apart, their loads stalled it).
+// kInt8Block inputs, a block's values int8 in [-127, 127] times its scale (its largest magnitude
+// / 127, rounded to fp16), the last block padded with zeros: llama.cpp's Q8_0, 34 bytes a block.
+// A row is one run of bytes, its fp16 scales then its values: a decode product reads the
+// weights as one stream (with the scales apart, their loads stalled it), and nothing pads it
+// (float scales padded to 32 bytes took 10% more bytes a SmolLM2 row [C16]).
 inline constexpr int kInt8Block = 32;
 struct Int8Matrix {
   int rows = 0, in = 0, blocks = 0;  // blocks = ceil(in / kInt8Block)
-  std::size_t scale_bytes = 0, row_bytes = 0;
-  std::vector<float> data;           // [rows, row_bytes / 4]: floats so that the scales are aligned
-  const float* row_scales(int r) const { return data.data() + std::size_t(r) * row_bytes / 4; }
-  const std::int8_t* row(int r) const { return reinterpret_cast<const std::int8_t*>(row_scales(r)) + scale_bytes; }
-  float* row_scales(int r) { return data.data() + std::size_t(r) * row_bytes / 4; }
-  std::int8_t* row(int r) { return reinterpret_cast<std::int8_t*>(row_scales(r)) + scale_bytes; }
+  std::size_t row_bytes = 0;         // blocks * (2 + kInt8Block)
+  std::vector<std::uint8_t> data;    // [rows, row_bytes]
+  const std::uint16_t* row_scales(int r) const { return reinterpret_cast<const std::uint16_t*>(data.data() + std::size_t(r) * row_bytes); }
+  const std::int8_t* row(int r) const { return reinterpret_cast<const std::int8_t*>(row_scales(r) + blocks); }
+  std::uint16_t* row_scales(int r) { return reinterpret_cast<std::uint16_t*>(data.data() + std::size_t(r) * row_bytes); }
+  std::int8_t* row(int r) { return reinterpret_cast<std::int8_t*>(row_scales(r) + blocks); }
+  float scale(int r, int block) const;  // block's scale as a float
 };
 // A bf16 matrix [rows, in] quantized (round to nearest).
 Int8Matrix quantize_int8(const std::uint16_t* bf16, int rows, int in);
@@ -72,7 +74,7 @@ Int8Matrix quantize_int8(const std::uint16_t* bf16, int rows, int in);
 struct Int8Rows {
   int blocks = 0;
   std::vector<std::int8_t> values;  // [rows, blocks * kInt8Block]
-  std::vector<float> scales;        // [rows, blocks]
+  std::vector<float> scales;        // [rows, blocks], then 8 spare (read by the vector product, unused)
   const std::int8_t* row(int r) const { return values.data() + std::size_t(r) * std::size_t(blocks) * kInt8Block; }
   const float* row_scales(int r) const { return scales.data() + std::size_t(r) * std::size_t(blocks); }
 };

@@ -1,12 +1,16 @@
 // Decode kernel against the CPU reference: one query token per sequence over a paged cache
 // with shuffled blocks, 1 to 8 query heads per KV head; and the same from the qkv projection (the
-// kernel norms and rotates q and the newest key and writes the newest K/V into the cache). Tolerance: relative Frobenius error
-// 2e-2 (bf16 inputs and outputs land near 4e-3); outputs poisoned before every launch; NaN
-// never passes.
+// kernel norms and rotates q and the newest key and writes the newest K/V into the cache); both
+// over a bf16 cache and an FP8 (e4m3) one, the reference reading the values the e4m3 bytes hold.
+// Tolerance: relative Frobenius error 2e-2 (bf16 inputs and outputs land near 4e-3; an e4m3
+// newest key or value may round to the neighbouring value: 3e-2 for those rows); outputs
+// poisoned before every launch; NaN never passes.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 
+#include "core/fp8.h"
 #include "gpu/device_buffer.h"
 #include "kernels/attention/decode/decode.h"
 #include "reference/rope.h"
@@ -24,6 +28,54 @@ using testing::Random;
 using testing::random_async_gate;
 
 constexpr double kTolerance = 2e-2;
+constexpr double kFp8RowTolerance = 3e-2;
+
+// An FP8 form of a paged cache: each KV head's key and value scales put its largest finite
+// |value| at 224 (half of e4m3's 448: the newest rows written later may be larger), the bytes
+// e4m3(value / scale). The paged cache's floats become what the bytes hold (the reference's
+// cache); NaN stays NaN.
+struct Fp8Cache {
+  std::vector<float> key_scales, value_scales;
+  Tensor key_bytes, value_bytes;  // U8, the cache's shape
+};
+
+float e4m3_at(float value, float scale) { return fp8_e4m3_to_float(float_to_fp8_e4m3(value / scale)) * scale; }
+
+Fp8Cache to_fp8(AttentionCase::Paged& paged, int num_kv_heads, int head_dim) {
+  Fp8Cache f;
+  const auto convert = [&](Tensor& cache, std::vector<float>& scales, Tensor& bytes) {
+    float* v = cache.data_as<float>();
+    scales.assign(std::size_t(num_kv_heads), 0.0f);
+    for (std::int64_t i = 0; i < cache.numel(); ++i)
+      if (std::isfinite(v[i])) {
+        float& s = scales[std::size_t(i / head_dim % num_kv_heads)];
+        s = std::max(s, std::fabs(v[i]));
+      }
+    for (float& s : scales) s = s > 0.0f ? s / 224.0f : 1.0f;
+    bytes = Tensor::empty(DType::U8, cache.shape());
+    for (std::int64_t i = 0; i < cache.numel(); ++i) {
+      const float scale = scales[std::size_t(i / head_dim % num_kv_heads)];
+      bytes.data_as<std::uint8_t>()[i] = float_to_fp8_e4m3(v[i] / scale);
+      v[i] = fp8_e4m3_to_float(bytes.data_as<std::uint8_t>()[i]) * scale;
+    }
+  };
+  paged.key_cache = paged.key_cache.to(DType::F32);
+  paged.value_cache = paged.value_cache.to(DType::F32);
+  convert(paged.key_cache, f.key_scales, f.key_bytes);
+  convert(paged.value_cache, f.value_scales, f.value_bytes);
+  paged.cache = KvCache::paged(paged.key_cache, paged.value_cache, paged.block_table);
+  return f;
+}
+
+// An e4m3 cache downloaded: each byte's value times its KV head's scale.
+Tensor decode_fp8(const Tensor& bytes, const std::vector<float>& scales, int head_dim) {
+  Tensor out = Tensor::empty(DType::F32, bytes.shape());
+  const int heads = int(scales.size());
+  for (std::int64_t i = 0; i < bytes.numel(); ++i)
+    out.data_as<float>()[i] =
+        fp8_e4m3_to_float(bytes.data_as<std::uint8_t>()[i]) * scales[std::size_t(i / head_dim % heads)];
+  return out;
+}
 
 struct DecodeRun {
   Tensor out;
@@ -34,12 +86,20 @@ struct DecodeRun {
 // Runs the kernel on the case (all sequences decoding, q_len 1) and returns its output. With a
 // projection (its device pointers set up by the caller) the kernel reads that instead of q.
 DecodeRun run_decode(const AttentionCase& c, const AttentionCase::Paged& paged, const Gate& gate,
-                     int num_splits, const kernels::DecodeProjection* projection = nullptr) {
+                     int num_splits, const kernels::DecodeProjection* projection = nullptr,
+                     const Fp8Cache* fp8 = nullptr) {
   const int num_seqs = int(c.seqs.size());
   DeviceBuffer query = DeviceBuffer::upload(c.query, DType::BF16);
   DeviceBuffer out(DType::BF16, c.query.shape());
-  DeviceBuffer key_cache = DeviceBuffer::upload(paged.key_cache, DType::BF16);
-  DeviceBuffer value_cache = DeviceBuffer::upload(paged.value_cache, DType::BF16);
+  DeviceBuffer key_cache = fp8 ? DeviceBuffer::upload(fp8->key_bytes, DType::U8) : DeviceBuffer::upload(paged.key_cache, DType::BF16);
+  DeviceBuffer value_cache =
+      fp8 ? DeviceBuffer::upload(fp8->value_bytes, DType::U8) : DeviceBuffer::upload(paged.value_cache, DType::BF16);
+  const auto scales_of = [&](const std::vector<float>* v) {
+    const std::vector<float> values = v ? *v : std::vector<float>{1.0f};
+    return DeviceBuffer::upload(Tensor::from_vector(values, {std::int64_t(values.size())}), DType::F32);
+  };
+  DeviceBuffer key_scales = scales_of(fp8 ? &fp8->key_scales : nullptr);
+  DeviceBuffer value_scales = scales_of(fp8 ? &fp8->value_scales : nullptr);
   DeviceBuffer table = DeviceBuffer::upload(paged.block_table, DType::I32);
   DeviceBuffer kv_lens = DeviceBuffer::upload(Tensor::from_vector(c.kv_lens, {num_seqs}), DType::I32);
   DeviceBuffer counters(DType::I64, {2});
@@ -66,6 +126,11 @@ DecodeRun run_decode(const AttentionCase& c, const AttentionCase::Paged& paged, 
   p.kv.block_size = int(paged.key_cache.size(1));
   p.kv.num_kv_heads = c.num_kv_heads;
   p.kv.head_dim = c.head_dim;
+  if (fp8) {
+    p.kv.element = kernels::KvElement::Fp8E4M3;
+    p.kv.key_scales = key_scales.as<float>();
+    p.kv.value_scales = value_scales.as<float>();
+  }
   p.gate.kind = gate.kind;
   p.gate.pool_window = gate.async.pool_window;
   p.gate.alpha = alpha.as<float>();
@@ -96,8 +161,8 @@ DecodeRun run_decode(const AttentionCase& c, const AttentionCase::Paged& paged, 
   Tensor counts = counters.download();
   run.nonzero = std::uint64_t(counts.at<std::int64_t>(0));
   run.rows_loaded = std::uint64_t(counts.at<std::int64_t>(1));
-  run.key_cache = key_cache.download_float();
-  run.value_cache = value_cache.download_float();
+  run.key_cache = fp8 ? decode_fp8(key_cache.download(), fp8->key_scales, c.head_dim) : key_cache.download_float();
+  run.value_cache = fp8 ? decode_fp8(value_cache.download(), fp8->value_scales, c.head_dim) : value_cache.download_float();
   return run;
 }
 
@@ -106,13 +171,15 @@ struct DecodeShape {
   int hq, hkv, head_dim, block_size;
 };
 
-void check_decode(const DecodeShape& shape, std::uint64_t seed) {
+void check_decode(const DecodeShape& shape, std::uint64_t seed, bool fp8 = false) {
   testing::require_gpu();
   Random rng(seed);
   std::vector<testing::SequenceLengths> seqs;
   for (int len : shape.kv_lens) seqs.push_back({1, len});
   AttentionCase c(rng, seqs, shape.hq, shape.hkv, shape.head_dim, /*bf16_exact=*/true);
   auto paged = c.paged(rng, shape.block_size);
+  std::optional<Fp8Cache> fp8_cache;
+  if (fp8) fp8_cache = to_fp8(paged, shape.hkv, shape.head_dim);
   std::vector<Gate> gates = {random_async_gate(rng, shape.hq, 3), random_async_gate(rng, shape.hq, 1),
                              random_async_gate(rng, shape.hq, 8),
                              random_async_gate(rng, shape.hq, 2), Gate::make_async(shape.hq, 3),
@@ -121,10 +188,11 @@ void check_decode(const DecodeShape& shape, std::uint64_t seed) {
     AttentionStats stats;
     Tensor expected = attention(c.batch(paged.cache), gate, &stats);
     for (int splits : {1, 0, 7}) {
-      DecodeRun run = run_decode(c, paged, gate, splits);
+      DecodeRun run = run_decode(c, paged, gate, splits, nullptr, fp8_cache ? &*fp8_cache : nullptr);
       EXPECT_TRUE(close_to(run.out, expected, kTolerance))
           << (gate.kind == GateKind::Async ? "async W=" : "softmax, W=") << gate.async.pool_window
-          << " splits " << splits << " head_dim " << shape.head_dim << " block " << shape.block_size;
+          << " splits " << splits << " head_dim " << shape.head_dim << " block " << shape.block_size
+          << (fp8 ? " fp8 cache" : "");
       if (gate.kind == GateKind::Async) {
         // fp32 scores put a few entries on the other side of the clamp than float64 does.
         EXPECT_NEAR(double(run.nonzero), double(stats.nonzero_entries), 0.01 * double(stats.gate_entries) + 2);
@@ -140,10 +208,10 @@ void check_decode(const DecodeShape& shape, std::uint64_t seed) {
 // fp32 partial sums); the cache holds NaN where its K/V go, so a read before the kernel's own
 // write fails. Expected: the reference's q/k norm + RoPE + cache write, then the reference
 // attention over that cache; and the newest cache rows equal to the reference's.
-void check_decode_from_projection(const DecodeShape& shape, int splits, std::uint64_t seed) {
+void check_decode_from_projection(const DecodeShape& shape, int splits, std::uint64_t seed, bool fp8 = false) {
   testing::require_gpu();
   SCOPED_TRACE(::testing::Message() << "head_dim " << shape.head_dim << " block " << shape.block_size
-                                    << " projection splits " << splits);
+                                    << " projection splits " << splits << (fp8 ? " fp8 cache" : ""));
   Random rng(seed);
   std::vector<testing::SequenceLengths> seqs;
   for (int len : shape.kv_lens) seqs.push_back({1, len});
@@ -165,6 +233,8 @@ void check_decode_from_projection(const DecodeShape& shape, int splits, std::uin
       paged.value_cache.at<float>(slots.back() * row + i) = std::nanf("");
     }
   }
+  std::optional<Fp8Cache> fp8_cache;
+  if (fp8) fp8_cache = to_fp8(paged, Hkv, D);
 
   // The projection on the device, laid out as the GEMM writes it: [S, (Hq + 2 Hkv) D].
   const std::int64_t cols = std::int64_t(Hq + 2 * Hkv) * D;
@@ -217,14 +287,21 @@ void check_decode_from_projection(const DecodeShape& shape, int splits, std::uin
   std::vector<float> newest_k, newest_v;
   for (std::int64_t slot : slots)
     for (std::int64_t i = 0; i < row; ++i) {
-      newest_k.push_back(expected_cache.key_cache.at<float>(slot * row + i));
-      newest_v.push_back(expected_cache.value_cache.at<float>(slot * row + i));
+      float& k = expected_cache.key_cache.at<float>(slot * row + i);
+      float& v = expected_cache.value_cache.at<float>(slot * row + i);
+      if (fp8_cache) {  // stored as e4m3 at the head's scales (the value rounded to bf16 first)
+        const std::size_t head = std::size_t(i / D);
+        k = e4m3_at(k, fp8_cache->key_scales[head]);
+        v = e4m3_at(round_to_bf16(v), fp8_cache->value_scales[head]);
+      }
+      newest_k.push_back(k);
+      newest_v.push_back(v);
     }
 
   for (const Gate& gate : {random_async_gate(rng, Hq, 3), Gate::make_softmax()}) {
     const Tensor expected = attention(projected.batch(expected_cache.cache), gate);
     for (int num_splits : {1, 0, 7}) {
-      DecodeRun run = run_decode(c, paged, gate, num_splits, &projection);
+      DecodeRun run = run_decode(c, paged, gate, num_splits, &projection, fp8_cache ? &*fp8_cache : nullptr);
       EXPECT_TRUE(close_to(run.out, expected, kTolerance))
           << (gate.kind == GateKind::Async ? "async" : "softmax") << ", decode splits " << num_splits;
       std::vector<float> got_k, got_v;
@@ -233,8 +310,8 @@ void check_decode_from_projection(const DecodeShape& shape, int splits, std::uin
           got_k.push_back(run.key_cache.at<float>(slot * row + i));
           got_v.push_back(run.value_cache.at<float>(slot * row + i));
         }
-      EXPECT_TRUE(close_to(got_k, newest_k, kTolerance)) << "the newest keys in the cache";
-      EXPECT_TRUE(close_to(got_v, newest_v, 0.0)) << "the newest values in the cache (copied)";
+      EXPECT_TRUE(close_to(got_k, newest_k, fp8 ? kFp8RowTolerance : kTolerance)) << "the newest keys in the cache";
+      EXPECT_TRUE(close_to(got_v, newest_v, fp8 ? kFp8RowTolerance : 0.0)) << "the newest values in the cache (copied)";
     }
   }
 }
@@ -272,10 +349,46 @@ TEST(Decode, FromProjectionGroupsOfThreeAndSix) {
   check_decode_from_projection({{77, 600}, 12, 2, 64, 32}, 2, 28);
 }
 
+// An FP8 (e4m3) cache: both gates, splits 1 / chosen / 7, GQA groups 1-8 (3 and 6 padded),
+// head sizes 64 and 128, blocks of 16-256; read, and written from the projection.
+TEST(Decode, Fp8CacheAllGates) {
+  check_decode({{1, 5, 17, 33}, 4, 2, 64, 16}, 31, true);
+  check_decode({{1, 17, 300, 1000, 4097}, 8, 2, 128, 16}, 32, true);
+  check_decode({{255, 256, 257, 2049}, 16, 8, 128, 256}, 33, true);
+  check_decode({{1, 17, 300, 1000}, 9, 3, 64, 16}, 34, true);
+  check_decode({{77, 600}, 12, 2, 64, 32}, 35, true);
+  check_decode({{100, 1500}, 8, 8, 64, 64}, 36, true);
+}
+TEST(Decode, Fp8CacheFromProjection) {
+  check_decode_from_projection({{3, 40}, 4, 2, 128, 16}, 0, 37, true);
+  check_decode_from_projection({{1, 17, 300, 1000, 4097}, 16, 8, 128, 16}, 3, 38, true);
+  check_decode_from_projection({{100, 1500}, 6, 2, 128, 64}, 8, 39, true);
+  check_decode_from_projection({{1, 17, 300}, 9, 3, 64, 16}, 0, 40, true);
+}
+
 TEST(Decode, RejectsBadArguments) {
   kernels::DecodeParams p;
   p.kv.block_size = 24;
   EXPECT_THROW(kernels::launch_decode(p, nullptr), Error);
+}
+
+TEST(Decode, RejectsAnFp8CacheWithoutScalesOrAtHeadDim256) {
+  testing::require_gpu();
+  Random rng(5);
+  AttentionCase c(rng, {{1, 20}}, 4, 2, 256, true);
+  AttentionCase::Paged paged = c.paged(rng, 16);
+  Fp8Cache fp8 = to_fp8(paged, 2, 256);
+  testing::expect_error([&] { run_decode(c, paged, Gate::make_softmax(), 1, nullptr, &fp8); },
+                        "head_dim 256 with an FP8 cache not supported");
+  kernels::DecodeParams p;
+  int dummy[4];
+  p.kv.key_cache = p.kv.value_cache = reinterpret_cast<kernels::bf16*>(dummy);
+  p.kv.block_table = dummy;
+  p.kv.block_size = 16;
+  p.kv.head_dim = 64;
+  p.kv.num_kv_heads = p.kv.max_blocks_per_seq = p.kv.num_blocks = 1;
+  p.kv.element = kernels::KvElement::Fp8E4M3;
+  testing::expect_error([&] { kernels::launch_decode(p, nullptr); }, "needs its key and value scales");
 }
 
 TEST(Decode, RejectsGroupsAboveEight) {

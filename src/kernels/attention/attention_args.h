@@ -9,12 +9,21 @@
 
 namespace asynct::kernels {
 
+// The cache's element type: bf16, or e4m3 (FP8) holding value / scale, one scale per KV head for
+// keys and one for values (models/kv_cache_format.h states the rule that picks them).
+enum class KvElement { Bf16, Fp8E4M3 };
+
 // The paged cache of docs/DESIGN.md §3: key_cache/value_cache [num_blocks, block_size, num_kv_heads,
 // head_dim]; token t of sequence s is in block block_table[s * max_blocks_per_seq + t /
-// block_size], slot t % block_size. block_size is a power of two in 16..256.
+// block_size], slot t % block_size. block_size is a power of two in 16..256. The pointers are
+// typed for bf16; with an e4m3 cache they point at its bytes (see cache_bytes). Decode reads and
+// writes either type; prefill reads bf16 only so far.
 struct PagedKv {
   bf16* key_cache = nullptr;
   bf16* value_cache = nullptr;
+  KvElement element = KvElement::Bf16;
+  const float* key_scales = nullptr;    // device, [num_kv_heads]: e4m3 only
+  const float* value_scales = nullptr;
   const std::int32_t* block_table = nullptr;
   int max_blocks_per_seq = 0;
   int num_blocks = 0;
@@ -34,8 +43,9 @@ struct GateArgs {
   float softcap = 0.0f;
 };
 
-// Host-side checks shared by the attention entry points; throw asynct::Error.
-void validate_paged_kv(const PagedKv& kv, const char* who);
+// Host-side checks shared by the attention entry points; throw asynct::Error. An e4m3 cache needs
+// its scales, and is refused unless `reads_fp8` (the entry point reads it).
+void validate_paged_kv(const PagedKv& kv, const char* who, bool reads_fp8 = false);
 void validate_gate(const GateArgs& gate, const char* who);
 
 }  // namespace asynct::kernels

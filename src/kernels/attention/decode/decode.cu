@@ -73,12 +73,12 @@ __device__ unsigned g_split_counters[kMaxSplitCounters];
 // kGroup: the query heads a consumer warp computes (a power of two); kHeads <= kGroup: those
 // that exist (the query heads per KV head). Heads kHeads .. kGroup - 1 are padding: q zero, the
 // async gate's parameters zero (P is 0), never stored.
-template <int kHeadDim, int kGroup, typename Gate, int kHeads>
+template <int kHeadDim, int kGroup, typename Gate, int kHeads, typename Kv>
 __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate gate) {
   static_assert(kHeads >= 1 && kHeads <= kGroup && kGroup <= 2 * kHeads, "kGroup pads kHeads to a power of two");
-  using L = Layout<kHeadDim, kGroup>;
+  using L = Layout<kHeadDim, kGroup, Kv>;
   constexpr bool kSoftmax = is_softmax_gate<Gate>;
-  using Ring = StageRing<kHeadDim, kGroup, Gate>;
+  using Ring = StageRing<kHeadDim, kGroup, Kv, Gate>;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ SharedBarrier full[Ring::kStages], empty[Ring::kStages];
   // A dependent launch: the kernel before writes q and the newest key of each sequence, or the
@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
   const int seq = blockIdx.y, split = blockIdx.z;
-  const int row_bytes = heads * kHeadDim * 2;  // one token's K (or V) for the CTA's heads
+  const int row_bytes = heads * L::kRowBytes;  // one token's K (or V) for the CTA's heads
   const int row_stride = row_bytes + Ring::kRowPad;
   const int stage_bytes = Ring::kParts * L::kTile * row_stride;
   unsigned char* scratch_base = smem + Ring::kStages * stage_bytes;
@@ -121,8 +121,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   const SeqCache cache{p.kv.block_table + (long long)seq * p.kv.max_blocks_per_seq, a.block_shift,
                        p.kv.block_size - 1, p.kv.num_kv_heads * kHeadDim, kv_head * kHeadDim};
   if (warp == heads) {
-    produce_tiles<L::kTile, Ring::kStages, Ring::kParts>(a, cache, smem, stage_bytes, row_bytes, row_stride, full, empty,
-                                                         begin, end, kv_len - 1);
+    produce_tiles<L::kTile, Ring::kStages, Ring::kParts, Kv::kBytes>(a, cache, smem, stage_bytes, row_bytes, row_stride,
+                                                                     full, empty, begin, end, kv_len - 1);
     return;
   }
   wait_for_prior_grids();  // q (or the projection), and the newest key the halo or V gathers may read
@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   float q[kGroup][8];
   Bf16x8 newest_k{}, newest_v{};  // with writes_newest: the newest key's row, as written
   if (p.projection.enabled()) {
-    project_new_token<kHeadDim, kGroup, kHeads>(a, seq, kv_head, writes_newest, q, newest_k, newest_v);
+    project_new_token<kHeadDim, kGroup, kHeads, Kv>(a, seq, kv_head, writes_newest, q, newest_k, newest_v);
   } else {
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
@@ -144,29 +144,35 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
         for (int e = 0; e < 8; ++e) q[h][e] = 0.0f;
     }
   }
+  // An e4m3 cache holds key / key_scale and value / value_scale: the key scale goes into q, the
+  // value scale into the output.
+  const float key_scale = Kv::kIsBf16 ? 1.0f : p.kv.key_scales[kv_head];
+  const float value_scale = Kv::kIsBf16 ? 1.0f : p.kv.value_scales[kv_head];
 #pragma unroll
   for (int h = 0; h < kGroup; ++h)
 #pragma unroll
-    for (int e = 0; e < 8; ++e) q[h][e] *= a.scale;
+    for (int e = 0; e < 8; ++e) q[h][e] *= a.scale * key_scale;
   typename Gate::template State<kHeadDim, kGroup> state;
   gate.template start<kHeadDim, kGroup, kHeads>(state, first_head);
   float o[kGroup][8] = {};
   unsigned long long counts[2] = {0, 0};  // non-zero P entries, V rows loaded
 
   if (begin < end) {
-    gate.template start_warp<kHeadDim, kGroup>(state, scratch(warp), cache, p.kv.key_cache, q, begin, end);
+    const auto* key_bytes = reinterpret_cast<const unsigned char*>(p.kv.key_cache);
+    const auto* value_bytes = reinterpret_cast<const unsigned char*>(p.kv.value_cache);
+    gate.template start_warp<kHeadDim, kGroup, Kv>(state, scratch(warp), cache, key_bytes, q, begin, end);
     // The tile's stage, first key and barrier are set in the loop.
-    StagedTile<kHeadDim, kGroup> staged{nullptr, row_stride, begin, end, writes_newest, kv_len - 1,
-                                        newest_k, newest_v, nullptr};
+    StagedTile<kHeadDim, kGroup, Kv> staged{nullptr, row_stride, begin, end, writes_newest, kv_len - 1,
+                                            newest_k, newest_v, nullptr};
     for (int t = 0; begin + t * L::kTile < end; ++t) {
       const int s = t % Ring::kStages, first_key = begin + t * L::kTile;
       full[s].wait((t / Ring::kStages) & 1);
-      staged.head_rows = smem + s * stage_bytes + warp * kHeadDim * 2;
+      staged.head_rows = smem + s * stage_bytes + warp * L::kRowBytes;
       staged.first_key = first_key;
       staged.empty = &empty[s];
-      gate.template tile<kHeadDim, kGroup>(state, scratch(warp), q, staged, o, cache, p.kv.value_cache, counts);
+      gate.template tile<kHeadDim, kGroup, Kv>(state, scratch(warp), q, staged, o, cache, value_bytes, counts);
     }
-    gate.template finish<kHeadDim, kGroup>(state, scratch(warp), o);
+    gate.template finish<kHeadDim, kGroup, Kv>(state, scratch(warp), o);
   }
   // Softmax counts every key once per computed head: the padding heads' share is not P.
   if constexpr (kSoftmax && kHeads < kGroup) counts[0] = counts[0] / kGroup * kHeads;
@@ -194,7 +200,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
       float out[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        out[e] = o[h][e];
+        out[e] = o[h][e] * value_scale;
         if constexpr (kSoftmax) out[e] = state.sum[h] > 0.0f ? out[e] / state.sum[h] : 0.0f;
       }
       store_bf16x8(p.out + row * kHeadDim + slice * 8, from_float8(out));
@@ -202,7 +208,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
       const long long prow = (long long)split * p.num_seqs * p.num_q_heads + row;
       float* dst = a.partial_out + prow * kHeadDim + slice * 8;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) dst[e] = o[h][e];
+      for (int e = 0; e < 8; ++e) dst[e] = o[h][e] * value_scale;
       if constexpr (kSoftmax)
         if (slice == 0) {  // an empty split leaves max -FLT_MAX, sum 0: weight 0 in the combine
           a.partial_max[prow] = state.max[h];
@@ -218,46 +224,55 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   combine_splits<kHeadDim, kHeads, kSoftmax>(a, splits, first_row);
 }
 
-template <int kHeadDim, int kGroup, int kHeads, typename Gate>
+template <int kHeadDim, int kGroup, int kHeads, typename Kv, typename Gate>
 void launch_with(const Stage1Args& a, const Gate& gate, int splits, cudaStream_t stream) {
-  using Ring = StageRing<kHeadDim, kGroup, Gate>;
+  using Ring = StageRing<kHeadDim, kGroup, Kv, Gate>;
   static const bool big_shared_memory_allowed = [] {  // above 48 KB needs an opt-in, once
-    ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(decode_stage1<kHeadDim, kGroup, Gate, kHeads>,
+    ASYNCT_CUDA_CHECK(cudaFuncSetAttribute(decode_stage1<kHeadDim, kGroup, Gate, kHeads, Kv>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(Ring::bytes(kMaxHeadsPerCta))));
     return true;
   }();
   (void)big_shared_memory_allowed;
   dim3 grid(a.p.kv.num_kv_heads / a.heads_per_cta, a.p.num_seqs, splits);
-  launch_dependent(decode_stage1<kHeadDim, kGroup, Gate, kHeads>, grid, (a.heads_per_cta + 1) * 32,
+  launch_dependent(decode_stage1<kHeadDim, kGroup, Gate, kHeads, Kv>, grid, (a.heads_per_cta + 1) * 32,
                    Ring::bytes(a.heads_per_cta), stream, "decode_stage1", a, gate);
 }
 
 // A group of query heads per KV head that is not a power of two runs padded to the next one
 // (decode_stage1): groups 3, 5, 6 and 7 compute as 4, 8, 8 and 8 heads, reading K and V once.
-template <int kHeadDim, typename Gate>
+template <int kHeadDim, typename Kv, typename Gate>
 void dispatch_group(int group, const Stage1Args& a, const Gate& gate, int splits,
                     cudaStream_t stream) {
   switch (group) {
-    case 1: return launch_with<kHeadDim, 1, 1>(a, gate, splits, stream);
-    case 2: return launch_with<kHeadDim, 2, 2>(a, gate, splits, stream);
-    case 3: return launch_with<kHeadDim, 4, 3>(a, gate, splits, stream);
-    case 4: return launch_with<kHeadDim, 4, 4>(a, gate, splits, stream);
-    case 5: return launch_with<kHeadDim, 8, 5>(a, gate, splits, stream);
-    case 6: return launch_with<kHeadDim, 8, 6>(a, gate, splits, stream);
-    case 7: return launch_with<kHeadDim, 8, 7>(a, gate, splits, stream);
-    case 8: return launch_with<kHeadDim, 8, 8>(a, gate, splits, stream);
+    case 1: return launch_with<kHeadDim, 1, 1, Kv>(a, gate, splits, stream);
+    case 2: return launch_with<kHeadDim, 2, 2, Kv>(a, gate, splits, stream);
+    case 3: return launch_with<kHeadDim, 4, 3, Kv>(a, gate, splits, stream);
+    case 4: return launch_with<kHeadDim, 4, 4, Kv>(a, gate, splits, stream);
+    case 5: return launch_with<kHeadDim, 8, 5, Kv>(a, gate, splits, stream);
+    case 6: return launch_with<kHeadDim, 8, 6, Kv>(a, gate, splits, stream);
+    case 7: return launch_with<kHeadDim, 8, 7, Kv>(a, gate, splits, stream);
+    case 8: return launch_with<kHeadDim, 8, 8, Kv>(a, gate, splits, stream);
   }
   check(false, "decode: ", group, " query heads per KV head; supported: 1 to 8");
 }
 
+// An e4m3 cache is read for head_dim 64 and 128 (the models' sizes; 256 would double the
+// kernels built for no model).
 template <typename Gate>
-void dispatch(int head_dim, int group, const Stage1Args& a, const Gate& gate, int splits,
+void dispatch(int head_dim, int group, KvElement element, const Stage1Args& a, const Gate& gate, int splits,
               cudaStream_t stream) {
+  if (element == KvElement::Fp8E4M3) {
+    switch (head_dim) {
+      case 64: return dispatch_group<64, KvFp8>(group, a, gate, splits, stream);
+      case 128: return dispatch_group<128, KvFp8>(group, a, gate, splits, stream);
+    }
+    check(false, "decode: head_dim ", head_dim, " with an FP8 cache not supported (64, 128)");
+  }
   switch (head_dim) {
-    case 64: return dispatch_group<64>(group, a, gate, splits, stream);
-    case 128: return dispatch_group<128>(group, a, gate, splits, stream);
-    case 256: return dispatch_group<256>(group, a, gate, splits, stream);
+    case 64: return dispatch_group<64, KvBf16>(group, a, gate, splits, stream);
+    case 128: return dispatch_group<128, KvBf16>(group, a, gate, splits, stream);
+    case 256: return dispatch_group<256, KvBf16>(group, a, gate, splits, stream);
   }
   check(false, "decode: head_dim ", head_dim, " not supported (64, 128, 256)");
 }
@@ -294,7 +309,7 @@ std::size_t decode_workspace_bytes(const DecodeParams& p, int num_splits) {
 }
 
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
-  validate_paged_kv(p.kv, "decode");
+  validate_paged_kv(p.kv, "decode", /*reads_fp8=*/true);
   validate_gate(p.gate, "decode");
   check((p.query || p.projection.enabled()) && p.out && p.kv_lens, "decode: null query (and no projection), out or kv_lens");
   check(p.num_seqs >= 1, "decode: no sequences");
@@ -347,9 +362,9 @@ void launch_decode(const DecodeParams& p, cudaStream_t stream) {
 
   const bool softmax = p.gate.kind == GateKind::Softmax;
   if (softmax)
-    dispatch(p.kv.head_dim, group, a, SoftmaxGate{{}, SoftmaxGate::params_of(p.gate)}, splits, stream);
+    dispatch(p.kv.head_dim, group, p.kv.element, a, SoftmaxGate{{}, SoftmaxGate::params_of(p.gate)}, splits, stream);
   else
-    dispatch(p.kv.head_dim, group, a, AsyncGate{{}, AsyncGate::params_of(p.gate)}, splits, stream);
+    dispatch(p.kv.head_dim, group, p.kv.element, a, AsyncGate{{}, AsyncGate::params_of(p.gate)}, splits, stream);
 }
 
 }  // namespace asynct::kernels

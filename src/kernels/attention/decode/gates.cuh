@@ -36,21 +36,21 @@ struct SoftmaxGate : SoftmaxGatePolicy, SoftmaxGateDeviceParams {
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) st.max[h] = -FLT_MAX, st.sum[h] = 0.0f;
   }
-  template <int kHeadDim, int kGroup, typename Smem>
-  __device__ void start_warp(State<kHeadDim, kGroup>&, Smem&, const SeqCache&, const bf16*, const float (&)[kGroup][8],
-                             int, int) const {}
+  template <int kHeadDim, int kGroup, typename Kv, typename Smem>
+  __device__ void start_warp(State<kHeadDim, kGroup>&, Smem&, const SeqCache&, const unsigned char*,
+                             const float (&)[kGroup][8], int, int) const {}
 
-  template <int kHeadDim, int kGroup, typename Smem>
+  template <int kHeadDim, int kGroup, typename Kv, typename Smem>
   __device__ void finish(State<kHeadDim, kGroup>&, Smem&, float (&)[kGroup][8]) const {}
 
   // The tile's scores (reduce-scattered: each is softcapped and exponentiated once, not in
   // every lane of its key), online softmax over them, then o += P V with the values staged with
   // the keys, each P shuffled from the lane that holds it.
-  template <int kHeadDim, int kGroup, typename Smem>
+  template <int kHeadDim, int kGroup, typename Kv, typename Smem>
   __device__ __forceinline__ void tile(State<kHeadDim, kGroup>& st, Smem&, const float (&q)[kGroup][8],
-                                       StagedTile<kHeadDim, kGroup> staged, float (&o)[kGroup][8], const SeqCache&,
-                                       const bf16*, unsigned long long (&counts)[2]) const {
-    using L = Layout<kHeadDim, kGroup>;
+                                       StagedTile<kHeadDim, kGroup, Kv> staged, float (&o)[kGroup][8], const SeqCache&,
+                                       const unsigned char*, unsigned long long (&counts)[2]) const {
+    using L = Layout<kHeadDim, kGroup, Kv>;
     constexpr int kUnroll = L::kUnroll;
     using S = Scatter<L::kLanesPerKey, kUnroll * kGroup>;
     const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
@@ -124,7 +124,8 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
   template <int kHeadDim, int kGroup>
   struct Scratch {
     using L = Layout<kHeadDim, kGroup>;
-    alignas(128) bf16 values[kValueSlots][L::kTile][kHeadDim];  // the listed V rows, in list order
+    // The listed V rows, in list order (an e4m3 row takes the first half of its room).
+    alignas(128) unsigned char values[kValueSlots][L::kTile][kHeadDim * 2];
     float weights[kValueSlots][L::kTile][kGroup];               // their P, per query head
     int listed[kValueSlots];
     SharedBarrier values_ready[kValueSlots];
@@ -184,10 +185,10 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
   // The halo: the scores of the W-1 keys before the warp's first key (zero left of key 0,
   // where the definition puts R = 0), recomputed rather than carried across splits.
   // And, for tensor-core scores, q as their B operand.
-  template <int kHeadDim, int kGroup, typename Smem>
-  __device__ void start_warp(State<kHeadDim, kGroup>& st, Smem& sm, const SeqCache& cache, const bf16* key_cache,
+  template <int kHeadDim, int kGroup, typename Kv, typename Smem>
+  __device__ void start_warp(State<kHeadDim, kGroup>& st, Smem& sm, const SeqCache& cache, const unsigned char* key_cache,
                              const float (&q)[kGroup][8], int begin, int) const {
-    using L = Layout<kHeadDim, kGroup>;
+    using L = Layout<kHeadDim, kGroup, Kv>;
     const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey;
     if constexpr (scores_on_tensor_cores<L>()) {
       if (lane / L::kLanesPerKey == 0)
@@ -209,7 +210,7 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
       const int i = base + lane / L::kLanesPerKey;
       const int pos = begin - halo + i;
       Bf16x8 k[1] = {};
-      if (i < halo) k[0] = load_stream(key_cache + cache.offset(pos) + slice * 8);
+      if (i < halo) k[0] = Kv::stream8(key_cache + (cache.offset(pos) + slice * 8) * Kv::kBytes);
       float s[kGroup];
       scattered_scores<L::kLanesPerKey, kGroup, 1>(q, k, s);
       if (i < halo) store_scores<L, 1>(sm, s, kMaxHalo - halo + base);
@@ -218,9 +219,9 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
   }
 
   // o += P V for listed tile `index`, once its V rows have landed.
-  template <int kHeadDim, int kGroup, typename Smem>
+  template <int kHeadDim, int kGroup, typename Kv, typename Smem>
   __device__ void accumulate(Smem& sm, int index, float (&o)[kGroup][8]) const {
-    using L = Layout<kHeadDim, kGroup>;
+    using L = Layout<kHeadDim, kGroup, Kv>;
     const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
     const int slot = index % kValueSlots;
     sm.values_ready[slot].wait((index / kValueSlots) & 1);
@@ -231,7 +232,7 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
       if (u * L::kKeysPerLoad >= listed) break;  // warp-uniform
       if (i < listed) {
         float vf[8];
-        to_float8(load_bf16x8(&sm.values[slot][i][slice * 8]), vf);
+        to_float8(Kv::load8(&sm.values[slot][i][slice * 8 * Kv::kBytes]), vf);
 #pragma unroll
         for (int h = 0; h < kGroup; ++h) {
           const float w = sm.weights[slot][i][h];
@@ -243,22 +244,22 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
   }
 
   // The tiles still waiting for their V rows.
-  template <int kHeadDim, int kGroup, typename Smem>
+  template <int kHeadDim, int kGroup, typename Kv, typename Smem>
   __device__ void finish(State<kHeadDim, kGroup>& st, Smem& sm, float (&o)[kGroup][8]) const {
     for (int index = max(0, st.tiles - kValueLead); index < st.tiles; ++index)
-      accumulate<kHeadDim, kGroup>(sm, index, o);
+      accumulate<kHeadDim, kGroup, Kv>(sm, index, o);
   }
 
   // This tile's scores (on tensor cores for 16-key tiles, else reduce-scattered over the lanes
   // of each key) after the carried halo, then its P from the pooled scores, the list of keys with
   // a non-zero P for some head (sparse-P) and the copies of only their V rows; then the P V of
   // the tile listed kValueLead tiles ago.
-  template <int kHeadDim, int kGroup, typename Smem>
+  template <int kHeadDim, int kGroup, typename Kv, typename Smem>
   __device__ __forceinline__ void tile(State<kHeadDim, kGroup>& st, Smem& sm, const float (&q)[kGroup][8],
-                                       StagedTile<kHeadDim, kGroup> staged, float (&o)[kGroup][8],
-                                       const SeqCache& cache, const bf16* value_cache,
+                                       StagedTile<kHeadDim, kGroup, Kv> staged, float (&o)[kGroup][8],
+                                       const SeqCache& cache, const unsigned char* value_cache,
                                        unsigned long long (&counts)[2]) const {
-    using L = Layout<kHeadDim, kGroup>;
+    using L = Layout<kHeadDim, kGroup, Kv>;
     if constexpr (scores_on_tensor_cores<L>()) {
       // S^T = K q^T: keys as the mma's 16 rows (ldmatrix lanes: key lane & 15, 8-value half
       // lane >> 4 of each 16-value step), query heads as its 8 columns. Keys past the end
@@ -289,7 +290,7 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
       fence_generic_to_async_global();
       __syncwarp();
     }
-    after_scores<kHeadDim, kGroup>(st, sm, o, cache, value_cache, staged.first_key, staged.end, counts);
+    after_scores<kHeadDim, kGroup, Kv>(st, sm, o, cache, value_cache, staged.first_key, staged.end, counts);
   }
 
   // The tensor-core scores of a 16-key tile into the warp's score rows: the m16n8
@@ -310,10 +311,11 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
   }
 
   // Steps 2-4 of a tile, once its scores are in the warp's score rows.
-  template <int kHeadDim, int kGroup, typename Smem>
+  template <int kHeadDim, int kGroup, typename Kv, typename Smem>
   __device__ void after_scores(State<kHeadDim, kGroup>& st, Smem& sm, float (&o)[kGroup][8], const SeqCache& cache,
-                               const bf16* value_cache, int first_key, int end, unsigned long long (&counts)[2]) const {
-    using L = Layout<kHeadDim, kGroup>;
+                               const unsigned char* value_cache, int first_key, int end,
+                               unsigned long long (&counts)[2]) const {
+    using L = Layout<kHeadDim, kGroup, Kv>;
     const int lane = threadIdx.x & 31;
     const int slot = st.tiles % kValueSlots;
     // 2. P of each (key, head) pair of the tile, computed once: lane i takes pairs i, i+32, ...,
@@ -340,12 +342,12 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
       for (int h = 0; h < kGroup; ++h) any |= sm.tile_p[lane][h] != 0.0f;
     const unsigned listed_keys = __ballot_sync(kFull, any);
     const int listed = __popc(listed_keys);
-    constexpr unsigned kRowBytes = kHeadDim * 2;
+    constexpr unsigned kRowBytes = L::kRowBytes;
     if (any) {
       const int i = __popc(listed_keys & ((1u << lane) - 1u));
 #pragma unroll
       for (int h = 0; h < kGroup; ++h) sm.weights[slot][i][h] = sm.tile_p[lane][h];
-      bulk_copy_to_shared(&sm.values[slot][i][0], value_cache + cache.offset(first_key + lane), kRowBytes,
+      bulk_copy_to_shared(&sm.values[slot][i][0], value_cache + cache.offset(first_key + lane) * Kv::kBytes, kRowBytes,
                           sm.values_ready[slot], l2_evict_first_policy());
     }
     __syncwarp();  // the copies are issued (or, emulated, done) before the arrival
@@ -371,7 +373,7 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
     __syncwarp();  // the weights and the list count are visible to every lane
     // 4. The P V of the tile listed kValueLead tiles ago.
     ++st.tiles;
-    if (st.tiles > kValueLead) accumulate<kHeadDim, kGroup>(sm, st.tiles - 1 - kValueLead, o);
+    if (st.tiles > kValueLead) accumulate<kHeadDim, kGroup, Kv>(sm, st.tiles - 1 - kValueLead, o);
   }
 };
 static_assert(GatePolicy<SoftmaxGate> && GatePolicy<AsyncGate>, "decode's gates keep the contract of gate_policy.cuh");

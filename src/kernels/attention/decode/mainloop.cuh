@@ -15,24 +15,14 @@
 
 namespace asynct::kernels::decode {
 
-__device__ __forceinline__ Bf16x8 load_stream(const bf16* p) {
-  // K and V are read once: keep them out of L1.
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  Bf16x8 out;
-  memcpy(&out, &v, 16);
-  return out;
-}
-
 // Where one sequence's keys live: the block table and the cache geometry of one KV head.
 struct SeqCache {
   const std::int32_t* table;
   int block_shift, block_mask, row_stride;  // row_stride = num_kv_heads * head_dim
   int kv_head_offset;                       // kv_head * head_dim
 
-  // Element offset of key/value `pos` (this KV head) in the cache.
+  // Element offset of key/value `pos` (this KV head) in the cache (times the element's bytes:
+  // its byte offset).
   __device__ __forceinline__ long long offset(int pos) const {
     const long long block = table[pos >> block_shift];
     return ((block << block_shift) + (pos & block_mask)) * row_stride + kv_head_offset;
@@ -43,9 +33,9 @@ struct SeqCache {
 // values staged with them), and the newest key when this warp wrote it (see project_new_token).
 // The stage's copy of that key may predate the write (the producer does not wait for it), so
 // every reader takes the row as written.
-template <int kHeadDim, int kGroup>
+template <int kHeadDim, int kGroup, typename Kv>
 struct StagedTile {
-  using L = Layout<kHeadDim, kGroup>;
+  using L = Layout<kHeadDim, kGroup, Kv>;
   unsigned char* head_rows;  // the head's row of the tile's first key
   int row_stride;            // bytes from one token's rows to the next
   int first_key, end;        // the tile's first key; the end of the split's keys
@@ -62,8 +52,9 @@ struct StagedTile {
   __device__ __forceinline__ void read(Bf16x8 (&k)[L::kUnroll]) const { read_rows<false>(k, nullptr); }
 
   // The newest key's row as written, in place of the stage's copy, for readers of the stage
-  // itself (ldmatrix). The async proxy refills the stage after this write.
+  // itself (ldmatrix: bf16 rows). The async proxy refills the stage after this write.
   __device__ void put_newest_key() const {
+    static_assert(Kv::kIsBf16, "tensor-core scores read bf16 stages");
     if (!holds_newest()) return;
     const int lane = threadIdx.x & 31;
     if (lane < L::kLanesPerKey)
@@ -82,14 +73,13 @@ struct StagedTile {
   template <bool kValues>
   __device__ __forceinline__ void read_rows(Bf16x8 (&k)[L::kUnroll], Bf16x8 (*v)[L::kUnroll]) const {
     const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey, key_lane = lane / L::kLanesPerKey;
-    const unsigned char* rows = head_rows + slice * 16;
+    const unsigned char* rows = head_rows + slice * 8 * Kv::kBytes;
 #pragma unroll
     for (int u = 0; u < L::kUnroll; ++u) {
       const int row = u * L::kKeysPerLoad + key_lane;
       const bool valid = first_key + row < end;
-      k[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + row * row_stride) : Bf16x8{};
-      if constexpr (kValues)
-        (*v)[u] = valid ? *reinterpret_cast<const Bf16x8*>(rows + (L::kTile + row) * row_stride) : Bf16x8{};
+      k[u] = valid ? Kv::load8(rows + row * row_stride) : Bf16x8{};
+      if constexpr (kValues) (*v)[u] = valid ? Kv::load8(rows + (L::kTile + row) * row_stride) : Bf16x8{};
       if (wrote_newest && first_key + row == newest_key) {
         k[u] = newest_k;
         if constexpr (kValues) (*v)[u] = newest_v;
@@ -159,16 +149,18 @@ __device__ __forceinline__ void scattered_scores(const float (&q)[kGroup][8], co
 // same tile of values) for all the CTA's heads, [kTile tokens][heads][head_dim] each, as it
 // lies in the cache. Dynamic shared memory: the stages, then each consumer warp's gate scratch,
 // within kStageBudgetPerHead per head.
-template <int kHeadDim, int kGroup, typename Gate>
+template <int kHeadDim, int kGroup, typename Kv, typename Gate>
 struct StageRing {
-  using L = Layout<kHeadDim, kGroup>;
+  using L = Layout<kHeadDim, kGroup, Kv>;
   using Scratch = typename Gate::template Scratch<kHeadDim, kGroup>;
   static constexpr int kParts = Gate::kLoadValuesWithKeys ? 2 : 1;  // keys, and values
-  static constexpr int kBytesPerHead = kParts * L::kTile * kHeadDim * 2;
+  static constexpr int kBytesPerHead = kParts * L::kTile * L::kRowBytes;
   // (An empty scratch takes no room.)
   static constexpr int kScratchBytes = std::is_empty_v<Scratch> ? 0 : (sizeof(Scratch) + 127) / 128 * 128;
+  // An e4m3 stage holds half a bf16 one's bytes: up to twice as many stages keep the same bytes
+  // in flight.
   static constexpr int kStages =
-      std::clamp((kStageBudgetPerHead - kScratchBytes) / kBytesPerHead, 2, Gate::kMaxStages);
+      std::clamp((kStageBudgetPerHead - kScratchBytes) / kBytesPerHead, 2, Gate::kMaxStages * 2 / Kv::kBytes);
   // The async gate's 16-key tiles are scored on tensor cores, read from the stage with
   // ldmatrix: a token's row is padded by 16 bytes so that 8 consecutive keys of a head fall in 8
   // distinct bank groups (unpadded, rows 2 KB apart would conflict 8 ways).
@@ -184,7 +176,7 @@ struct StageRing {
 // newest key is written by it, or, with the projection, by this kernel, whose consumers then do
 // not use the copy), so the tiles that end before it are requested before the wait for that
 // kernel: their loads overlap its tail and this kernel's start.
-template <int kTile, int kStages, int kParts>
+template <int kTile, int kStages, int kParts, int kBytes>
 __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsigned char* stages, int stage_bytes,
                               int row_bytes, int row_stride, SharedBarrier* full, SharedBarrier* empty, int begin, int end,
                               int written_from) {
@@ -207,12 +199,13 @@ __device__ void produce_tiles(const Stage1Args& a, const SeqCache& cache, unsign
     }
     if (t >= kStages) empty[s].wait((t / kStages - 1) & 1);
     for (int i = lane * rows_per_copy; i < n; i += 32 * rows_per_copy) {
-      const long long offset = cache.offset(first + i);
+      const long long offset = cache.offset(first + i) * kBytes;
       const unsigned bytes = unsigned(min(rows_per_copy, n - i) * row_bytes);
       unsigned char* dst = stages + s * stage_bytes + i * row_stride;
-      bulk_copy_to_shared(dst, kv.key_cache + offset, bytes, full[s], read_once);
+      bulk_copy_to_shared(dst, reinterpret_cast<const unsigned char*>(kv.key_cache) + offset, bytes, full[s], read_once);
       if constexpr (kParts == 2)
-        bulk_copy_to_shared(dst + kTile * row_stride, kv.value_cache + offset, bytes, full[s], read_once);
+        bulk_copy_to_shared(dst + kTile * row_stride, reinterpret_cast<const unsigned char*>(kv.value_cache) + offset, bytes,
+                            full[s], read_once);
     }
     __syncwarp();  // the copies are issued (or, emulated, done) before the arrival
     if (lane == 0) full[s].arrive_expecting(unsigned(kParts * n * row_bytes));

@@ -1,0 +1,61 @@
+// Device conversions of the FP8 KV cache's e4m3 bytes (OCP e4m3fn, core/fp8.h is the CPU's):
+// 8 values to bf16 exactly (every e4m3 value is a bf16 value), and 8 floats to e4m3 at a scale,
+// rounded to nearest even and saturated to +-448 as the CPU side rounds them.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/common/bf16.cuh"
+
+namespace asynct::kernels {
+
+// Two e4m3 values, placed in the high bytes of a word's two halves, as a bf16 pair: each byte's
+// sign and exponent-mantissa bits moved to a bf16's places make the value times 2^-120 (bf16's
+// exponent bias is 120 more than e4m3's; subnormals map to subnormals), then a multiply by 2^120
+// (exact) on the half-precision pipe; the integer pipe does the rest, not the conversion
+// instructions' quarter-rate pipe [F32]. NaN (0x7f, 0xff) stays NaN.
+__device__ __forceinline__ __nv_bfloat162 e4m3_pair_to_bf16x2(unsigned high_bytes) {
+  constexpr unsigned kSign = 0x80008000u, kMagnitude = 0x7f007f00u;
+  const unsigned magnitude = high_bytes & kMagnitude;
+  const unsigned bits = (high_bytes & kSign) | (magnitude >> 4);
+  __nv_bfloat162 v;
+  memcpy(&v, &bits, 4);
+  v = __hmul2(v, __float2bfloat162_rn(0x1p120f));
+  unsigned out;
+  memcpy(&out, &v, 4);
+  out |= __vcmpeq2(magnitude, kMagnitude) & 0x7fc07fc0u;  // e4m3's NaN as bf16's
+  memcpy(&v, &out, 4);
+  return v;
+}
+
+// 8 e4m3 values (bytes 0..7 of raw, in order) as bf16, in order.
+__device__ __forceinline__ Bf16x8 e4m3x8_to_bf16x8(uint2 raw) {
+  Bf16x8 out;
+  out.pair[0] = e4m3_pair_to_bf16x2(__byte_perm(raw.x, 0u, 0x1404));  // bytes 0, 1 to the halves' high bytes
+  out.pair[1] = e4m3_pair_to_bf16x2(__byte_perm(raw.x, 0u, 0x3424));  // bytes 2, 3
+  out.pair[2] = e4m3_pair_to_bf16x2(__byte_perm(raw.y, 0u, 0x1404));
+  out.pair[3] = e4m3_pair_to_bf16x2(__byte_perm(raw.y, 0u, 0x3424));
+  return out;
+}
+
+// 8 floats divided by `scale`, as e4m3 bytes 0..7 in order (round to nearest even, saturating).
+__device__ __forceinline__ uint2 float8_to_e4m3x8(const float in[8], float scale) {
+  unsigned word[2];
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    unsigned packed = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float2 pair = make_float2(in[4 * w + 2 * i] / scale, in[4 * w + 2 * i + 1] / scale);
+      const unsigned two = __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);  // low byte: pair.x
+      packed |= (two & 0xffffu) << (16 * i);
+    }
+    word[w] = packed;
+  }
+  return make_uint2(word[0], word[1]);
+}
+
+}  // namespace asynct::kernels

@@ -5,8 +5,7 @@
 #include <cstdint>
 
 #include "kernels/attention/decode/decode.h"
-#include "kernels/common/bf16.cuh"
-#include "kernels/common/fp8.cuh"
+#include "kernels/attention/kv_element.cuh"
 #include "kernels/norms/head_norm_rope.cuh"  // RopeTurns
 
 namespace asynct::kernels::decode {
@@ -19,48 +18,6 @@ constexpr int kStageBudgetPerHead = 24 * 1024;
 constexpr int kMaxHalo = 7;  // pool window <= 8
 constexpr int kMaxSplits = 256;
 constexpr unsigned kFull = 0xffffffffu;
-
-// The cache's element type as the kernel reads and writes it: bytes a value; a lane's 8 values of
-// a row as stored (Raw), encoded from floats and decoded to bf16 (exactly: every e4m3 value is a
-// bf16 value); loaded from shared memory, or streamed from global memory past L1. The e4m3 cache
-// holds value / scale: the kernel folds the key scale into q and the value scale into its output.
-struct KvBf16 {
-  static constexpr int kBytes = 2;
-  static constexpr bool kIsBf16 = true;
-  using Raw = uint4;
-  __device__ static Raw encode8(const float in[8], float /*scale*/) {
-    const Bf16x8 v = from_float8(in);
-    Raw raw;
-    memcpy(&raw, &v, 16);
-    return raw;
-  }
-  __device__ static Bf16x8 decode8(Raw raw) {
-    Bf16x8 v;
-    memcpy(&v, &raw, 16);
-    return v;
-  }
-  __device__ static Bf16x8 load8(const unsigned char* p) { return *reinterpret_cast<const Bf16x8*>(p); }
-  __device__ static Bf16x8 stream8(const unsigned char* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return decode8(v);
-  }
-};
-struct KvFp8 {
-  static constexpr int kBytes = 1;
-  static constexpr bool kIsBf16 = false;
-  using Raw = uint2;
-  __device__ static Raw encode8(const float in[8], float scale) { return float8_to_e4m3x8(in, scale); }
-  __device__ static Bf16x8 decode8(Raw raw) { return e4m3x8_to_bf16x8(raw); }
-  __device__ static Bf16x8 load8(const unsigned char* p) { return decode8(*reinterpret_cast<const uint2*>(p)); }
-  __device__ static Bf16x8 stream8(const unsigned char* p) {
-    uint2 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return decode8(v);
-  }
-};
 
 template <int kHeadDim, int kGroup, typename Kv = KvBf16>
 struct Layout {

@@ -1,0 +1,54 @@
+// The paged cache's element type as the device reads and writes it (KvElement, attention_args.h):
+// the one load/store pair the cache's readers and writers share. A lane handles 8 consecutive
+// values of a row: Raw is how they are stored; encode8 makes it from floats (the e4m3 cache holds
+// value / scale), decode8 turns it into bf16 exactly (every e4m3 value is a bf16 value); load8
+// reads it from shared memory, stream8 from global memory past L1. Readers fold the scales into
+// their arithmetic (decode: the key scale into q, the value scale into the output).
+#pragma once
+
+#include <cstring>
+
+#include "kernels/common/bf16.cuh"
+#include "kernels/common/fp8.cuh"
+
+namespace asynct::kernels {
+
+struct KvBf16 {
+  static constexpr int kBytes = 2;
+  static constexpr bool kIsBf16 = true;
+  using Raw = uint4;
+  __device__ static Raw encode8(const float in[8], float /*scale*/) {
+    const Bf16x8 v = from_float8(in);
+    Raw raw;
+    memcpy(&raw, &v, 16);
+    return raw;
+  }
+  __device__ static Bf16x8 decode8(Raw raw) {
+    Bf16x8 v;
+    memcpy(&v, &raw, 16);
+    return v;
+  }
+  __device__ static Bf16x8 load8(const unsigned char* p) { return *reinterpret_cast<const Bf16x8*>(p); }
+  __device__ static Bf16x8 stream8(const unsigned char* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return decode8(v);
+  }
+};
+struct KvFp8 {
+  static constexpr int kBytes = 1;
+  static constexpr bool kIsBf16 = false;
+  using Raw = uint2;
+  __device__ static Raw encode8(const float in[8], float scale) { return float8_to_e4m3x8(in, scale); }
+  __device__ static Bf16x8 decode8(Raw raw) { return e4m3x8_to_bf16x8(raw); }
+  __device__ static Bf16x8 load8(const unsigned char* p) { return decode8(*reinterpret_cast<const uint2*>(p)); }
+  __device__ static Bf16x8 stream8(const unsigned char* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return decode8(v);
+  }
+};
+
+}  // namespace asynct::kernels

@@ -1,6 +1,9 @@
 """Decode attention: asynct (async and softmax gates) against PyTorch SDPA (cuDNN and flash
 backends, contiguous KV) and the copy ceiling. Hq=16, Hkv=8, D=128, bf16, standard-normal
 Q/K/V, alpha=sigma=gamma=1, W=3. Effective bandwidth = dense K+V bytes / time.
+Beside it, the same kernel over the same K/V as an FP8 (e4m3) cache: per KV head, scale = the
+head's largest |value| / 448, the cache holding value / scale; its rate is taken in its own
+bytes (half of bf16's), its output compared with the bf16 cache's.
 
 Usage: python3 bench/bench_decode.py --lib BUILD_DIR --out OUT_DIR [--block-size 16]
 """
@@ -66,6 +69,20 @@ def main():
         nonzero = counters[0].item() / (seqs * HQ * ctx)
         v_rows = counters[1].item() / (seqs * HKV * ctx)
 
+        # The FP8 cache: e4m3 of value / scale, one scale per KV head for keys and for values.
+        fp8 = {}
+        for name, cache in (("key", key_cache), ("value", value_cache)):
+            scales = (cache.float().abs().amax(dim=(0, 1, 3)) / 448.0).clamp_min(1e-12)
+            fp8[name] = ((cache.float() / scales.view(1, 1, HKV, 1)).to(torch.float8_e4m3fn), scales.contiguous())
+        fp8_times, fp8_errs = {}, {}
+        for name, gate in gates.items():
+            fn8 = lambda check=False: asynct.decode(q, fp8["key"][0], fp8["value"][0], table, kv_lens, gate,
+                                                    max_kv_len=ctx, check=check, key_scales=fp8["key"][1],
+                                                    value_scales=fp8["value"][1])
+            fp8_errs[name] = rel_err(fn8(check=True), outs[name])
+            fp8_times[name] = median_ms(fn8)
+        del fp8
+
         # The same K/V, contiguous, for SDPA: [B, Hkv, L, D].
         k = key_cache[table.long()].reshape(seqs, blocks_per_seq * bs, HKV, D)[:, :ctx].transpose(1, 2).contiguous()
         v = value_cache[table.long()].reshape(seqs, blocks_per_seq * bs, HKV, D)[:, :ctx].transpose(1, 2).contiguous()
@@ -89,6 +106,12 @@ def main():
             "softmax_vs_best_sdpa": best_sdpa / times["softmax"],
             "p_nonzero_fraction": nonzero, "v_rows_loaded_fraction": v_rows,
             "softmax_rel_err_vs_sdpa": err,
+            "fp8_async_ms": fp8_times["async"], "fp8_softmax_ms": fp8_times["softmax"],
+            "fp8_softmax_of_ceiling": kv_bytes / 2 / (fp8_times["softmax"] * 1e-3) / 1e9 / (copy_tb_s * 1e3),
+            "fp8_async_of_ceiling": kv_bytes / 2 / (fp8_times["async"] * 1e-3) / 1e9 / (copy_tb_s * 1e3),
+            "fp8_over_bf16_softmax": fp8_times["softmax"] / times["softmax"],
+            "fp8_over_bf16_async": fp8_times["async"] / times["async"],
+            "fp8_rel_err_vs_bf16_cache": max(fp8_errs.values()),
         })
     write_json(args.out, f"decode_bs{args.block_size}.json", {"copy_tb_per_s": copy_tb_s, "rows": rows})
 
@@ -102,6 +125,13 @@ def main():
               f"{fmt(r['cudnn_ms'])} {fmt(r['flash_ms'])} {r['softmax_of_ceiling']:9.2f} "
               f"{r['async_speedup_over_softmax']:10.2f} {r['softmax_vs_best_sdpa']:12.2f} "
               f"{r['p_nonzero_fraction']:5.2f} {r['v_rows_loaded_fraction']:5.2f} {r['softmax_rel_err_vs_sdpa']:8.1e}")
+    print(f"\nthe same over an FP8 (e4m3) cache; 'of ceil' in its own bytes (half of bf16's)")
+    print(f"{'seqs x ctx':>12} {'async ms':>9} {'soft ms':>8} {'async/ceil':>10} {'soft/ceil':>9} "
+          f"{'async/bf16':>10} {'soft/bf16':>9} {'err':>8}")
+    for r in rows:
+        print(f"{r['seqs']:>4} x {r['ctx']:<6} {r['fp8_async_ms']:9.3f} {r['fp8_softmax_ms']:8.3f} "
+              f"{r['fp8_async_of_ceiling']:10.2f} {r['fp8_softmax_of_ceiling']:9.2f} {r['fp8_over_bf16_async']:10.2f} "
+              f"{r['fp8_over_bf16_softmax']:9.2f} {r['fp8_rel_err_vs_bf16_cache']:8.1e}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ class _PagedKv(ctypes.Structure):
     _fields_ = [("key_cache", ctypes.c_void_p), ("value_cache", ctypes.c_void_p),
                 ("block_table", ctypes.c_void_p), ("max_blocks_per_seq", ctypes.c_int),
                 ("num_blocks", ctypes.c_int), ("block_size", ctypes.c_int),
-                ("num_kv_heads", ctypes.c_int), ("head_dim", ctypes.c_int)]
+                ("num_kv_heads", ctypes.c_int), ("head_dim", ctypes.c_int), ("element", ctypes.c_int),
+                ("key_scales", ctypes.c_void_p), ("value_scales", ctypes.c_void_p)]
 
 
 class _Gate(ctypes.Structure):
@@ -96,15 +97,26 @@ class Gate:
                      _ptr(self.sigma).value, _ptr(self.gamma).value, self.softcap)
 
 
-def _paged(key_cache, value_cache, block_table):
-    _expect(key_cache, torch.bfloat16, 4, "key_cache")
-    _expect(value_cache, torch.bfloat16, 4, "value_cache")
+def _paged(key_cache, value_cache, block_table, key_scales=None, value_scales=None):
+    """The paged cache for the C ABI: bf16, or e4m3 (torch.float8_e4m3fn, holding value / scale)
+    with float32 scales [num_kv_heads] for keys and values."""
+    fp8 = getattr(key_cache, "dtype", None) == torch.float8_e4m3fn
+    _expect(key_cache, torch.float8_e4m3fn if fp8 else torch.bfloat16, 4, "key_cache")
+    _expect(value_cache, key_cache.dtype, 4, "value_cache")
     _expect(block_table, torch.int32, 2, "block_table")
     if key_cache.shape != value_cache.shape:
         raise KernelError("key_cache and value_cache differ in shape")
     nb, bs, hkv, d = key_cache.shape
+    if fp8:
+        for name, scales in (("key_scales", key_scales), ("value_scales", value_scales)):
+            if scales is None:
+                raise KernelError(f"an e4m3 cache needs {name}")
+            _expect(scales, torch.float32, 1, name)
+            if scales.shape[0] != hkv:
+                raise KernelError(f"{name} has {scales.shape[0]} entries for {hkv} KV heads")
     return _PagedKv(key_cache.data_ptr(), value_cache.data_ptr(), block_table.data_ptr(),
-                    block_table.shape[1], nb, bs, hkv, d)
+                    block_table.shape[1], nb, bs, hkv, d, 1 if fp8 else 0,
+                    key_scales.data_ptr() if fp8 else None, value_scales.data_ptr() if fp8 else None)
 
 
 def decode_num_splits(num_seqs, num_kv_heads, max_kv_len):
@@ -125,17 +137,18 @@ def _check_batch(kv, kv_lens, max_kv_len, cu_seqlens_q=None, total_q=0, max_q_le
 
 
 def decode(query, key_cache, value_cache, block_table, kv_lens, gate, max_kv_len=None, scale=0.0,
-           num_splits=0, out=None, counters=None, workspace=None, check=True):
+           num_splits=0, out=None, counters=None, workspace=None, check=True, key_scales=None, value_scales=None):
     """Decode attention: query [seqs, Hq, D] against the paged cache; returns out [seqs, Hq, D].
 
     kv_lens: int32 [seqs]. counters: optional int64 [2] CUDA tensor, added to: non-zero P
     entries, V rows loaded. check: first copy kv_lens and the block table to the host and check
-    them against the cache (a synchronisation; benchmarks turn it off).
+    them against the cache (a synchronisation; benchmarks turn it off). An e4m3 cache
+    (torch.float8_e4m3fn, value / scale) takes key_scales and value_scales, float32 [Hkv].
     """
     _expect(query, torch.bfloat16, 3, "query")
     _expect(kv_lens, torch.int32, 1, "kv_lens")
     seqs, hq, d = query.shape
-    kv = _paged(key_cache, value_cache, block_table)
+    kv = _paged(key_cache, value_cache, block_table, key_scales, value_scales)
     _expect_rows(block_table, kv_lens, seqs)
     if max_kv_len is None:
         max_kv_len = int(kv_lens.max())

@@ -46,6 +46,10 @@ asynct::kernels::PagedKv to_kernel(const asynct_paged_kv& kv) {
   k.block_size = kv.block_size;
   k.num_kv_heads = kv.num_kv_heads;
   k.head_dim = kv.head_dim;
+  asynct::check(kv.element == 0 || kv.element == 1, "KV cache element must be 0 (bf16) or 1 (e4m3), got ", kv.element);
+  k.element = kv.element == 0 ? asynct::kernels::KvElement::Bf16 : asynct::kernels::KvElement::Fp8E4M3;
+  k.key_scales = kv.key_scales;
+  k.value_scales = kv.value_scales;
   return k;
 }
 

@@ -14,12 +14,16 @@ extern "C" {
 
 const char* asynct_last_error(void);
 
-/* The paged KV cache and the gate, as in src/kernels/attention/attention_args.h. */
+/* The paged KV cache and the gate, as in src/kernels/attention/attention_args.h. element: 0 bf16,
+ * 1 e4m3 (FP8, value / scale; key_scales and value_scales: device float32 [num_kv_heads]; read
+ * by asynct_decode only so far). */
 typedef struct {
   void* key_cache;
   void* value_cache;
   const int32_t* block_table;
   int max_blocks_per_seq, num_blocks, block_size, num_kv_heads, head_dim;
+  int element;
+  const float *key_scales, *value_scales;
 } asynct_paged_kv;
 
 typedef struct {

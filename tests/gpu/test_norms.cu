@@ -15,6 +15,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/fp8.h"
 #include "gpu/device_buffer.h"
 #include "kernels/norms/norms.h"
 #include "reference/norms.h"
@@ -327,7 +328,12 @@ struct QkCase {
   int num_blocks = 4, block_size = 16;
   int first_token = 0;  // tokens before it are left alone
   bool qk_norm = true;  // false: RoPE alone (Llama), the weights not given
+  bool fp8_cache = false;  // an e4m3 cache at per-KV-head scales (kFp8KeyScales, kFp8ValueScales)
 };
+
+// An e4m3 cache's scales, one per KV head (two heads; distinct, so a head's bytes read at another
+// head's scale show): k's largest values saturate at the first, v's fit.
+const std::vector<float> kFp8KeyScales = {0.02f, 0.05f}, kFp8ValueScales = {0.01f, 0.03f};
 
 // Flat float copies (element access through Tensor::at is slow on large tensors).
 struct QkResult {
@@ -394,6 +400,14 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, boo
   DeviceBuffer dpos = DeviceBuffer::upload(Tensor::from_vector(c.positions, {T}), DType::I64);
   DeviceBuffer dslots = DeviceBuffer::upload(Tensor::from_vector(c.slots, {T}), DType::I64);
   DeviceBuffer dkc = poisoned(ref_key_cache.shape()), dvc = poisoned(ref_key_cache.shape());
+  if (c.fp8_cache) {  // 0xFF, e4m3's NaN, until written
+    dkc = DeviceBuffer(DType::U8, ref_key_cache.shape());
+    dvc = DeviceBuffer(DType::U8, ref_key_cache.shape());
+    dkc.poison();
+    dvc.poison();
+  }
+  DeviceBuffer dks = DeviceBuffer::upload(Tensor::from_vector(kFp8KeyScales, {2}), DType::F32);
+  DeviceBuffer dvs = DeviceBuffer::upload(Tensor::from_vector(kFp8ValueScales, {2}), DType::F32);
 
   kernels::QkNormRopeArgs args;
   args.q = dq.as<bf16>();
@@ -410,6 +424,11 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, boo
   args.slot_mapping = dslots.as<std::int64_t>();
   args.key_cache = with_cache ? dkc.as<bf16>() : nullptr;
   args.value_cache = with_cache ? dvc.as<bf16>() : nullptr;
+  if (c.fp8_cache) {
+    args.kv_element = kernels::KvElement::Fp8E4M3;
+    args.key_scales = dks.as<float>();
+    args.value_scales = dvs.as<float>();
+  }
   args.tokens = T;
   args.first_token = c.first_token;
   args.num_q_heads = Hq;
@@ -420,8 +439,17 @@ QkResult run_qk(const QkCase& c, std::uint64_t seed, bool with_cache = true, boo
   kernels::launch_qk_norm_rope_cache_write(args, nullptr);
   testing::check_launch("launch_qk_norm_rope_cache_write");
 
+  // An e4m3 cache read back as what its bytes hold, times the KV head's scale.
+  const auto cache_values = [&](const DeviceBuffer& cache, const std::vector<float>& scales) {
+    if (!c.fp8_cache) return cache.download_float().to_float_vector();
+    const Tensor bytes = cache.download();
+    std::vector<float> out(std::size_t(bytes.numel()));
+    for (std::size_t i = 0; i < out.size(); ++i)
+      out[i] = fp8_e4m3_to_float(bytes.data_as<std::uint8_t>()[i]) * scales[i / std::size_t(D) % scales.size()];
+    return out;
+  };
   return {dq.download_float().to_float_vector(), ref.q.to_float_vector(),
-          dkc.download_float().to_float_vector(), dvc.download_float().to_float_vector(),
+          cache_values(dkc, kFp8KeyScales), cache_values(dvc, kFp8ValueScales),
           ref.k.to_float_vector(), v.to_float_vector(), dk.download_float().to_float_vector(),
           fused ? dv.download_float().to_float_vector() : std::vector<float>{}};
 }
@@ -463,9 +491,16 @@ void check_qk(const QkCase& c, std::uint64_t seed, bool fused = false, int split
         continue;
       }
       k_out.push_back(kc);
-      k_ref.push_back(r.ref_k[std::size_t(t * row + i)]);
       v_out.push_back(vc);
-      v_ref.push_back(r.v[std::size_t(t * row + i)]);
+      const float k = r.ref_k[std::size_t(t * row + i)], v = r.v[std::size_t(t * row + i)];
+      if (c.fp8_cache) {  // as e4m3 stores them at the head's scales (k from its float value)
+        const std::size_t head = std::size_t(i / c.head_dim);
+        k_ref.push_back(fp8_e4m3_to_float(float_to_fp8_e4m3(k / kFp8KeyScales[head])) * kFp8KeyScales[head]);
+        v_ref.push_back(fp8_e4m3_to_float(float_to_fp8_e4m3(v / kFp8ValueScales[head])) * kFp8ValueScales[head]);
+      } else {
+        k_ref.push_back(k);
+        v_ref.push_back(v);
+      }
     }
   }
   EXPECT_EQ(untouched_written, 0) << "cache entries written outside the mapped slots";
@@ -484,7 +519,9 @@ void check_qk(const QkCase& c, std::uint64_t seed, bool fused = false, int split
   }
   EXPECT_TRUE(close_to(k_in_place, k_expected, kTolerance)) << "k rewritten in place";
   if (fused) EXPECT_TRUE(close_to(v_dense, v_expected, 0.0)) << "v copied out of the fused input";
-  EXPECT_TRUE(close_to(k_out, k_ref, kTolerance)) << "key_cache";
+  // An e4m3 key may round to the neighbouring value where the kernel's float32 k and the
+  // reference's differ in the last bits: 3e-2 (a value's step is up to 1/8 of it).
+  EXPECT_TRUE(close_to(k_out, k_ref, c.fp8_cache ? 3e-2 : kTolerance)) << "key_cache";
   EXPECT_TRUE(close_to(v_out, v_ref, 0.0)) << "value_cache";
 }
 
@@ -619,6 +656,23 @@ TEST(QkNormRopeKernel, MatchesReference) {
         if (tokens == 17) check_qk(make_qk_case(rng, tokens, head_dim, uclip), 11, /*fused=*/true);
         if (tokens == 17) check_qk(make_qk_case(rng, tokens, head_dim, uclip), 12, /*fused=*/true, /*splits=*/8);
       }
+}
+
+// An e4m3 cache: each written slot holds e4m3(k / key scale) and e4m3(v / value scale) of its KV
+// head (v exactly: the same division and rounding), the others stay poisoned.
+TEST(QkNormRopeKernel, Fp8CacheMatchesReference) {
+  testing::require_gpu();
+  Random rng(13);
+  for (int head_dim : {64, 128, 256})
+    for (bool fused : {false, true}) {
+      QkCase c = make_qk_case(rng, 17, head_dim, true);
+      c.fp8_cache = true;
+      check_qk(c, 14, fused);
+    }
+  QkCase c = make_qk_case(rng, 17, 128, true);
+  c.fp8_cache = true;
+  c.qk_norm = false;
+  check_qk(c, 15, /*fused=*/true, /*splits=*/8);
 }
 
 // Long positions: at position ~1e5 the highest frequencies turn by ~1e5 rad, where an fp32

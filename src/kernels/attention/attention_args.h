@@ -5,13 +5,10 @@
 #include <cstdint>
 
 #include "kernels/common/bf16.h"
+#include "kernels/common/kv_element.h"
 #include "core/gate.h"  // GateKind
 
 namespace asynct::kernels {
-
-// The cache's element type: bf16, or e4m3 (FP8) holding value / scale, one scale per KV head for
-// keys and one for values (models/kv_cache_format.h states the rule that picks them).
-enum class KvElement { Bf16, Fp8E4M3 };
 
 // The paged cache of docs/DESIGN.md §3: key_cache/value_cache [num_blocks, block_size, num_kv_heads,
 // head_dim]; token t of sequence s is in block block_table[s * max_blocks_per_seq + t /

@@ -1,4 +1,4 @@
-// The paged cache's element type as the device reads and writes it (KvElement, attention_args.h):
+// The paged cache's element type as the device reads and writes it (KvElement, common/kv_element.h):
 // the one load/store pair the cache's readers and writers share. A lane handles 8 consecutive
 // values of a row: Raw is how they are stored; encode8 makes it from floats (the e4m3 cache holds
 // value / scale), decode8 turns it into bf16 exactly (every e4m3 value is a bf16 value); load8

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kernels/common/bf16.h"
+#include "kernels/common/kv_element.h"
 #include "kernels/gemm/linear_output.h"
 
 namespace asynct::kernels {
@@ -69,7 +70,9 @@ void launch_post_attn_pre_mlp(const LinearOutput& attn_out, float* residual, con
 // write would be a wasted pass over the new K/V.
 // q: [tokens, num_q_heads, head_dim]; k, v: [tokens, num_kv_heads, head_dim];
 // slot_mapping[t] = block * block_size + offset (negative: skip the cache write);
-// key_cache/value_cache: [num_blocks, block_size, num_kv_heads, head_dim].
+// key_cache/value_cache: [num_blocks, block_size, num_kv_heads, head_dim]; bf16, or with
+// kv_element Fp8E4M3 e4m3 bytes (the pointers point at them) holding k / key_scales[h] and
+// v / value_scales[h] (device float32 [num_kv_heads]), k encoded from its float32 value.
 // Fused input: with qkv set, q, k and v are read from one buffer [tokens, (num_q_heads +
 // 2 num_kv_heads) * head_dim] (each token's q heads, then k, then v: what one GEMM over the
 // concatenated projections writes) and the results go to q, k and v_out, dense as above
@@ -90,6 +93,9 @@ struct QkNormRopeArgs {
   const std::int64_t* slot_mapping = nullptr;
   bf16* key_cache = nullptr;
   bf16* value_cache = nullptr;
+  KvElement kv_element = KvElement::Bf16;
+  const float* key_scales = nullptr;
+  const float* value_scales = nullptr;
   int tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   int first_token = 0;
   float rope_theta = 1e6f;

@@ -6,6 +6,7 @@
 
 #include "kernels/common/bf16.cuh"
 #include "kernels/common/cuda_check.h"
+#include "kernels/common/fp8.cuh"
 #include "kernels/common/dependent_launch.cuh"
 #include "kernels/norms/head_norm_rope.cuh"
 #include "kernels/norms/norms.h"
@@ -15,6 +16,15 @@ namespace asynct::kernels {
 namespace {
 
 using namespace norms;  // kWarp, kMaxThreads, round_up, check_pointers
+
+// A lane's 8 values in RoPE pairs (load_pairs) as e4m3 of x / scale: values 0-3 at the head's
+// byte 4j, 4-7 at byte HEAD_DIM / 2 + 4j.
+template <int HEAD_DIM>
+__device__ __forceinline__ void store_pairs_e4m3(unsigned char* head, int j, const float (&x)[8], float scale) {
+  const uint2 bytes = float8_to_e4m3x8(x, scale);
+  *reinterpret_cast<unsigned*>(head + 4 * j) = bytes.x;
+  *reinterpret_cast<unsigned*>(head + HEAD_DIM / 2 + 4 * j) = bytes.y;
+}
 
 struct QkParams {
   bf16* q;
@@ -28,6 +38,9 @@ struct QkParams {
   const std::int64_t* slot_mapping;
   bf16* key_cache;
   bf16* value_cache;
+  bool fp8_cache;  // e4m3 bytes at the scales below (norms.h)
+  const float* key_scales;
+  const float* value_scales;
   int num_q_heads, num_kv_heads;
   float eps, clip;
   RopeTurns turns;
@@ -137,6 +150,14 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p, i
     if (SPLIT || p.qkv.dense) store_pairs<HEAD_DIM>(p.v_out + dense, lane, value[t]);
     if (!write_cache) continue;
     const std::int64_t offset = (slot[t] * p.num_kv_heads + kv_head) * HEAD_DIM;
+    if (p.fp8_cache) {  // k from its float32 value; v as loaded (bf16)
+      float v[8];
+      to_float8(value[t], v);
+      store_pairs_e4m3<HEAD_DIM>(reinterpret_cast<unsigned char*>(p.key_cache) + offset, lane, x, p.key_scales[kv_head]);
+      store_pairs_e4m3<HEAD_DIM>(reinterpret_cast<unsigned char*>(p.value_cache) + offset, lane, v,
+                                 p.value_scales[kv_head]);
+      continue;
+    }
     store_pairs<HEAD_DIM>(p.key_cache + offset, lane, rotated);
     store_pairs<HEAD_DIM>(p.value_cache + offset, lane, value[t]);
   }
@@ -199,12 +220,15 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
   if (args.key_cache) {
     check_pointers(who, {{args.key_cache, "key_cache"}, {args.value_cache, "value_cache"}});
     check(args.slot_mapping != nullptr, who, ": slot_mapping is null");
+    if (args.kv_element == KvElement::Fp8E4M3)
+      check(args.key_scales && args.value_scales, who, ": an FP8 KV cache needs its key and value scales");
   }
 
   check(args.first_token >= 0 && args.first_token < args.tokens, who, ": first_token ", args.first_token,
         " outside 0..", args.tokens - 1);
   const QkParams p{args.q, args.k, args.v, args.qkv, args.v_out, args.q_weight, args.k_weight, args.positions,
-                   args.slot_mapping, args.key_cache, args.value_cache, args.num_q_heads, args.num_kv_heads,
+                   args.slot_mapping, args.key_cache, args.value_cache, args.kv_element == KvElement::Fp8E4M3,
+                   args.key_scales, args.value_scales, args.num_q_heads, args.num_kv_heads,
                    args.norm.eps, args.norm.clip, RopeTurns::of(args.head_dim, args.rope_theta), args.first_token};
   switch (args.head_dim) {
     case 64: return launch_qk<64>(p, args.qk_norm, split, args.tokens, stream);

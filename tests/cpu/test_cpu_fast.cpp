@@ -20,6 +20,7 @@
 #include "models/cpu_fast/attention.h"
 #include "models/cpu_fast/cpu_fast_runner.h"
 #include "models/cpu_fast/kernels.h"
+#include "models/cpu_fast/kv_cache.h"
 #include "models/cpu_fast/linear.h"
 #include "core/thread_pool.h"
 #include "models/step_budget.h"
@@ -497,6 +498,54 @@ TEST_P(CpuFastRunnerArch, Int8WeightsMatchTheReference) {
 TEST_P(CpuFastRunnerArch, Fp8CacheMatchesTheReference) {
   expect_fast_matches_the_reference(random_weights(tiny_config(GetParam()), 11), KvCacheDtype::Fp8E4M3);
   expect_fast_matches_the_reference(quantize_fp8(random_weights(tiny_config(GetParam()), 11), 1, 128), KvCacheDtype::Fp8E4M3);
+}
+
+// The cache type: a block's bytes as kv_cache_format.h counts them; rows written and read back
+// as the type stores them; block copies of every layer, checked before any is made.
+TEST(CpuFastKvCache, WritesCopiesAndCountsItsBlocks) {
+  const ModelConfig config = tiny_config(Architecture::Qwen3);
+  const int blocks = 4, block_size = 16, hkv = config.num_key_value_heads, d = config.head_dim;
+  const ModelWeights weights = random_weights(config, 3);
+  for (const KvCacheDtype dtype : {KvCacheDtype::BF16, KvCacheDtype::Fp8E4M3}) {
+    const KvCacheScales scales = kv_cache_scales(weights, dtype);
+    cpu_fast::KvCache cache(config, blocks, block_size, dtype, scales);
+    EXPECT_EQ(std::int64_t(cache.bytes_per_block()), kv_cache_bytes_per_token(config, dtype, "cpu") * block_size);
+    Random rng(4);
+    const Tensor key = rng.normal({hkv * d}), value = rng.normal({hkv * d});
+    const std::int64_t slot = 1 * block_size + 5;  // block 1
+    for (int layer = 0; layer < config.num_hidden_layers; ++layer)
+      cache.write(layer, slot, key.data_as<float>(), value.data_as<float>());
+    // The value at (layer, slot, head, i), as the attention's view reads it.
+    const auto read = [&](int layer, std::int64_t at, int head, int i, bool keys) {
+      const cpu_fast::PagedKv kv = cache.paged(layer);
+      const std::int64_t o = (at * hkv + head) * d + i;
+      if (dtype == KvCacheDtype::BF16) return bf16_to_float((keys ? kv.key : kv.value)[o]);
+      return fp8_e4m3_to_float((keys ? kv.key_fp8 : kv.value_fp8)[o]) * (keys ? kv.key_scales : kv.value_scales)[head];
+    };
+    for (int head = 0; head < hkv; ++head)
+      for (int i = 0; i < d; ++i) {
+        const float k = key.data_as<float>()[head * d + i], v = value.data_as<float>()[head * d + i];
+        const int last = config.num_hidden_layers - 1;
+        ASSERT_EQ(read(last, slot, head, i, true), round_to_kv_cache(k, dtype, scales.key_scale(last, head)));
+        ASSERT_EQ(read(last, slot, head, i, false), round_to_kv_cache(v, dtype, scales.value_scale(last, head)));
+      }
+    // Block 3 holds other rows; a list with a bad copy leaves it as it was.
+    const Tensor other = rng.normal({hkv * d});
+    for (int layer = 0; layer < config.num_hidden_layers; ++layer)
+      cache.write(layer, 3 * block_size + 5, other.data_as<float>(), other.data_as<float>());
+    const float before = read(0, 3 * block_size + 5, 0, 0, true);
+    testing::expect_error([&] { cache.copy_blocks({{1, 3}, {1, 4}}); }, "copy_blocks: block 1 to 4");
+    EXPECT_EQ(read(0, 3 * block_size + 5, 0, 0, true), before) << "no copy is made before the list is checked";
+    cache.copy_blocks({{1, 3}});
+    for (int layer = 0; layer < config.num_hidden_layers; ++layer)
+      for (int head = 0; head < hkv; ++head)
+        for (int i = 0; i < d; ++i) {
+          ASSERT_EQ(read(layer, 3 * block_size + 5, head, i, true), read(layer, slot, head, i, true));
+          ASSERT_EQ(read(layer, 3 * block_size + 5, head, i, false), read(layer, slot, head, i, false));
+        }
+  }
+  testing::expect_error([&] { cpu_fast::KvCache(config, blocks, block_size, KvCacheDtype::Float32, KvCacheScales{}); },
+                        "holds bf16 or fp8");
 }
 
 // A prefill chunk that samples nothing (chunked prefill) runs no LM head and returns no rows.

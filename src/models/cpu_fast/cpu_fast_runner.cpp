@@ -54,13 +54,11 @@ std::vector<float> floats(const Tensor& t) { return t.defined() && t.numel() > 0
 CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int block_size, KvCacheDtype kv_dtype,
                                        bool int8_weights)
     : num_blocks_(checked_num_blocks(num_blocks, block_size)), block_size_(block_size),
-      weights_(std::move(weights)), recipe_(recipe_of(weights_.config)) {
+      weights_(std::move(weights)), recipe_(recipe_of(weights_.config)),
+      // The cache's scales from the weights as given (before any is rounded to bf16 below), as
+      // the reference takes them.
+      kv_cache_(weights_.config, num_blocks_, block_size, kv_dtype, kv_cache_scales(weights_, kv_dtype)) {
   const ModelConfig& c = weights_.config;
-  // The cache's scales from the weights as given (before any is rounded to bf16 below), as the
-  // reference takes them.
-  const KvCacheScales kv_scales = kv_cache_scales(weights_, kv_dtype);
-  check(kv_dtype == KvCacheDtype::BF16 || kv_dtype == KvCacheDtype::Fp8E4M3, "CpuFastModelRunner: a ",
-        kv_cache_dtype_name(kv_dtype), " KV cache; the production CPU backend holds bf16 or fp8");
   norm_clip_ = recipe_.norm == NormKind::UClip ? recipe_.norm_clip : std::numeric_limits<float>::infinity();
   check(!int8_weights || !c.fp8_weights(), "--quantization int8 quantizes bf16 weights; these are FP8");
   const bool tied = weights_.lm_head.data() == weights_.embed_tokens.data();
@@ -69,8 +67,6 @@ CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int
   else bf16_data(weights_.lm_head, "lm_head");
   lm_head_.bf16 = reinterpret_cast<const std::uint16_t*>(weights_.lm_head.data());
   final_norm_ = floats(weights_.norm);
-  const std::size_t cache_values =
-      std::size_t(num_blocks) * std::size_t(block_size) * std::size_t(c.num_key_value_heads) * std::size_t(c.head_dim);
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     LayerWeights& w = weights_.layers[std::size_t(l)];
     Layer layer;
@@ -98,19 +94,6 @@ CpuFastModelRunner::CpuFastModelRunner(ModelWeights weights, int num_blocks, int
       layer.attention_gate.async.gamma = w.gate_gamma.to_float_vector();
     } else {
       layer.attention_gate = Gate::make_softmax();
-    }
-    // Not zeroed: a slot is read only after it is written, and untouched pages cost no memory
-    // (a server's cache is sized for its whole context; a short request touches a few blocks).
-    if (kv_dtype == KvCacheDtype::Fp8E4M3) {
-      layer.key_fp8 = std::make_unique_for_overwrite<std::uint8_t[]>(cache_values);
-      layer.value_fp8 = std::make_unique_for_overwrite<std::uint8_t[]>(cache_values);
-      for (int head = 0; head < c.num_key_value_heads; ++head) {
-        layer.key_scales.push_back(kv_scales.key_scale(l, head));
-        layer.value_scales.push_back(kv_scales.value_scale(l, head));
-      }
-    } else {
-      layer.key_cache = std::make_unique_for_overwrite<std::uint16_t[]>(cache_values);
-      layer.value_cache = std::make_unique_for_overwrite<std::uint16_t[]>(cache_values);
     }
     layers_.push_back(std::move(layer));
   }
@@ -151,7 +134,8 @@ void CpuFastModelRunner::for_rows(std::int64_t rows, const Fn& fn) {
   });
 }
 
-void CpuFastModelRunner::attention_block(Layer& layer, const StepBatch& batch) {
+void CpuFastModelRunner::attention_block(int index, const StepBatch& batch) {
+  const Layer& layer = layers_[std::size_t(index)];
   const ModelConfig& c = weights_.config;
   const std::int64_t t = batch.num_tokens(), h = c.hidden_size;
   const int hq = c.num_attention_heads, hkv = c.num_key_value_heads, d = c.head_dim, half = d / 2;
@@ -183,28 +167,13 @@ void CpuFastModelRunner::attention_block(Layer& layer, const StepBatch& batch) {
         }
       }
       const std::int64_t slot = batch.slot_mapping[std::size_t(i)];
-      if (slot < 0) continue;
-      const std::int64_t at = slot * hkv * d;
-      const float* key = row + std::int64_t(hq) * d;
-      const float* value = row + std::int64_t(hq + hkv) * d;
-      if (!layer.key_fp8) {
-        cpu_fast::float_to_bf16_row(key, layer.key_cache.get() + at, hkv * d);
-        cpu_fast::float_to_bf16_row(value, layer.value_cache.get() + at, hkv * d);
-        continue;
-      }
-      for (int head = 0; head < hkv; ++head) {
-        const std::int64_t o = std::int64_t(head) * d;
-        cpu_fast::float_to_fp8_row(key + o, layer.key_scales[std::size_t(head)], layer.key_fp8.get() + at + o, d);
-        cpu_fast::float_to_fp8_row(value + o, layer.value_scales[std::size_t(head)], layer.value_fp8.get() + at + o, d);
-      }
+      if (slot >= 0) kv_cache_.write(index, slot, row + std::int64_t(hq) * d, row + std::int64_t(hq + hkv) * d);
     }
   });
   q_.resize(std::size_t(t) * std::size_t(hq) * std::size_t(d));
   for (std::int64_t i = 0; i < t; ++i) std::memcpy(q_.data() + i * hq * d, qkv_.data() + i * width, sizeof(float) * std::size_t(hq * d));
   attn_.resize(q_.size());
-  const cpu_fast::PagedKv kv{layer.key_cache.get(), layer.value_cache.get(), layer.key_fp8.get(), layer.value_fp8.get(),
-                             layer.key_scales.data(), layer.value_scales.data(), block_size_, hkv, d};
-  cpu_fast::paged_attention(pool_, q_.data(), hq, batch, kv, layer.attention_gate, float(1.0 / std::sqrt(double(d))),
+  cpu_fast::paged_attention(pool_, q_.data(), hq, batch, kv_cache_.paged(index), layer.attention_gate, float(1.0 / std::sqrt(double(d))),
                             attn_.data());
   proj_.resize(std::size_t(t * h));
   cpu_fast::linear(pool_, attn_.data(), t, std::int64_t(hq) * d, hq * d, {{layer.o, int(h), 0}}, proj_.data(), h);
@@ -236,20 +205,7 @@ void CpuFastModelRunner::supply_masks(const StepBatch& batch) {
   steps_.supply_masks(batch, [&](const StepBatch& b, const std::vector<std::int32_t>& tokens) { return run(b, tokens); });
 }
 
-void CpuFastModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) {
-  const ModelConfig& c = weights_.config;
-  const std::size_t per_block = std::size_t(block_size_) * std::size_t(c.num_key_value_heads) * std::size_t(c.head_dim);
-  for (const BlockCopy& copy : copies) {
-    check(copy.from >= 0 && copy.from < num_blocks_ && copy.to >= 0 && copy.to < num_blocks_ && copy.from != copy.to,
-          "copy_blocks: block ", copy.from, " to ", copy.to, " (the cache has ", num_blocks_, ")");
-    for (Layer& layer : layers_) {
-      for (std::uint16_t* cache : {layer.key_cache.get(), layer.value_cache.get()})
-        if (cache) std::copy_n(cache + std::size_t(copy.from) * per_block, per_block, cache + std::size_t(copy.to) * per_block);
-      for (std::uint8_t* cache : {layer.key_fp8.get(), layer.value_fp8.get()})
-        if (cache) std::copy_n(cache + std::size_t(copy.from) * per_block, per_block, cache + std::size_t(copy.to) * per_block);
-    }
-  }
-}
+void CpuFastModelRunner::copy_blocks(const std::vector<BlockCopy>& copies) { kv_cache_.copy_blocks(copies); }
 
 CpuFastModelRunner::Result CpuFastModelRunner::run(const StepBatch& batch, const std::vector<std::int32_t>& tokens) {
   const ModelConfig& c = weights_.config;  // the batch is checked (submit)
@@ -291,9 +247,10 @@ CpuFastModelRunner::Result CpuFastModelRunner::run(const StepBatch& batch, const
       }
     });
   };
-  for (Layer& layer : layers_) {
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& layer = layers_[l];
     norm_rows(x_, layer.input_norm, x_norm_);
-    attention_block(layer, batch);
+    attention_block(int(l), batch);
     add_residual(layer.attn_output_norm);
     norm_rows(x_, layer.post_attention_norm, x_norm_);
     mlp_block(layer);

@@ -12,6 +12,7 @@
 #include "core/gate.h"
 #include "engine/model_runner.h"
 #include "models/architecture.h"
+#include "models/cpu_fast/kv_cache.h"
 #include "models/cpu_fast/linear.h"
 #include "core/thread_pool.h"
 #include "models/host_step_queue.h"
@@ -46,17 +47,13 @@ class CpuFastModelRunner : public ModelRunner {
     cpu_fast::Projection q, k, v, o, gate, up, down;
     std::vector<float> input_norm, post_attention_norm, q_norm, k_norm, attn_output_norm, mlp_output_norm;
     Gate attention_gate;
-    // [blocks, block_size, Hkv, D]: bf16, or e4m3 with the layer's scales [Hkv] (the other pair empty).
-    std::unique_ptr<std::uint16_t[]> key_cache, value_cache;
-    std::unique_ptr<std::uint8_t[]> key_fp8, value_fp8;
-    std::vector<float> key_scales, value_scales;
   };
   struct Result {
     std::vector<float> logits;  // [rows, vocab], which output points into
     StepOutput output;
   };
   Result run(const StepBatch& batch, const std::vector<std::int32_t>& tokens);
-  void attention_block(Layer& layer, const StepBatch& batch);  // x_norm_ -> attn_
+  void attention_block(int index, const StepBatch& batch);  // layer `index`: x_norm_ -> attn_
   void mlp_block(const Layer& layer);                           // x_norm_ -> mlp_
   void quantize_int8_weights();  // every projection and the LM head to int8 (int8_), on the pool
   // fn(first, last) over rows [0, rows), on the pool when there are enough rows to pay for it.
@@ -66,6 +63,7 @@ class CpuFastModelRunner : public ModelRunner {
   int num_blocks_, block_size_;
   ModelWeights weights_;  // keeps the mapped views the layers point into alive
   ArchitectureRecipe recipe_;
+  cpu_fast::KvCache kv_cache_;
   float norm_clip_;
   std::vector<Layer> layers_;
   std::vector<std::unique_ptr<cpu_fast::Int8Matrix>> int8_;  // int8 weights, which projections point into

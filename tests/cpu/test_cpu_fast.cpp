@@ -261,26 +261,33 @@ void check_paged_attention(int d, int hq, int hkv, const std::vector<int>& q_len
 // (the last read as two packs of 4, kernels.h: kMaxHeadPack), a head size with a tail (20), one
 // with a single 8-column group past the 32-column pieces (40) and one of whole pieces (64); and
 // one decode row of an odd number of keys, whose KV heads' query heads are split into smaller
-// packs to give each thread two tasks.
+// packs to give each thread two tasks; and rows longer than a chunk of keys (kKeyChunk), a
+// prompt's last rows and a decode row, whose chunks are combined (the async gate's pooling
+// reaching back across a chunk's start).
 TEST_P(CpuFastKernels, PagedAttentionMatchesReferenceForBothGates) {
   for (const int d : {20, 40, 64})
     for (const auto& [hq, hkv] : std::vector<std::pair<int, int>>{{6, 2}, {2, 2}, {16, 2}}) {
       SCOPED_TRACE(::testing::Message() << "head_dim " << d << ", " << hq << " query heads, " << hkv << " KV heads");
       check_paged_attention(d, hq, hkv, {1, 7, 1, 13}, {1, 11, 30, 13});
       check_paged_attention(d, hq, hkv, {1}, {29});
+      check_paged_attention(d, hq, hkv, {3, 1}, {2 * cpu_fast::kKeyChunk + 3, cpu_fast::kKeyChunk + 1});
     }
 }
 
 void check_paged_attention(int d, int hq, int hkv, const std::vector<int>& q_lens, const std::vector<int>& kv_lens) {
   Random rng(4);
-  const int bs = 3, blocks = 64;
+  const int bs = 3;
+  int blocks = 8, max_blocks = 1;  // every sequence's blocks and a few to spare
+  for (const int len : kv_lens) {
+    blocks += (len + bs - 1) / bs;
+    max_blocks = std::max(max_blocks, (len + bs - 1) / bs);
+  }
   const Tensor keys = rng.normal({blocks, bs, hkv, d}, 1.0f, true), values = rng.normal({blocks, bs, hkv, d}, 1.0f, true);
   const std::vector<std::uint16_t> kb = to_bf16(keys), vb = to_bf16(values);
   StepBatch batch;
   batch.cu_seqlens_q = {0};
   std::vector<int> order = rng.permutation(blocks);
   std::size_t next = 0;
-  const int max_blocks = 12;
   Tensor table = Tensor::empty(DType::I32, {std::int64_t(q_lens.size()), max_blocks});
   for (std::size_t s = 0; s < q_lens.size(); ++s) {
     batch.cu_seqlens_q.push_back(batch.cu_seqlens_q.back() + q_lens[s]);

@@ -101,6 +101,9 @@ void axpy_bf16(float* out, float weight, const std::uint16_t* v, int n);
 
 // The most query heads of one KV head that attention reads the KV head's rows for at once.
 constexpr int kMaxHeadPack = 4;
+// In steps of up to kBatchInvariantRows rows, attention splits a row's keys into chunks of this
+// many, a task each (attention.cpp).
+constexpr int kKeyChunk = 256;
 // out[h * n + j] = scale * sum_i q[h * d + i] * keys[rows[j] + i] for j < n and h < heads (1 to
 // kMaxHeadPack): the scores of a pack of query heads (their rows d apart) against n bf16 key
 // rows (a paged cache's rows, by their offsets from `keys`), each key row read once for the pack.

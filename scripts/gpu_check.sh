@@ -5,11 +5,12 @@
 # folder) or build/gpu-out; at the end the logs are packed into one logs-HHMMSS.tgz there.
 #
 # STAGES picks what runs, in this order (default: build tests sanitizer torch bench scenarios sampling):
-#   build tests sanitizer torch bench scenarios sampling fp8 speculative serve timeline prefill_profile probes
+#   build tests sanitizer torch bench scenarios sampling fp8 fp8_cache speculative serve timeline prefill_profile probes
 # e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings,
 # STAGES="build sampling" for the device sampler's kernel bench and decode_heavy_b32 greedy against
 # sampled, STAGES="build fp8" for the FP8-weight product's bench and the 1.7B decode scenarios on
-# FP8 projections beside bf16 (FP8_SCENARIOS narrows them), STAGES="build timeline" for where a decode step's time goes (the kernel timeline of both
+# FP8 projections beside bf16 (FP8_SCENARIOS narrows them), STAGES="build fp8_cache" for the 1.7B
+# scenarios on an FP8 KV cache beside bf16, with bf16 and FP8 weights (FP8_CACHE_SCENARIOS), STAGES="build timeline" for where a decode step's time goes (the kernel timeline of both
 # models' decode_heavy_b32 steps), STAGES="build serve" for asynct serve at 1.7B against the same
 # load in process (SERVE_ARCHS, SERVE_RATES narrow it), STAGES=probes for the design probes in bench/*_probe.cu (what
 # a dependency costs; what the decode step's structure costs with no math in it),
@@ -134,6 +135,18 @@ if want fp8; then
       timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario "$scenario" --quantization "$quantization" \
         --repeat "${SCENARIO_REPEAT:-3}" --json "$out/${scenario}_$quantization.json" >"$out/${scenario}_$quantization.log" 2>&1 || status=1
       echo "-- $scenario, --quantization $quantization"; grep -E "decode steps|$scenario" "$out/${scenario}_$quantization.log" | tail -3
+    done
+  done
+fi
+if want fp8_cache; then
+  echo "== the FP8 KV cache: 1.7B scenarios with --kv-cache-dtype fp8 beside bf16 (and with FP8 weights too) =="
+  for scenario in ${FP8_CACHE_SCENARIOS:-long_decode_b32 decode_heavy_b32 decode_b1}; do
+    for form in "bf16 none" "fp8 none" "fp8 fp8"; do
+      set -- $form
+      name="${scenario}_kv$1_weights$2"
+      timeout 240 build/gpu/src/asynct bench --config 1.7b --device cuda --scenario "$scenario" --kv-cache-dtype "$1" \
+        --quantization "$2" --repeat "${SCENARIO_REPEAT:-3}" --json "$out/$name.json" >"$out/$name.log" 2>&1 || status=1
+      echo "-- $scenario, --kv-cache-dtype $1 --quantization $2"; grep -E "decode steps|^$scenario|rror" "$out/$name.log" | tail -4
     done
   done
 fi

@@ -36,8 +36,8 @@ const char* kv_cache_dtype_name(KvCacheDtype dtype);
 // type rounds it), "cuda".
 //
 // --kv-cache-dtype: "auto" (the backend's compute precision: float32 on the CPU reference, bf16
-// on the others), "bf16" or "fp8". Throws Error naming the option for another value, and for
-// fp8 on the CUDA backend, which does not read it yet.
+// on the others), "bf16" or "fp8". Throws Error naming the option for another value. (The CUDA
+// backend reads fp8 at head_dim 64 and 128: CudaModelRunner checks.)
 KvCacheDtype resolve_kv_cache_dtype(const std::string& name, const std::string& backend);
 
 // Bytes one value takes in a backend's cache: float32 on the CPU reference, the type itself on

@@ -63,7 +63,7 @@ std::unique_ptr<ModelRunner> make_runner(ModelWeights weights, const RunnerOptio
   if (o.quantization == "fp8") weights = quantize_fp8(std::move(weights));
 #ifdef ASYNCT_WITH_CUDA
   if (device == "cuda") {
-    auto runner = std::make_unique<CudaModelRunner>(weights, o.num_blocks, o.block_size, o.max_tokens_per_step);
+    auto runner = std::make_unique<CudaModelRunner>(weights, o.num_blocks, o.block_size, o.max_tokens_per_step, kv_dtype);
     runner->set_profiling(o.profile);
     runner->set_cuda_graphs(o.cuda_graphs);
     return runner;

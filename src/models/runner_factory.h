@@ -48,8 +48,7 @@ struct RunnerOptions {
 };
 
 // Checks the options a model runs with on `device` (as resolve_device gives it), before
-// anything is loaded: the KV-cache type (the CUDA backend reads no FP8 cache yet) and the
-// quantization (every backend reads FP8 weights; int8 only the production CPU backend). Throws
+// anything is loaded: the KV-cache type and the quantization (every backend reads FP8 weights; int8 only the production CPU backend). Throws
 // Error naming the option. Returns the KV-cache type.
 KvCacheDtype check_runner_options(const RunnerOptions& options, const std::string& device);
 

@@ -299,7 +299,7 @@ TEST(Fp8KvCache, TheBoundHoldsAndLogitsStayClose) {
 
 TEST(Fp8KvCache, OptionsAreChecked) {
   expect_error([] { resolve_kv_cache_dtype("int8", "cpu"); }, "--kv-cache-dtype must be auto, bf16 or fp8, got 'int8'");
-  expect_error([] { resolve_kv_cache_dtype("fp8", "cuda"); }, "do not read an FP8 cache yet");
+  EXPECT_EQ(resolve_kv_cache_dtype("fp8", "cuda"), KvCacheDtype::Fp8E4M3);
   EXPECT_EQ(resolve_kv_cache_dtype("fp8", "cpu"), KvCacheDtype::Fp8E4M3);
   EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu-reference"), KvCacheDtype::Float32);
   EXPECT_EQ(resolve_kv_cache_dtype("auto", "cpu"), KvCacheDtype::BF16);

@@ -16,6 +16,7 @@
 #include "reference/rope.h"
 #include "support/attention_case.h"
 #include "support/compare.h"
+#include "support/fp8_cache.h"
 #include "support/expect_error.h"
 
 namespace asynct {
@@ -23,59 +24,16 @@ namespace {
 
 using testing::AttentionCase;
 using testing::close_to;
+using testing::decode_fp8;
+using testing::e4m3_at;
+using testing::Fp8Cache;
+using testing::to_fp8;
 using testing::DeviceBuffer;
 using testing::Random;
 using testing::random_async_gate;
 
 constexpr double kTolerance = 2e-2;
 constexpr double kFp8RowTolerance = 3e-2;
-
-// An FP8 form of a paged cache: each KV head's key and value scales put its largest finite
-// |value| at 224 (half of e4m3's 448: the newest rows written later may be larger), the bytes
-// e4m3(value / scale). The paged cache's floats become what the bytes hold (the reference's
-// cache); NaN stays NaN.
-struct Fp8Cache {
-  std::vector<float> key_scales, value_scales;
-  Tensor key_bytes, value_bytes;  // U8, the cache's shape
-};
-
-float e4m3_at(float value, float scale) { return fp8_e4m3_to_float(float_to_fp8_e4m3(value / scale)) * scale; }
-
-Fp8Cache to_fp8(AttentionCase::Paged& paged, int num_kv_heads, int head_dim) {
-  Fp8Cache f;
-  const auto convert = [&](Tensor& cache, std::vector<float>& scales, Tensor& bytes) {
-    float* v = cache.data_as<float>();
-    scales.assign(std::size_t(num_kv_heads), 0.0f);
-    for (std::int64_t i = 0; i < cache.numel(); ++i)
-      if (std::isfinite(v[i])) {
-        float& s = scales[std::size_t(i / head_dim % num_kv_heads)];
-        s = std::max(s, std::fabs(v[i]));
-      }
-    for (float& s : scales) s = s > 0.0f ? s / 224.0f : 1.0f;
-    bytes = Tensor::empty(DType::U8, cache.shape());
-    for (std::int64_t i = 0; i < cache.numel(); ++i) {
-      const float scale = scales[std::size_t(i / head_dim % num_kv_heads)];
-      bytes.data_as<std::uint8_t>()[i] = float_to_fp8_e4m3(v[i] / scale);
-      v[i] = fp8_e4m3_to_float(bytes.data_as<std::uint8_t>()[i]) * scale;
-    }
-  };
-  paged.key_cache = paged.key_cache.to(DType::F32);
-  paged.value_cache = paged.value_cache.to(DType::F32);
-  convert(paged.key_cache, f.key_scales, f.key_bytes);
-  convert(paged.value_cache, f.value_scales, f.value_bytes);
-  paged.cache = KvCache::paged(paged.key_cache, paged.value_cache, paged.block_table);
-  return f;
-}
-
-// An e4m3 cache downloaded: each byte's value times its KV head's scale.
-Tensor decode_fp8(const Tensor& bytes, const std::vector<float>& scales, int head_dim) {
-  Tensor out = Tensor::empty(DType::F32, bytes.shape());
-  const int heads = int(scales.size());
-  for (std::int64_t i = 0; i < bytes.numel(); ++i)
-    out.data_as<float>()[i] =
-        fp8_e4m3_to_float(bytes.data_as<std::uint8_t>()[i]) * scales[std::size_t(i / head_dim % heads)];
-  return out;
-}
 
 struct DecodeRun {
   Tensor out;

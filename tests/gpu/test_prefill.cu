@@ -10,7 +10,10 @@
 // splits the keys, and with each query tile's keys split over 2 and 5 CTAs
 // (KernelTuning::prefill_kv_splits), the workspace poisoned too: a part never written makes the
 // output NaN; and with its tiles taken in groups of one and two sequences and in the plain order
-// (prefill_seq_group: a tile taken twice or never leaves NaN rows or a race).
+// (prefill_seq_group: a tile taken twice or never leaves NaN rows or a race). Over an FP8 (e4m3)
+// cache too: the prefixes are e4m3 values at per-KV-head scales (the reference reads those), the
+// new rows must land as e4m3 of their bf16 values (a byte may be its neighbour: division at a
+// rounding tie), the prefix and unused slots untouched.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -32,6 +35,7 @@
 #include "support/attention_case.h"
 #include "support/compare.h"
 #include "support/expect_error.h"
+#include "support/fp8_cache.h"
 #include "support/random.h"
 
 namespace asynct {
@@ -135,12 +139,34 @@ struct DeviceGate {
   }
 };
 
+// An e4m3 cache's scales, [KV head].
+struct Fp8Scales {
+  std::vector<float> key, value;
+};
+
+// Makes `c`'s prefixes what an e4m3 cache holds (each KV head's scales from all its keys or
+// values, their largest at 224; the new tokens stay bf16), and returns the scales.
+Fp8Scales round_prefixes_to_e4m3(AttentionCase& c) {
+  const Fp8Scales scales{testing::fp8_scales_at_224(c.key, c.num_kv_heads, c.head_dim),
+                         testing::fp8_scales_at_224(c.value, c.num_kv_heads, c.head_dim)};
+  const std::int64_t row = std::int64_t(c.num_kv_heads) * c.head_dim;
+  for (std::size_t s = 0; s < c.seqs.size(); ++s)
+    for (std::int64_t i = c.cu_seqlens_k[s] * row; i < (c.cu_seqlens_k[s] + c.seqs[s].kv_len - c.seqs[s].q_len) * row; ++i) {
+      const std::size_t head = testing::head_of(i, c.num_kv_heads, c.head_dim);
+      c.key.data_as<float>()[i] = testing::e4m3_at(c.key.data_as<float>()[i], scales.key[head]);
+      c.value.data_as<float>()[i] = testing::e4m3_at(c.value.data_as<float>()[i], scales.value[head]);
+    }
+  return scales;
+}
+
 // Runs launch_prefill on `c` (prefixes in a paged cache of `block_size`, new tokens from the
 // input arrays) and checks the output against `reference` and the cache's new K/V rows. With
 // a workspace when the launch asks for one (prefill_workspace_bytes: the keys split).
-// checked_rows: the output's first rows compared (-1: all).
+// checked_rows: the output's first rows compared (-1: all). fp8: the cache is e4m3 at these
+// scales (c's prefixes already e4m3 values: round_prefixes_to_e4m3).
 void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& reference,
-                        int block_size, Random& rng, float scale, int checked_rows = -1) {
+                        int block_size, Random& rng, float scale, int checked_rows = -1,
+                        const Fp8Scales* fp8 = nullptr) {
   AttentionCase::Paged paged = c.paged(rng, block_size);
   Tensor start_k = Tensor::from_vector(f32_values(paged.key_cache), paged.key_cache.shape());
   Tensor start_v = Tensor::from_vector(f32_values(paged.value_cache), paged.value_cache.shape());
@@ -153,8 +179,17 @@ void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& 
   DeviceBuffer value = DeviceBuffer::upload(to_bf16(new_tokens(c, c.value)), DType::BF16);
   DeviceBuffer out(DType::BF16, c.query.shape());
   out.poison();
-  DeviceBuffer key_cache = DeviceBuffer::upload(to_bf16(start_k), DType::BF16);
-  DeviceBuffer value_cache = DeviceBuffer::upload(to_bf16(start_v), DType::BF16);
+  const auto cache_of = [&](const Tensor& values, const std::vector<float>* scales) {
+    return fp8 ? DeviceBuffer::upload(testing::e4m3_bytes(values, *scales, c.head_dim), DType::U8)
+               : DeviceBuffer::upload(to_bf16(values), DType::BF16);
+  };
+  DeviceBuffer key_cache = cache_of(start_k, fp8 ? &fp8->key : nullptr);
+  DeviceBuffer value_cache = cache_of(start_v, fp8 ? &fp8->value : nullptr);
+  const auto scales_of = [&](const std::vector<float>* v) {
+    const std::vector<float> values = v ? *v : std::vector<float>{1.0f};
+    return DeviceBuffer::upload(Tensor::from_vector(values, {std::int64_t(values.size())}), DType::F32);
+  };
+  DeviceBuffer key_scales = scales_of(fp8 ? &fp8->key : nullptr), value_scales = scales_of(fp8 ? &fp8->value : nullptr);
   DeviceBuffer table = DeviceBuffer::upload(paged.block_table, DType::I32);
   DeviceBuffer cu_seqlens =
       DeviceBuffer::upload(Tensor::from_vector(c.cu_seqlens_q, {num_seqs + 1}), DType::I32);
@@ -184,6 +219,11 @@ void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& 
   p.kv.block_size = block_size;
   p.kv.num_kv_heads = c.num_kv_heads;
   p.kv.head_dim = c.head_dim;
+  if (fp8) {
+    p.kv.element = kernels::KvElement::Fp8E4M3;
+    p.kv.key_scales = key_scales.as<float>();
+    p.kv.value_scales = value_scales.as<float>();
+  }
   p.gate = device_gate.args;
   DeviceBuffer workspace(DType::F32, {std::int64_t(kernels::prefill_workspace_bytes(p) / sizeof(float))});
   workspace.poison();
@@ -199,6 +239,14 @@ void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& 
   }
   EXPECT_TRUE(close_to(got, want, kTolerance)) << "output";
   // Every slot of the cache: the prefix and unused slots untouched, the new tokens written.
+  if (fp8) {
+    EXPECT_TRUE(testing::same_e4m3_within_a_step(key_cache.download(), testing::e4m3_bytes(paged.key_cache, fp8->key, c.head_dim)))
+        << "key cache";
+    EXPECT_TRUE(
+        testing::same_e4m3_within_a_step(value_cache.download(), testing::e4m3_bytes(paged.value_cache, fp8->value, c.head_dim)))
+        << "value cache";
+    return;
+  }
   EXPECT_TRUE(same_bits(key_cache.download(), to_bf16(paged.key_cache))) << "key cache";
   EXPECT_TRUE(same_bits(value_cache.download(), to_bf16(paged.value_cache))) << "value cache";
 }
@@ -207,7 +255,8 @@ void run_and_check_once(const AttentionCase& c, const Gate& gate, const Tensor& 
 // the wgmma one, each whole and with its keys split, and the wgmma one also on 1, 3 and one
 // persistent CTA a multiprocessor.
 void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& reference,
-                   int block_size, Random& rng, float scale = 0.0f, int checked_rows = -1) {
+                   int block_size, Random& rng, float scale = 0.0f, int checked_rows = -1,
+                   const Fp8Scales* fp8 = nullptr) {
   SCOPED_TRACE("block_size " + std::to_string(block_size));
   const kernels::KernelTuning saved = kernels::kernel_tuning();
   struct Form {
@@ -227,7 +276,7 @@ void run_and_check(const AttentionCase& c, const Gate& gate, const Tensor& refer
       forced.prefill_seq_group = form.seq_group;
       forced.prefill_ctas = form.ctas;
       kernels::set_kernel_tuning(forced);
-      run_and_check_once(c, gate, reference, block_size, rng, scale, checked_rows);
+      run_and_check_once(c, gate, reference, block_size, rng, scale, checked_rows, fp8);
     }
   }
   kernels::set_kernel_tuning(saved);
@@ -454,6 +503,42 @@ TEST(Prefill, GroupsOfThreeAndFiveBothGates) {
   }
 }
 
+// An FP8 (e4m3) cache: prefixes read from it, new rows written to it; both gates, head sizes 64
+// and 128 (both kernels), GQA groups of 4 and 3, blocks of 16 and 256, a short prompt after a long
+// prefix (the keys split).
+TEST(PrefillSmall, Fp8CacheHeadDim128) {
+  testing::require_gpu();
+  Random rng(61);
+  AttentionCase c(rng, {{3, 140}, {130, 130}, {1, 129}, {0, 7}}, 4, 2, 128, /*bf16_exact=*/true);
+  const Fp8Scales scales = round_prefixes_to_e4m3(c);
+  for (const Gate& gate : {random_async_gate(rng, 4, 3), Gate::make_softmax()})
+    run_and_check(c, gate, reference_output(c, gate), 16, rng, 0.0f, -1, &scales);
+}
+TEST(Prefill, Fp8CacheBothGatesHeadDims64And128) {
+  testing::require_gpu();
+  const struct {
+    int hq, hkv, dim;
+  } shapes[] = {{8, 2, 128}, {9, 3, 64}};
+  for (const auto& shape : shapes) {
+    SCOPED_TRACE(::testing::Message() << shape.hq << " query heads, " << shape.hkv << " KV heads of " << shape.dim);
+    Random rng(std::uint64_t(62 + shape.dim));
+    AttentionCase c(rng, kAwkward, shape.hq, shape.hkv, shape.dim, /*bf16_exact=*/true);
+    const Fp8Scales scales = round_prefixes_to_e4m3(c);
+    for (const Gate& gate : {random_async_gate(rng, shape.hq, 3), Gate::make_softmax()}) {
+      const Tensor reference = reference_output(c, gate);
+      for (int block_size : {16, 256}) run_and_check(c, gate, reference, block_size, rng, 0.0f, -1, &scales);
+    }
+  }
+}
+TEST(Prefill, Fp8CacheShortPromptAfterALongPrefix) {
+  testing::require_gpu();
+  Random rng(64);
+  AttentionCase c(rng, {{17, 3000}, {64, 2100}}, 16, 8, 128, /*bf16_exact=*/true);
+  const Fp8Scales scales = round_prefixes_to_e4m3(c);
+  for (const Gate& gate : {random_async_gate(rng, 16, 3), Gate::make_softmax()})
+    run_and_check(c, gate, reference_output(c, gate), 64, rng, 0.0f, -1, &scales);
+}
+
 // On a Hopper GPU the wgmma kernel must be there (a build without sm_90a code would quietly test
 // the portable kernel twice).
 // The tile order (tile_order.cuh): every CTA of a grid takes a distinct tile, every tile is taken,
@@ -543,6 +628,12 @@ TEST(Prefill, RejectsBadArguments) {
   p = valid();
   p.max_kv_len = 17;  // one block of 16 tokens
   testing::expect_error([&] { kernels::launch_prefill(p, nullptr); }, "max_kv_len");
+  p = valid();
+  p.kv.element = kernels::KvElement::Fp8E4M3;
+  testing::expect_error([&] { kernels::launch_prefill(p, nullptr); }, "needs its key and value scales");
+  p.kv.key_scales = p.kv.value_scales = floats.as<float>();
+  p.kv.head_dim = 256;
+  testing::expect_error([&] { kernels::launch_prefill(p, nullptr); }, "head_dim 64 and 128");
 }
 
 }  // namespace

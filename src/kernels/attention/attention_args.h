@@ -13,8 +13,8 @@ namespace asynct::kernels {
 // The paged cache of docs/DESIGN.md §3: key_cache/value_cache [num_blocks, block_size, num_kv_heads,
 // head_dim]; token t of sequence s is in block block_table[s * max_blocks_per_seq + t /
 // block_size], slot t % block_size. block_size is a power of two in 16..256. The pointers are
-// typed for bf16; with an e4m3 cache they point at its bytes (see cache_bytes). Decode reads and
-// writes either type; prefill reads bf16 only so far.
+// typed for bf16; with an e4m3 cache they point at its bytes. Decode and prefill read and write
+// either type.
 struct PagedKv {
   bf16* key_cache = nullptr;
   bf16* value_cache = nullptr;

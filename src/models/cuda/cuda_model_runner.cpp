@@ -10,6 +10,7 @@
 #include "kernels/common/cuda_check.h"
 #include "kernels/sampling/sample_rows.h"
 #include "models/architecture.h"
+#include "models/cuda/device_kv_cache.h"
 #include "models/cuda/forward.h"
 #include "models/cuda/graph_cache.h"
 #include "models/cuda/phase_timer.h"
@@ -70,9 +71,9 @@ struct Streams {
 }  // namespace
 
 struct CudaModelRunner::Impl {
-  Impl(const ModelWeights& w, int num_blocks, int block_size)
+  Impl(const ModelWeights& w, int num_blocks, int block_size, KvCacheDtype kv_dtype)
       : c(w.config), num_blocks(num_blocks), block_size(block_size),
-        forward(w, recipe_of(w.config), num_blocks, block_size, streams.compute) {}
+        forward(w, recipe_of(w.config), num_blocks, block_size, kv_dtype, streams.compute) {}
   ~Impl() {
     for (QueuedStep& q : queued)
       if (q.done) cudaEventDestroy(q.done);
@@ -263,16 +264,19 @@ struct CudaModelRunner::Impl {
 
 namespace {
 // Checked before anything is allocated or touches the GPU.
-std::unique_ptr<CudaModelRunner::Impl> make_impl(const ModelWeights& w, int num_blocks, int block_size) {
+std::unique_ptr<CudaModelRunner::Impl> make_impl(const ModelWeights& w, int num_blocks, int block_size,
+                                                 KvCacheDtype kv_dtype) {
   check_block_size(block_size, Backend::Cuda);
   check(num_blocks >= 1, "CudaModelRunner: need at least one KV block");
+  DeviceKvCache::check_supported(w.config, kv_dtype);
   check(cuda_device_available(), "CudaModelRunner: no CUDA device is visible");
-  return std::make_unique<CudaModelRunner::Impl>(w, num_blocks, block_size);
+  return std::make_unique<CudaModelRunner::Impl>(w, num_blocks, block_size, kv_dtype);
 }
 }  // namespace
 
-CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int block_size, int max_tokens_per_step)
-    : impl_(make_impl(w, num_blocks, block_size)) {
+CudaModelRunner::CudaModelRunner(const ModelWeights& w, int num_blocks, int block_size, int max_tokens_per_step,
+                                 KvCacheDtype kv_dtype)
+    : impl_(make_impl(w, num_blocks, block_size, kv_dtype)) {
   impl_->forward.act.reserve(std::size_t(std::max(1, max_tokens_per_step)), impl_->c);
   impl_->device_sampler = kernels::device_sampling_supported(impl_->c.vocab_size);
 }

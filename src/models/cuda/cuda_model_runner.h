@@ -1,10 +1,10 @@
-// The CUDA backend: the same forward pass as the CPU runner on the GPU, with bf16 weights and
-// a bf16 paged KV cache: cuBLASLt for the projections, asynct's kernels for the norms,
+// The CUDA backend: the same forward pass as the CPU runner on the GPU, with bf16 (or FP8)
+// weights and a bf16 or FP8 (e4m3) paged KV cache (device_kv_cache.h): cuBLASLt for the projections, asynct's kernels for the norms,
 // qk-norm + RoPE + cache write, attention (the decode kernel for a step's leading one-token
 // sequences, the prefill kernel for the rest) and SwiGLU. The logits stay on the GPU: a kernel finds each row's greedy token and
 // checks it is finite, and only the rows the engine asks for, or that the host samples, are
 // copied back (float32).
-// The parts, one job a file beside this one: device_weights (upload), step_metadata, forward
+// The parts, one job a file beside this one: device_weights (upload), device_kv_cache, step_metadata, forward
 // (the layer loop), graph_cache (decode steps as CUDA graphs), phase_timer.
 #pragma once
 
@@ -13,6 +13,7 @@
 #include <string>
 
 #include "engine/model_runner.h"
+#include "models/kv_cache_format.h"
 #include "models/weights.h"
 
 namespace asynct {
@@ -22,10 +23,12 @@ bool cuda_device_available();
 
 class CudaModelRunner : public ModelRunner {
  public:
-  // max_tokens_per_step sizes the activation buffers (they grow if a step needs more). Throws
-  // Error for a block size the CUDA backend does not run (check_block_size) or no blocks, before
-  // anything is allocated, and when no CUDA device is visible.
-  CudaModelRunner(const ModelWeights& weights, int num_blocks, int block_size, int max_tokens_per_step);
+  // max_tokens_per_step sizes the activation buffers (they grow if a step needs more). kv_dtype:
+  // bf16 or fp8 (scales by kv_cache_scales). Throws Error for a block size the CUDA backend does
+  // not run (check_block_size), no blocks, or an FP8 cache at a head size its kernels do not
+  // read, before anything is allocated, and when no CUDA device is visible.
+  CudaModelRunner(const ModelWeights& weights, int num_blocks, int block_size, int max_tokens_per_step,
+                  KvCacheDtype kv_dtype = KvCacheDtype::BF16);
   ~CudaModelRunner() override;
 
   // Steps are queued on one stream; a chained step's tokens are taken on the device from the

@@ -157,8 +157,7 @@ DeviceArray<float> to_device_f32(const Tensor& t) {
 
 }  // namespace
 
-DeviceWeights upload_weights(const ModelWeights& w, const ArchitectureRecipe& recipe, std::size_t cache_elements,
-                             cudaStream_t stream) {
+DeviceWeights upload_weights(const ModelWeights& w, const ArchitectureRecipe& recipe, cudaStream_t stream) {
   DeviceWeights d;
   WeightUploader upload(stream);
   d.embed_tokens = upload(w.embed_tokens);
@@ -195,8 +194,6 @@ DeviceWeights upload_weights(const ModelWeights& w, const ArchitectureRecipe& re
       dl.gate_sigma = to_device_f32(l.gate_sigma);
       dl.gate_gamma = to_device_f32(l.gate_gamma);
     }
-    dl.key_cache.resize(cache_elements);
-    dl.value_cache.resize(cache_elements);
     d.layers.push_back(std::move(dl));
   }
   upload.finish();

@@ -1,6 +1,6 @@
 // The model's weights on the device as the CUDA runner's kernels read them (bf16, or the seven
-// projections in FP8 with their scales; q/k/v and gate/up merged), each layer's paged KV cache,
-// and their upload from host weights.
+// projections in FP8 with their scales; q/k/v and gate/up merged), and their upload from host
+// weights. (The KV cache is device_kv_cache.h.)
 #pragma once
 
 #include <cstdint>
@@ -47,7 +47,6 @@ struct DeviceLayer {
   DeviceProjection qkv_proj, o_proj, gate_up_proj, down_proj;
   kernels::DeviceArray<bf16> attn_output_layernorm, mlp_output_layernorm;  // Peri-LN
   kernels::DeviceArray<float> gate_alpha, gate_sigma, gate_gamma;          // the async gate
-  kernels::DeviceArray<bf16> key_cache, value_cache;  // [num_blocks, block_size, Hkv, D]
 };
 
 struct DeviceWeights {
@@ -56,9 +55,8 @@ struct DeviceWeights {
   const kernels::bf16* lm_head = nullptr;  // embed_tokens when the embeddings are tied
 };
 
-// Uploads the weights the recipe uses (bf16 or float32 on the host) on `stream`, and allocates
-// each layer's KV cache of cache_elements values; returns when every copy has landed.
-DeviceWeights upload_weights(const ModelWeights& weights, const ArchitectureRecipe& recipe,
-                             std::size_t cache_elements, cudaStream_t stream);
+// Uploads the weights the recipe uses (bf16 or float32 on the host) on `stream`; returns when
+// every copy has landed.
+DeviceWeights upload_weights(const ModelWeights& weights, const ArchitectureRecipe& recipe, cudaStream_t stream);
 
 }  // namespace asynct

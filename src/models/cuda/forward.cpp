@@ -42,13 +42,11 @@ std::array<const void*, 14> Activations::addresses() const {
 }
 
 ModelForward::ModelForward(const ModelWeights& w, const ArchitectureRecipe& recipe, int num_blocks, int block_size,
-                           cudaStream_t stream)
-    : c_(w.config), recipe_(recipe), num_blocks_(num_blocks), block_size_(block_size),
-      sm_count_(kernels::current_device_info().sm_count) {
+                           KvCacheDtype kv_dtype, cudaStream_t stream)
+    : c_(w.config), recipe_(recipe), sm_count_(kernels::current_device_info().sm_count), weights_(upload_weights(w, recipe_, stream)),
+      cache_(c_, kv_dtype, kv_cache_scales(w, kv_dtype), num_blocks, block_size, stream) {
   norm_.eps = recipe_.norm_eps;
   norm_.clip = recipe_.norm == NormKind::UClip ? recipe_.norm_clip : INFINITY;
-  const std::size_t cache = std::size_t(num_blocks) * block_size * c_.num_key_value_heads * c_.head_dim;
-  weights_ = upload_weights(w, recipe_, cache, stream);
   // FP8 products the FP8 kernel does not take (more rows, or scale blocks of other widths) run on
   // a bf16 copy of one matrix at a time (fp8_linear.h): room for the largest, allocated now (a
   // graph capture cannot).
@@ -95,9 +93,13 @@ void ModelForward::run_model(const StepShape& shape, const StepPointers& step, i
       qk.tokens = t;
       qk.first_token = decode_reads_projection ? shape.decodes : 0;
       if (!decode_reads_projection && shape.decodes > 0) {
+        const kernels::PagedKv kv = cache_.paged(int(l), step.block_table, shape.max_blocks);
         qk.slot_mapping = step.slots;
-        qk.key_cache = layer.key_cache.get();
-        qk.value_cache = layer.value_cache.get();
+        qk.key_cache = kv.key_cache;
+        qk.value_cache = kv.value_cache;
+        qk.kv_element = kv.element;
+        qk.key_scales = kv.key_scales;
+        qk.value_scales = kv.value_scales;
       }
       qk.num_q_heads = c_.num_attention_heads;
       qk.num_kv_heads = c_.num_key_value_heads;
@@ -107,7 +109,7 @@ void ModelForward::run_model(const StepShape& shape, const StepPointers& step, i
       kernels::launch_qk_norm_rope_cache_write(qk, stream);
       timer.mark("norms");
     }
-    attention(layer, shape, step, qkv_proj, stream);
+    attention(int(l), shape, step, qkv_proj, stream);
     timer.mark("attention");
     const kernels::LinearOutput attn_proj = product_for_reader(layer.o_proj, act.attn.get(), act.attn_out.get(), t, stream);
     timer.mark("gemm");
@@ -189,32 +191,13 @@ const bf16* ModelForward::dequantized(const DeviceProjection& w, cudaStream_t st
 }
 
 void ModelForward::copy_blocks(const std::vector<BlockCopy>& copies, cudaStream_t stream) {
-  const std::size_t per_block = std::size_t(block_size_) * c_.num_key_value_heads * c_.head_dim;
-  for (const BlockCopy& copy : copies)
-    for (DeviceLayer& layer : weights_.layers)
-      for (bf16* cache : {layer.key_cache.get(), layer.value_cache.get()})
-        ASYNCT_CUDA_CHECK(cudaMemcpyAsync(cache + std::size_t(copy.to) * per_block, cache + std::size_t(copy.from) * per_block,
-                                          per_block * sizeof(bf16), cudaMemcpyDeviceToDevice, stream));
+  cache_.copy_blocks(copies, stream);
 }
 
 void ModelForward::reserve_decode_workspace(const StepShape& shape, const StepPointers& step) {
   if (shape.decodes == 0) return;
-  const kernels::DecodeParams probe =
-      decode_params(weights_.layers[0], step, shape.decodes, shape.max_blocks, shape.decode_kv_len);
+  const kernels::DecodeParams probe = decode_params(0, step, shape.decodes, shape.max_blocks, shape.decode_kv_len);
   act.decode_workspace.reserve(std::max<std::size_t>(1, kernels::decode_workspace_bytes(probe, probe.num_splits)));
-}
-
-kernels::PagedKv ModelForward::paged(DeviceLayer& l, const StepPointers& step, int max_blocks) const {
-  kernels::PagedKv kv;
-  kv.key_cache = l.key_cache.get();
-  kv.value_cache = l.value_cache.get();
-  kv.block_table = step.block_table;
-  kv.max_blocks_per_seq = max_blocks;
-  kv.num_blocks = num_blocks_;
-  kv.block_size = block_size_;
-  kv.num_kv_heads = c_.num_key_value_heads;
-  kv.head_dim = c_.head_dim;
-  return kv;
 }
 
 kernels::GateArgs ModelForward::gate(const DeviceLayer& l) const {
@@ -229,7 +212,7 @@ kernels::GateArgs ModelForward::gate(const DeviceLayer& l) const {
   return g;
 }
 
-kernels::DecodeParams ModelForward::decode_params(DeviceLayer& l, const StepPointers& step, int s, int max_blocks,
+kernels::DecodeParams ModelForward::decode_params(int layer, const StepPointers& step, int s, int max_blocks,
                                                   int max_kv_len) const {
   kernels::DecodeParams p;
   p.out = act.attn.get();
@@ -237,17 +220,18 @@ kernels::DecodeParams ModelForward::decode_params(DeviceLayer& l, const StepPoin
   p.num_seqs = s;
   p.num_q_heads = c_.num_attention_heads;
   p.max_kv_len = max_kv_len;
-  p.kv = paged(l, step, max_blocks);
-  p.gate = gate(l);
+  p.kv = cache_.paged(layer, step.block_table, max_blocks);
+  p.gate = gate(weights_.layers[std::size_t(layer)]);
   p.num_splits = kernels::decode_num_splits(s, c_.num_key_value_heads, max_kv_len, sm_count_);
   p.workspace = act.decode_workspace.get();
   return p;
 }
 
-void ModelForward::attention(DeviceLayer& l, const StepShape& shape, const StepPointers& step,
+void ModelForward::attention(int layer, const StepShape& shape, const StepPointers& step,
                              const kernels::LinearOutput& qkv_proj, cudaStream_t stream) {
+  const DeviceLayer& l = weights_.layers[std::size_t(layer)];
   if (shape.decodes > 0) {
-    kernels::DecodeParams p = decode_params(l, step, shape.decodes, shape.max_blocks, shape.decode_kv_len);
+    kernels::DecodeParams p = decode_params(layer, step, shape.decodes, shape.max_blocks, shape.decode_kv_len);
     if (recipe_.qk_norm) {
       kernels::DecodeProjection& pr = p.projection;  // the decode rows lead the projection
       pr.qkv = qkv_proj;
@@ -280,8 +264,7 @@ void ModelForward::attention(DeviceLayer& l, const StepShape& shape, const StepP
   p.max_q_len = shape.prefill_q_len;
   p.max_kv_len = shape.prefill_kv_len;
   p.num_q_heads = c_.num_attention_heads;
-  p.kv = paged(l, step, shape.max_blocks);
-  p.kv.block_table = step.block_table + d * std::size_t(shape.max_blocks);
+  p.kv = cache_.paged(layer, step.block_table + d * std::size_t(shape.max_blocks), shape.max_blocks);
   p.gate = gate(l);
   // A short prompt after a long cached prefix splits its keys over CTAs (prefill.h); the decode
   // part of the step is done with the workspace by then (one stream).

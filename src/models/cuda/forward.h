@@ -19,6 +19,7 @@
 #include "kernels/norms/norms.h"
 #include "models/architecture.h"
 #include "models/config.h"
+#include "models/cuda/device_kv_cache.h"
 #include "models/cuda/device_weights.h"
 #include "models/cuda/phase_timer.h"
 #include "models/cuda/step_metadata.h"
@@ -46,9 +47,10 @@ struct Activations {
 
 class ModelForward {
  public:
-  // Uploads the weights and allocates the cache (upload_weights) on `stream`.
+  // Uploads the weights (upload_weights) and allocates the cache, of `kv_dtype` (bf16 or fp8, its
+  // scales by kv_cache_scales), on `stream`.
   ModelForward(const ModelWeights& weights, const ArchitectureRecipe& recipe, int num_blocks, int block_size,
-               cudaStream_t stream);
+               KvCacheDtype kv_dtype, cudaStream_t stream);
 
   // Where a step's rows go: each row's summary (its token, finiteness, logprob) and, with the
   // device sampler, the top logprobs ([rows, kMaxTopLogprobs]).
@@ -80,19 +82,18 @@ class ModelForward {
   void gated_product(const DeviceProjection& w, const kernels::bf16* x, int rows, cudaStream_t stream);
   // An FP8 projection dequantized into fp8_scratch_ (for products the FP8 kernel does not take).
   const kernels::bf16* dequantized(const DeviceProjection& w, cudaStream_t stream);
-  kernels::PagedKv paged(DeviceLayer& l, const StepPointers& step, int max_blocks) const;
   kernels::GateArgs gate(const DeviceLayer& l) const;
-  kernels::DecodeParams decode_params(DeviceLayer& l, const StepPointers& step, int s, int max_blocks,
-                                      int max_kv_len) const;
-  void attention(DeviceLayer& l, const StepShape& shape, const StepPointers& step,
-                 const kernels::LinearOutput& qkv_proj, cudaStream_t stream);
+  kernels::DecodeParams decode_params(int layer, const StepPointers& step, int s, int max_blocks, int max_kv_len) const;
+  void attention(int layer, const StepShape& shape, const StepPointers& step, const kernels::LinearOutput& qkv_proj,
+                 cudaStream_t stream);
 
   ModelConfig c_;
   ArchitectureRecipe recipe_;
   kernels::NormArgs norm_;
-  int num_blocks_, block_size_, sm_count_;
+  int sm_count_;
   kernels::Gemm gemm_;
   DeviceWeights weights_;
+  DeviceKvCache cache_;
   kernels::DeviceArray<kernels::bf16> fp8_scratch_;
 };
 

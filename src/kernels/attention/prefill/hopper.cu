@@ -165,25 +165,49 @@ __device__ __forceinline__ void load_q(bf16* sQ, const PrefillParams& p, const T
 }
 
 // K/V tile `tile` (keys [128 tile, 128 tile + 128), in the key order of traits.cuh):
-// keys past kv_end zero-filled.
-__device__ __forceinline__ void load_kv(bf16* k_stage, bf16* v_stage, int tile, const PrefillParams& p,
+// keys past kv_end zero-filled. Kv: the cache's element type; cached rows of an e4m3 cache go
+// through the thread's registers (mainloop.cuh), a row's chunks loaded together and then stored.
+// Returns whether this thread stored any that way (its arrival then waits for its copies itself:
+// produce()).
+template <class Kv>
+__device__ __forceinline__ bool load_kv(bf16* k_stage, bf16* v_stage, int tile, const PrefillParams& p,
                                         const TileInfo& t) {
   const CopySlot slot;
+  bool stored = false;
 #pragma unroll
   for (int pass = 0; pass < kCopyPasses; ++pass) {
     const int row = slot.row0 + 32 * pass;                          // in shared memory
     const int pos = tile * kBlockN + key_of_column<kBlockN / 8>(row);  // (the key order)
     const bool valid = pos < t.kv_end;
-    KvRow source{p.key, p.value};  // (any valid address: an invalid copy reads nothing)
-    if (valid) source = kv_row<kD>(p, t, pos);
+    KvRow source{reinterpret_cast<const unsigned char*>(p.key), reinterpret_cast<const unsigned char*>(p.value),
+                 false};  // (any valid address: an invalid copy reads nothing)
+    if (valid) source = kv_row<kD, Kv>(p, t, pos);
+    if (!Kv::kIsBf16 && source.cached_e4m3) {
+      uint2 k[kChunks / 4], v[kChunks / 4];
+#pragma unroll
+      for (int j = 0; j < kChunks / 4; ++j) {
+        k[j] = load_e4m3_chunk(source.key + (4 * j + slot.sub) * 8);
+        v[j] = load_e4m3_chunk(source.value + (4 * j + slot.sub) * 8);
+      }
+      const float key_scale = p.kv.key_scales[t.kv_head], value_scale = p.kv.value_scales[t.kv_head];
+#pragma unroll
+      for (int j = 0; j < kChunks / 4; ++j) {
+        const int dst = wgmma_panel_offset<kBlockN>(row, 4 * j + slot.sub);
+        store_e4m3_chunk_as_bf16(smem_addr(k_stage + dst), k[j], key_scale);
+        store_e4m3_chunk_as_bf16(smem_addr(v_stage + dst), v[j], value_scale);
+      }
+      stored = true;
+      continue;
+    }
 #pragma unroll
     for (int j = 0; j < kChunks / 4; ++j) {
       const int c = 4 * j + slot.sub;
-      const int dst = wgmma_panel_offset<kBlockN>(row, c), src = valid ? c * 8 : 0;
+      const int dst = wgmma_panel_offset<kBlockN>(row, c), src = valid ? c * 16 : 0;
       cp_async16(k_stage + dst, source.key + src, valid);
       cp_async16(v_stage + dst, source.value + src, valid);
     }
   }
+  return stored;
 }
 
 // load_kv for a tile of new tokens, by the copy engine: producer thread 0 announces the tile's
@@ -249,6 +273,7 @@ struct Cta {
 // made when its copies have landed, so the producer never waits for a copy, except to write the
 // cache from a tile with new rows. The tile's Q follows its first K/V tile, once the consumers
 // have run the CTA's previous tile's last Q K^T (a persistent CTA's producer is a tile ahead).
+template <class Kv>
 __device__ __forceinline__ void produce(const Cta& cta) {
   const PrefillParams& p = cta.p;
   const TileInfo& t = cta.t;
@@ -261,11 +286,18 @@ __device__ __forceinline__ void produce(const Cta& cta) {
     if (visit >= kStages) cta.ring.empty[stage].wait((visit / kStages - 1) & 1);
     // Tensor copies for a tile of the sequence's new tokens alone (NewKvMaps says why); cp.async
     // through the block table for the cached keys, the sequence's last, partial tile, or no maps.
+    bool stored_itself = false;
     if (cta.maps.usable && tile * kBlockN >= t.prefix && (tile + 1) * kBlockN <= t.prefix + t.q_len)
       copy_new_kv(k_stage, v_stage, tile, t, cta.maps, cta.ring.full[stage]);
     else
-      load_kv(k_stage, v_stage, tile, p, t);
-    cta.ring.full[stage].arrive_when_copies_land();
+      stored_itself = load_kv<Kv>(k_stage, v_stage, tile, p, t);
+    if (stored_itself) {  // rows of an e4m3 cache: its stores, then its copies, before the arrival
+      cp_async_wait_all();
+      fence_proxy_async_shared();  // (the consumers' wgmma read them)
+      cta.ring.full[stage].arrive();
+    } else {
+      cta.ring.full[stage].arrive_when_copies_land();
+    }
     if (local == 0) {
       if (cta.index > 0) cta.ring.q_empty.wait((cta.index - 1) & 1);
       load_q(cta.sQ, p, t, cta.rows, cta.heads);
@@ -273,8 +305,8 @@ __device__ __forceinline__ void produce(const Cta& cta) {
     }
     if (writes_cache && tile >= cta.begin && (tile + 1) * kBlockN > t.prefix + t.m0) {  // the tile holds new rows
       cta.ring.full[stage].wait((visit / kStages) & 1);  // every copy of the tile has landed
-      store_new_rows<kD, kBlockN, 128>(k_stage, v_stage, tile, p, t,
-                                       [](int row, int chunk) { return wgmma_panel_offset<kBlockN>(row, chunk); });
+      store_new_rows<kD, kBlockN, 128, Kv>(k_stage, v_stage, tile, p, t,
+                                           [](int row, int chunk) { return wgmma_panel_offset<kBlockN>(row, chunk); });
     }
   }
 }
@@ -474,8 +506,8 @@ __device__ __forceinline__ void consume(const Cta& cta, int c, float scale, int 
 // of an equal-length batch holds the same work; CTA b of G takes pairs b, b + G, b + 2G, ... (a
 // static order: taking the tiles themselves in rounds left CTAs 1.3-1.6x the mean work at 1024
 // to 4096 tokens). The producer copies the next tile's Q and first K/V tiles while the
-// consumers finish the current one.
-template <class Gate, bool kSplit, bool kPersistent>
+// consumers finish the current one. Kv: the cache's element type (the producer's alone).
+template <class Gate, bool kSplit, bool kPersistent, class Kv>
 __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, float scale, int splits,
                                                                      int heads, int seq_group,
                                                                      const __grid_constant__ NewKvMaps maps) {
@@ -549,7 +581,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
   if (wg == 0) {
     release_registers<Registers<kPersistent>::kProducer>();
-    each_tile([&](const Cta& cta) { produce(cta); });
+    each_tile([&](const Cta& cta) { produce<Kv>(cta); });
     return;  // (the producer's path must not join the consumers': they hold other register counts)
   }
   claim_registers<Registers<kPersistent>::kConsumer>();
@@ -574,7 +606,8 @@ long long prefill_hopper_persistent_ctas(const PrefillParams& p) {
   return forced > 0 ? std::min<long long>({forced, current_device_info().sm_count, TilePairs(p).pairs}) : 0;
 }
 
-template <class Gate>
+// (An e4m3 cache runs one CTA a tile: persistent CTAs are a measuring form, off by default.)
+template <class Gate, class Kv>
 void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t stream) {
   const char* who = "launch_prefill (Hopper)";
   const int heads = splits > 1 ? heads_per_cta(p) : 1;
@@ -585,20 +618,22 @@ void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t s
   const dim3 grid(p.num_q_heads / heads, p.num_seqs, m_tiles * splits);
   const NewKvMaps maps = new_kv_maps(p);
   const int seq_group = prefill_seq_group(p);
-  if (const long long ctas = prefill_hopper_persistent_ctas(p); splits == 1 && ctas > 0) {
-    allow_dynamic_smem<prefill_hopper_kernel<Gate, false, true>>(kSmemBytes);
-    prefill_hopper_kernel<Gate, false, true><<<unsigned(ctas), kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, seq_group, maps);
-    check_launch(who);
-    return;
-  }
+  if constexpr (Kv::kIsBf16)
+    if (const long long ctas = prefill_hopper_persistent_ctas(p); splits == 1 && ctas > 0) {
+      allow_dynamic_smem<prefill_hopper_kernel<Gate, false, true, Kv>>(kSmemBytes);
+      prefill_hopper_kernel<Gate, false, true, Kv>
+          <<<unsigned(ctas), kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, seq_group, maps);
+      check_launch(who);
+      return;
+    }
   if (splits == 1) {
-    allow_dynamic_smem<prefill_hopper_kernel<Gate, false, false>>(kSmemBytes);
-    prefill_hopper_kernel<Gate, false, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, seq_group, maps);
+    allow_dynamic_smem<prefill_hopper_kernel<Gate, false, false, Kv>>(kSmemBytes);
+    prefill_hopper_kernel<Gate, false, false, Kv><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, 1, 1, seq_group, maps);
     check_launch(who);
     return;
   }
-  allow_dynamic_smem<prefill_hopper_kernel<Gate, true, false>>(kSmemBytes);
-  prefill_hopper_kernel<Gate, true, false><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits, heads, seq_group, maps);
+  allow_dynamic_smem<prefill_hopper_kernel<Gate, true, false, Kv>>(kSmemBytes);
+  prefill_hopper_kernel<Gate, true, false, Kv><<<grid, kThreads, kSmemBytes, stream>>>(p, scale, splits, heads, seq_group, maps);
   check_launch(who);
   launch_combine_splits<kD, Gate>(p, splits, stream);
 }
@@ -608,7 +643,7 @@ void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t s
 bool hopper_code_here() {
   static const bool here = [] {
     cudaFuncAttributes attributes{};
-    ASYNCT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, prefill_hopper_kernel<SoftmaxGate<1>, false, false>));
+    ASYNCT_CUDA_CHECK(cudaFuncGetAttributes(&attributes, prefill_hopper_kernel<SoftmaxGate<1>, false, false, KvBf16>));
     return attributes.binaryVersion == 90;
   }();
   return here;
@@ -632,7 +667,10 @@ bool prefill_hopper_tensor_copies(const PrefillParams& p) { return new_kv_maps(p
 
 void launch_prefill_hopper(const PrefillParams& p, float scale, cudaStream_t stream) {
   const int splits = splits_the_workspace_holds(p, prefill_hopper_kv_splits(p));
-  with_gate<1>(p.gate, [&]<class Gate>() { launch_with<Gate>(p, scale, splits, stream); });
+  with_gate<1>(p.gate, [&]<class Gate>() {
+    if (p.kv.element == KvElement::Fp8E4M3) return launch_with<Gate, KvFp8>(p, scale, splits, stream);
+    launch_with<Gate, KvBf16>(p, scale, splits, stream);
+  });
 }
 
 }  // namespace asynct::kernels

@@ -1,11 +1,13 @@
 // What the two prefill kernels' main loops share: the CTA's tile of (sequence, query head,
-// query rows) and where a key/value row comes from (the paged cache for the cached prefix, the
-// new-token arrays after it).
+// query rows), where a key/value row comes from (the paged cache for the cached prefix, the
+// new-token arrays after it), and how a cached e4m3 row reaches the bf16 tiles.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/attention/prefill/prefill.h"
+#include "kernels/attention/kv_element.cuh"
 #include "kernels/attention/prefill/tile_order.cuh"
 #include "kernels/common/bf16.cuh"
 
@@ -46,13 +48,15 @@ __device__ __forceinline__ bool make_tile_info(const PrefillParams& p, int block
 }
 
 // Where key/value row `pos` (< kv_end) of the tile's sequence starts, at the tile's KV head:
-// positions before the prefix in the paged cache (through the block table), the others in the
-// new-token arrays.
+// positions before the prefix in the paged cache (through the block table; Kv is its element
+// type: with KvFp8 `cached_e4m3` is set and the pointers are to its bytes), the others in the
+// new-token arrays (bf16).
 struct KvRow {
-  const bf16* key;
-  const bf16* value;
+  const unsigned char* key;
+  const unsigned char* value;
+  bool cached_e4m3;
 };
-template <int D>
+template <int D, class Kv>
 __device__ __forceinline__ KvRow kv_row(const PrefillParams& p, const TileInfo& t, int pos) {
   const long long row_stride = (long long)p.kv.num_kv_heads * D;  // elements per token
   if (pos < t.prefix) {
@@ -60,11 +64,35 @@ __device__ __forceinline__ KvRow kv_row(const PrefillParams& p, const TileInfo& 
     const long long block =
         p.kv.block_table[(long long)t.seq * p.kv.max_blocks_per_seq + (pos >> shift)];
     const long long offset =
-        (block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * row_stride + t.kv_head * D;
-    return {p.kv.key_cache + offset, p.kv.value_cache + offset};
+        ((block * p.kv.block_size + (pos & (p.kv.block_size - 1))) * row_stride + t.kv_head * D) * Kv::kBytes;
+    return {reinterpret_cast<const unsigned char*>(p.kv.key_cache) + offset,
+            reinterpret_cast<const unsigned char*>(p.kv.value_cache) + offset, !Kv::kIsBf16};
   }
   const long long offset = (long long)(t.q_begin - t.prefix + pos) * row_stride + t.kv_head * D;
-  return {p.key + offset, p.value + offset};
+  return {reinterpret_cast<const unsigned char*>(p.key + offset), reinterpret_cast<const unsigned char*>(p.value + offset),
+          false};
+}
+
+// ---- Cached rows of an e4m3 cache ------------------------------------------------------------
+//
+// The tiles in shared memory are bf16 whatever the cache holds: a cached e4m3 chunk (8 values, 8
+// bytes) is read into registers, multiplied by its KV head's scale in fp32 and rounded to bf16
+// once, and stored where a copied bf16 chunk would land.
+__device__ __forceinline__ uint2 load_e4m3_chunk(const unsigned char* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void store_e4m3_chunk_as_bf16(unsigned smem, uint2 raw, float scale) {
+  float f[8];
+  to_float8(KvFp8::decode8(raw), f);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] *= scale;
+  const Bf16x8 v = from_float8(f);
+  unsigned w[4];
+  memcpy(w, &v, 16);
+  asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};" ::"r"(smem), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
 }
 
 }  // namespace asynct::kernels::prefill

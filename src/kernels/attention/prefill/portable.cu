@@ -54,7 +54,9 @@ using namespace prefill::portable;  // Config
 
 // Copies key/value tile `tile` (kBlockN rows, in the key order of traits.cuh) into
 // shared memory with cp.async: positions < prefix from the paged cache, positions in [prefix,
-// kv_end) from the new-token arrays, rows at or past kv_end zero-filled.
+// kv_end) from the new-token arrays, rows at or past kv_end zero-filled. Kv: the cache's element
+// type; an e4m3 cache's rows go through registers (mainloop.cuh), each chunk loaded at issue(j)
+// and stored at issue(j + 1) or finish(), one k-step of Q K^T later.
 //
 // Each thread copies part of one row (kThreadsPerRow threads per row), so the row's address (a
 // block-table lookup, or a linear index; the same for K and V) is computed once per tile. Chunk
@@ -63,7 +65,7 @@ using namespace prefill::portable;  // Config
 // whose swizzled chunks fall in 8 distinct banks. The kCopies copies per thread are issued one
 // pair (K and V) at a time between the Q K^T steps (issue(j)): a burst of them ahead of the
 // ldmatrix reads queued those reads behind the copies.
-template <int D>
+template <int D, class Kv>
 struct KvTileLoader {
   using C = Config<D>;
   static constexpr int kChunks = D / 8;  // 16-byte chunks per row
@@ -77,10 +79,14 @@ struct KvTileLoader {
   // Few live registers (the Q K^T loop around issue() is at the register limit): the sources
   // point at chunk h of the thread's row; dst is the row's shared address in the K stage; the
   // swizzled chunk of copy j is (kThreadsPerRow * j + h) ^ (row & 7) = (kThreadsPerRow * j) ^ hr.
-  const bf16 *k_src, *v_src;
+  const unsigned char *k_src, *v_src;
   unsigned dst;
   int hr;
   bool valid;
+  // An e4m3 cache's row (Kv = KvFp8): its scales, and the chunk loaded but not yet stored.
+  bool cached_e4m3 = false;
+  float key_scale = 1.0f, value_scale = 1.0f;
+  uint2 k_bytes, v_bytes;
 
   __device__ __forceinline__ KvTileLoader(bf16* k_stage, int tile, const PrefillParams& p,
                                           const TileInfo& t) {
@@ -89,34 +95,62 @@ struct KvTileLoader {
     const int h = (tid / 8) % kThreadsPerRow;
     const int pos = tile * C::kBlockN + key_of_column<C::kBlockN / 8>(row);  // (the key order)
     valid = pos < t.kv_end;
-    k_src = p.key;  // (any valid address: an invalid copy reads nothing)
-    v_src = p.value;
+    k_src = reinterpret_cast<const unsigned char*>(p.key);  // (any valid address: an invalid copy reads nothing)
+    v_src = reinterpret_cast<const unsigned char*>(p.value);
     if (valid) {
-      const KvRow source = kv_row<D>(p, t, pos);
-      k_src = source.key + h * 8;
-      v_src = source.value + h * 8;
+      const KvRow source = kv_row<D, Kv>(p, t, pos);
+      if constexpr (!Kv::kIsBf16) {
+        cached_e4m3 = source.cached_e4m3;
+        if (cached_e4m3) {
+          key_scale = p.kv.key_scales[t.kv_head];
+          value_scale = p.kv.value_scales[t.kv_head];
+        }
+      }
+      const int chunk_bytes = cached_e4m3 ? 8 : 16;
+      k_src = source.key + h * chunk_bytes;
+      v_src = source.value + h * chunk_bytes;
     }
     dst = smem_addr(k_stage + row * D);
     hr = h ^ (row & 7);
   }
 
-  __device__ __forceinline__ void issue(int j) const {
-    const unsigned d = dst + (((kThreadsPerRow * j) ^ hr) << 4);
-    const int src = valid ? kThreadsPerRow * j * 8 : 0;
+  __device__ __forceinline__ unsigned destination(int j) const { return dst + (((kThreadsPerRow * j) ^ hr) << 4); }
+  __device__ __forceinline__ void store_loaded(int j) const {
+    store_e4m3_chunk_as_bf16(destination(j), k_bytes, key_scale);
+    store_e4m3_chunk_as_bf16(destination(j) + kValueOffsetBytes, v_bytes, value_scale);
+  }
+
+  __device__ __forceinline__ void issue(int j) {
+    if constexpr (!Kv::kIsBf16) {
+      if (cached_e4m3) {
+        if (j > 0) store_loaded(j - 1);
+        k_bytes = load_e4m3_chunk(k_src + kThreadsPerRow * j * 8);
+        v_bytes = load_e4m3_chunk(v_src + kThreadsPerRow * j * 8);
+        return;
+      }
+    }
+    const unsigned d = destination(j);
+    const int src = valid ? kThreadsPerRow * j * 16 : 0;
     cp_async16_shared(d, k_src + src, valid);
     cp_async16_shared(d + kValueOffsetBytes, v_src + src, valid);
   }
-  __device__ __forceinline__ void issue_all() const {
+  // After the last issue(): the last chunk loaded into registers goes to shared memory.
+  __device__ __forceinline__ void finish() const {
+    if constexpr (!Kv::kIsBf16)
+      if (cached_e4m3) store_loaded(kCopies - 1);
+  }
+  __device__ __forceinline__ void issue_all() {
 #pragma unroll
     for (int j = 0; j < kCopies; ++j) issue(j);
+    finish();
   }
 };
 
 // ---- The kernel ----------------------------------------------------------------------------
 
 // kSplit: the query tiles' keys are split over `splits` CTAs each (else splits is 1; the unsplit
-// form is its own instantiation and keeps its registers).
-template <int D, class Gate, bool kSplit>
+// form is its own instantiation and keeps its registers). Kv: the cache's element type.
+template <int D, class Gate, bool kSplit, class Kv>
 __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
     prefill_kernel(const PrefillParams p, float scale, int splits, int seq_group) {
   using C = Config<D>;
@@ -162,7 +196,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
       cp_async16(sQ + swizzle<D>(row, chunk), src, valid);
     }
   }
-  KvTileLoader<D>(sK, range.first, p, t).issue_all();
+  KvTileLoader<D, Kv>(sK, range.first, p, t).issue_all();
   cp_async_commit();
 
   Gate gate(p, t.head, scale);
@@ -193,7 +227,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
     // The next tile goes into the stage that the previous one used.
     const bool has_next = tile + 1 < range.end;
     const int next = (visit + 1) % C::kStages;
-    const KvTileLoader<D> next_tile(sK + next * kTileElems, has_next ? tile + 1 : tile, p, t);
+    KvTileLoader<D, Kv> next_tile(sK + next * kTileElems, has_next ? tile + 1 : tile, p, t);
     const bf16* k_tile = sK + (visit % C::kStages) * kTileElems;
     const bf16* v_tile = sV + (visit % C::kStages) * kTileElems;
     // On the diagonal, a warp whose rows all precede the tile's first key has nothing to do
@@ -213,7 +247,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
           for (int e = 0; e < 4; ++e) acc_s[mb][nb][e] = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < KS; ++ks) {
-        if (has_next && ks < KvTileLoader<D>::kCopies) next_tile.issue(ks);
+        if (has_next && ks < KvTileLoader<D, Kv>::kCopies) next_tile.issue(ks);
         unsigned a[MB][4];
 #pragma unroll
         for (int mb = 0; mb < MB; ++mb)
@@ -225,6 +259,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
           mma_row_blocks(acc_s, a, b, 2 * nb2);
         }
       }
+      if (has_next) next_tile.finish();
       cp_async_commit();
 
 #pragma unroll
@@ -260,7 +295,7 @@ __global__ void __launch_bounds__(Config<D>::kThreads, Config<D>::kCtasPerSm)
     }
     // After the math, where S's registers are free: the tile's new rows into the cache.
     if (writes_cache && tile >= range.begin && (tile + 1) * kBlockN > t.prefix + t.m0)
-      store_new_rows<D, kBlockN, C::kThreads>(k_tile, v_tile, tile, p, t,
+      store_new_rows<D, kBlockN, C::kThreads, Kv>(k_tile, v_tile, tile, p, t,
                                               [](int row, int chunk) { return swizzle<D>(row, chunk); });
   }
 
@@ -309,7 +344,7 @@ int kv_splits(const PrefillParams& p) {
   return kv_splits_to_fill(p, tiles, tiles, C::kCtasPerSm, C::kBlockN);
 }
 
-template <int D, class Gate>
+template <int D, class Gate, class Kv>
 void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t stream) {
   using C = Config<D>;
   const char* who = "launch_prefill";
@@ -319,21 +354,26 @@ void launch_with(const PrefillParams& p, float scale, int splits, cudaStream_t s
   const dim3 grid(p.num_q_heads, p.num_seqs, m_tiles * splits);
   const int seq_group = prefill_seq_group(p);
   if (splits == 1) {
-    allow_dynamic_smem<prefill_kernel<D, Gate, false>>(C::kSmemBytes);
-    prefill_kernel<D, Gate, false><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale, 1, seq_group);
+    allow_dynamic_smem<prefill_kernel<D, Gate, false, Kv>>(C::kSmemBytes);
+    prefill_kernel<D, Gate, false, Kv><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale, 1, seq_group);
     check_launch(who);
     return;
   }
-  allow_dynamic_smem<prefill_kernel<D, Gate, true>>(C::kSmemBytes);
-  prefill_kernel<D, Gate, true><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale, splits, seq_group);
+  allow_dynamic_smem<prefill_kernel<D, Gate, true, Kv>>(C::kSmemBytes);
+  prefill_kernel<D, Gate, true, Kv><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p, scale, splits, seq_group);
   check_launch(who);
   launch_combine_splits<D, Gate>(p, splits, stream);
 }
 
+// An e4m3 cache at head_dim 64 and 128 (what the decode kernel reads too; launch_prefill checks).
 template <int D>
 void dispatch_gate(const PrefillParams& p, float scale, cudaStream_t stream) {
   const int splits = splits_the_workspace_holds(p, kv_splits<D>(p));
-  with_gate<Config<D>::kRowBlocks>(p.gate, [&]<class Gate>() { launch_with<D, Gate>(p, scale, splits, stream); });
+  with_gate<Config<D>::kRowBlocks>(p.gate, [&]<class Gate>() {
+    if constexpr (D <= 128)
+      if (p.kv.element == KvElement::Fp8E4M3) return launch_with<D, Gate, KvFp8>(p, scale, splits, stream);
+    launch_with<D, Gate, KvBf16>(p, scale, splits, stream);
+  });
 }
 
 }  // namespace

@@ -25,8 +25,10 @@ std::size_t prefill_workspace_bytes(const PrefillParams& p) {
 
 void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   const char* who = "launch_prefill";
-  validate_paged_kv(p.kv, who);
+  validate_paged_kv(p.kv, who, /*reads_fp8=*/true);
   validate_gate(p.gate, who);
+  check(p.kv.element != KvElement::Fp8E4M3 || p.kv.head_dim <= 128, who,
+        ": an FP8 KV cache is read at head_dim 64 and 128, got ", p.kv.head_dim);
   check(p.num_seqs >= 1 && p.num_seqs <= 65535, who, ": num_seqs must be in 1..65535, got ",
         p.num_seqs);
   check(p.num_q_heads >= 1 && p.num_q_heads <= 65535, who,

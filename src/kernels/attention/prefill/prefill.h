@@ -15,7 +15,8 @@ namespace asynct::kernels {
 // Sequence s has q_len = cu_seqlens_q[s+1] - cu_seqlens_q[s] new tokens at positions
 // kv_lens[s] - q_len .. kv_lens[s] - 1. Keys before that prefix are read from the paged cache;
 // the new tokens' keys and values come from `key`/`value` and are also written into the cache
-// (at their positions, through the block table).
+// (at their positions, through the block table). The cache may be e4m3 (head_dim 64 and 128):
+// cached rows are read as bf16 at their scales, new rows written as e4m3.
 struct PrefillParams {
   const bf16* query = nullptr;  // [total_q, num_q_heads, head_dim]
   const bf16* key = nullptr;    // [total_q, num_kv_heads, head_dim], the new tokens

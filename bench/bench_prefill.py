@@ -50,12 +50,13 @@ def prefill_inputs(batch, length, block_size):
     return q, k, v, key_cache, value_cache, table, cu, kv_lens
 
 
-def time_ours(asynct, q, k, v, key_cache, value_cache, table, cu, kv_lens, max_q_len, max_kv_len):
-    """{gate: (ms, output)} for both gates (the batch checked once; the timed calls skip it)."""
+def time_ours(asynct, q, k, v, key_cache, value_cache, table, cu, kv_lens, max_q_len, max_kv_len, **scales):
+    """{gate: (ms, output)} for both gates (the batch checked once; the timed calls skip it).
+    scales: key_scales and value_scales of an e4m3 cache."""
     result = {}
     for name, gate in {"async": asynct.Gate.async_(HQ), "softmax": asynct.Gate.softmax()}.items():
         fn = lambda check=False: asynct.prefill(q, k, v, key_cache, value_cache, table, cu, kv_lens, gate,
-                                                max_q_len=max_q_len, max_kv_len=max_kv_len, check=check)
+                                                max_q_len=max_q_len, max_kv_len=max_kv_len, check=check, **scales)
         out = fn(check=True)
         result[name] = (median_ms(fn, warmup=3, reps=10), out)
     return result
@@ -125,8 +126,16 @@ def varlen_case(asynct, block_size, seed=1):
     return row
 
 
+def to_e4m3(cache):
+    """An e4m3 form of a bf16 cache [blocks, block_size, Hkv, D] and its scales [Hkv] (each KV
+    head's largest |value| at 224, as the kernel tests take them)."""
+    scales = (cache.float().abs().amax(dim=(0, 1, 3)) / 224).contiguous()
+    return (cache.float() / scales[None, None, :, None]).to(torch.float8_e4m3fn), scales
+
+
 def prefix_case(asynct, block_size, batch=4, cached=4096, new=1024):
-    """`batch` sequences of `new` tokens after `cached` tokens already in the paged cache."""
+    """`batch` sequences of `new` tokens after `cached` tokens already in the paged cache; ours
+    over a bf16 cache and over its e4m3 form."""
     context = cached + new
     q = torch.randn(batch * new, HQ, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(batch * new, HKV, D, device="cuda", dtype=torch.bfloat16)
@@ -142,6 +151,13 @@ def prefix_case(asynct, block_size, batch=4, cached=4096, new=1024):
     ours = time_ours(asynct, q, k, v, key_cache, value_cache, table, cu, kv_lens, new, context)
     for name, (ms, _) in ours.items():
         row[name + "_tflops"] = flops / (ms * 1e-3) / 1e12
+    (key_e4m3, key_scales), (value_e4m3, value_scales) = to_e4m3(key_cache), to_e4m3(value_cache)
+    fp8 = time_ours(asynct, q, k, v, key_e4m3, value_e4m3, table, cu, kv_lens, new, context,
+                    key_scales=key_scales, value_scales=value_scales)
+    for name, (ms, out) in fp8.items():
+        row[name + "_fp8_cache_tflops"] = flops / (ms * 1e-3) / 1e12
+        row[name + "_fp8_cache_rel_err_vs_bf16"] = rel_err(out, ours[name][1])
+    del key_e4m3, value_e4m3
     # The same keys contiguous for SDPA: the cached ones gathered through the block table, then the new ones.
     def contiguous(cache, fresh):
         rows = cache[table.long()].reshape(batch, blocks_per_seq * block_size, HKV, D)[:, :cached]
@@ -264,7 +280,7 @@ def main():
     for c in cases:
         label = (f"varlen, 16 prompts of 100..4096 ({c['tokens']} tokens)" if c["case"] == "varlen"
                  else f"prefix, {c['batch']} x ({c['cached']} cached + {c['new']} new)")
-        anchors = {k[:-7]: v for k, v in c.items() if k.endswith("_tflops") and k not in ("async_tflops", "softmax_tflops")}
+        anchors = {k[:-7]: v for k, v in c.items() if k.endswith("_tflops") and not k.startswith(("async_", "softmax_"))}
         best = max((v for v in anchors.values() if v), default=None)
         print(f"  {label}: async {c['async_tflops']:.1f}, softmax {c['softmax_tflops']:.1f}; "
               + ", ".join(f"{k} {v:.1f}" if v else f"{k} -" for k, v in anchors.items())
@@ -275,6 +291,12 @@ def main():
         err = c.get("softmax_rel_err_vs_cudnn", c.get("softmax_rel_err_vs_anchor"))
         if err is not None:
             print(f"    softmax against the anchor: relative error {err:.1e}")
+        if "async_fp8_cache_tflops" in c:
+            print(f"    over an e4m3 cache: async {c['async_fp8_cache_tflops']:.1f} "
+                  f"({c['async_fp8_cache_tflops'] / c['async_tflops']:.2f}x the bf16 cache), softmax "
+                  f"{c['softmax_fp8_cache_tflops']:.1f} ({c['softmax_fp8_cache_tflops'] / c['softmax_tflops']:.2f}x); "
+                  f"output against the bf16 cache's: relative error async {c['async_fp8_cache_rel_err_vs_bf16']:.1e}, "
+                  f"softmax {c['softmax_fp8_cache_rel_err_vs_bf16']:.1e}")
 
 
 if __name__ == "__main__":

@@ -165,16 +165,16 @@ def decode(query, key_cache, value_cache, block_table, kv_lens, gate, max_kv_len
 
 
 def prefill(query, key, value, key_cache, value_cache, block_table, cu_seqlens_q, kv_lens, gate,
-            max_q_len, max_kv_len, scale=0.0, out=None, check=True):
+            max_q_len, max_kv_len, scale=0.0, out=None, check=True, key_scales=None, value_scales=None):
     """Prefill attention over new tokens (query/key/value [total_q, H, D]) after cached prefixes;
     writes the new K/V into the cache. Returns out [total_q, Hq, D]. check: as for decode, with
-    cu_seqlens_q too."""
+    cu_seqlens_q too. An e4m3 cache takes key_scales and value_scales, as for decode."""
     _expect(query, torch.bfloat16, 3, "query")
     _expect(key, torch.bfloat16, 3, "key")
     _expect(value, torch.bfloat16, 3, "value")
     _expect(cu_seqlens_q, torch.int32, 1, "cu_seqlens_q")
     _expect(kv_lens, torch.int32, 1, "kv_lens")
-    kv = _paged(key_cache, value_cache, block_table)
+    kv = _paged(key_cache, value_cache, block_table, key_scales, value_scales)
     _expect_rows(block_table, kv_lens, kv_lens.shape[0])
     if cu_seqlens_q.shape[0] != kv_lens.shape[0] + 1:
         raise KernelError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries for {kv_lens.shape[0]} sequences")

@@ -210,35 +210,41 @@ TEST(CudaModelShapes, SmolLm2MatchesTheCpuRunner) {
   expect_steps_match_the_cpu_runner(random_weights(c, 26));
 }
 
+// Chunked prefill in a cache of 12 blocks (preemption), over a bf16 and an FP8 cache.
 TEST_P(CudaModel, EngineRunsToCompletion) {
   testing::require_gpu();
   ModelWeights w = random_weights(tiny_config(GetParam()), 22);
   const int vocab = w.config.vocab_size;
-  EngineOptions o;
-  o.max_num_batched_tokens = 24;  // chunked prefill
-  Engine e(std::make_unique<CudaModelRunner>(w, 12, 16, 24), vocab, o);
-  for (int r = 0; r < 4; ++r) {
-    Request req;
-    for (int t = 0; t < 10 + 13 * r; ++t) req.prompt.push_back((t * 7 + r) % vocab);
-    req.max_tokens = 20;
-    e.add_request(req);
+  for (KvCacheDtype kv : {KvCacheDtype::BF16, KvCacheDtype::Fp8E4M3}) {
+    SCOPED_TRACE(kv_cache_dtype_name(kv));
+    EngineOptions o;
+    o.max_num_batched_tokens = 24;  // chunked prefill
+    Engine e(std::make_unique<CudaModelRunner>(w, 12, 16, 24, kv), vocab, o);
+    for (int r = 0; r < 4; ++r) {
+      Request req;
+      for (int t = 0; t < 10 + 13 * r; ++t) req.prompt.push_back((t * 7 + r) % vocab);
+      req.max_tokens = 20;
+      e.add_request(req);
+    }
+    auto out = e.run_to_completion();
+    ASSERT_EQ(out.size(), 4u);
+    for (const RequestOutput& o2 : out) EXPECT_EQ(o2.tokens.size(), 20u);
   }
-  auto out = e.run_to_completion();
-  ASSERT_EQ(out.size(), 4u);
-  for (const RequestOutput& o2 : out) EXPECT_EQ(o2.tokens.size(), 20u);
 }
 
 // A request's greedy choices (Engine::add_request_group) fork after the prompt, each with its
 // own copy of the partial last block (CudaModelRunner::copy_blocks): identical rows in every
 // product and the same K/V, so every choice generates the leader's tokens. A wrong or missing
-// copy would give the forks other K/V for the prompt's last positions.
+// copy would give the forks other K/V for the prompt's last positions. Over a bf16 and an FP8
+// cache (the copies are of bytes).
 TEST_P(CudaModel, ForkedGreedyChoicesGenerateTheSameTokens) {
   testing::require_gpu();
   ModelWeights w = random_weights(tiny_config(GetParam()), 23);
   const int vocab = w.config.vocab_size;
+  for (KvCacheDtype kv : {KvCacheDtype::BF16, KvCacheDtype::Fp8E4M3})
   for (int prompt_len : {21, 32}) {  // a partial last block, and none
-    SCOPED_TRACE(::testing::Message() << "prompt " << prompt_len);
-    Engine e(std::make_unique<CudaModelRunner>(w, 24, 16, 64), vocab, {});
+    SCOPED_TRACE(::testing::Message() << "prompt " << prompt_len << ", " << kv_cache_dtype_name(kv) << " cache");
+    Engine e(std::make_unique<CudaModelRunner>(w, 24, 16, 64, kv), vocab, {});
     Request r;
     for (int t = 0; t < prompt_len; ++t) r.prompt.push_back((t * 5 + 2) % vocab);
     r.max_tokens = 24;

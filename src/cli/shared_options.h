@@ -16,8 +16,8 @@ namespace asynct::cli {
 inline void add_precision_options(CLI::App* cmd, std::string& kv_cache_dtype, std::string& quantization) {
   cmd->add_option("--kv-cache-dtype", kv_cache_dtype,
                   "KV cache type: auto (the backend's: float32 on the CPU reference, bf16 otherwise), bf16 or fp8 (e4m3 with "
-                  "a scale per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights; the CPU "
-                  "backends only for now)")
+                  "a scale per layer and KV head: the checkpoint's k_scale / v_scale, else a bound from the weights; on CUDA at "
+                  "head_dim 64 and 128)")
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--quantization", quantization,
                   "none (the checkpoint's weights as they are), fp8 (the projections quantized to e4m3 as they load, a "

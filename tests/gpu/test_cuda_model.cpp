@@ -69,8 +69,7 @@ void expect_summaries_match(const StepOutput& out, int vocab, const char* what) 
 // The CUDA runner's logits against the CPU runner's on a prefill step, an all-decode step and
 // two mixed steps (chunk first; decodes first) of three sequences; both with a KV cache of
 // `kv_dtype` (the CPU reference holds an e4m3 cache's values as float32).
-void expect_steps_match_the_cpu_runner(const ModelWeights& w, KvCacheDtype kv_dtype = KvCacheDtype::BF16,
-                                       double tolerance = kLogitTolerance) {
+void expect_steps_match_the_cpu_runner(const ModelWeights& w, KvCacheDtype kv_dtype = KvCacheDtype::BF16) {
   const int block_size = 16, num_blocks = 40;
   CpuModelRunner cpu(w, num_blocks, block_size, kv_dtype == KvCacheDtype::BF16 ? KvCacheDtype::Float32 : kv_dtype);
   CudaModelRunner gpu(w, num_blocks, block_size, 64, kv_dtype);
@@ -85,7 +84,7 @@ void expect_steps_match_the_cpu_runner(const ModelWeights& w, KvCacheDtype kv_dt
   auto compare_step = [&](const StepBatch& b, const char* what) {
     Tensor expected = logits_of(cpu.forward(b), vocab);
     const StepOutput& out = gpu.forward(b);
-    auto result = close_to(logits_of(out, vocab), expected, tolerance);
+    auto result = close_to(logits_of(out, vocab), expected, kLogitTolerance);
     EXPECT_TRUE(result) << what;
     std::printf("  %s: %s\n", what, result.message());
     expect_summaries_match(out, vocab, what);
@@ -178,17 +177,15 @@ TEST_P(CudaModel, Fp8WeightsMatchTheCpuRunner) {
 
 // An FP8 (e4m3) KV cache at the bound rule's scales (kv_cache_scales): written by the decode
 // kernel, the q/k-norm kernel (Llama) and the prefill kernel, read by both attention kernels; at
-// head_dim 64 (tiny) and 128 (the Hopper prefill kernel on Hopper). The CPU reference attends to
-// the e4m3 values of a step's own new keys where the prefill kernel uses their bf16 values (it
-// writes them as e4m3 for later steps): a looser tolerance.
-constexpr double kFp8CacheLogitTolerance = 6e-2;
+// head_dim 64 (tiny) and 128 (the Hopper prefill kernel on Hopper). Both runners attend to the
+// values the cache holds, a step's own new keys included.
 TEST_P(CudaModel, Fp8CacheMatchesTheCpuRunner) {
   testing::require_gpu();
   for (int head_dim : {64, 128}) {
     SCOPED_TRACE("head_dim " + std::to_string(head_dim));
     ModelConfig c = tiny_config(GetParam());
     c.head_dim = head_dim;
-    expect_steps_match_the_cpu_runner(random_weights(c, 23), KvCacheDtype::Fp8E4M3, kFp8CacheLogitTolerance);
+    expect_steps_match_the_cpu_runner(random_weights(c, 23), KvCacheDtype::Fp8E4M3);
   }
 }
 

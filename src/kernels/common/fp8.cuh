@@ -58,4 +58,11 @@ __device__ __forceinline__ uint2 float8_to_e4m3x8(const float in[8], float scale
   return make_uint2(word[0], word[1]);
 }
 
+// 8 floats as an e4m3 cache at `scale` holds them: e4m3(x / scale) * scale, in place.
+__device__ __forceinline__ void round_through_e4m3(float (&x)[8], float scale) {
+  to_float8(e4m3x8_to_bf16x8(float8_to_e4m3x8(x, scale)), x);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] *= scale;
+}
+
 }  // namespace asynct::kernels

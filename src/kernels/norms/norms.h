@@ -73,6 +73,10 @@ void launch_post_attn_pre_mlp(const LinearOutput& attn_out, float* residual, con
 // key_cache/value_cache: [num_blocks, block_size, num_kv_heads, head_dim]; bf16, or with
 // kv_element Fp8E4M3 e4m3 bytes (the pointers point at them) holding k / key_scales[h] and
 // v / value_scales[h] (device float32 [num_kv_heads]), k encoded from its float32 value.
+// With kv_element Fp8E4M3 (and its scales) the dense k and v_out come out as the cache holds
+// them, e4m3 times the scale rounded to bf16, with or without a cache write: the prefill kernel
+// then attends to the values every later step reads back (a step's result does not depend on
+// how its prompt was chunked or cached), and writes them to the cache exactly.
 // Fused input: with qkv set, q, k and v are read from one buffer [tokens, (num_q_heads +
 // 2 num_kv_heads) * head_dim] (each token's q heads, then k, then v: what one GEMM over the
 // concatenated projections writes) and the results go to q, k and v_out, dense as above

@@ -38,7 +38,7 @@ struct QkParams {
   const std::int64_t* slot_mapping;
   bf16* key_cache;
   bf16* value_cache;
-  bool fp8_cache;  // e4m3 bytes at the scales below (norms.h)
+  bool fp8_cache;  // e4m3 bytes at the scales below, and the dense k and v as they hold them (norms.h)
   const float* key_scales;
   const float* value_scales;
   int num_q_heads, num_kv_heads;
@@ -140,24 +140,33 @@ __global__ void __launch_bounds__(kMaxThreads) qk_norm_rope_kernel(QkParams p, i
     rope_pairs(x, lane_rotation);
     if (!active[t]) continue;
     const int token = first + t;
-    const Bf16x8 rotated = from_float8(x);
     if (is_q) {
-      store_pairs<HEAD_DIM>(p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM, lane, rotated);
+      store_pairs<HEAD_DIM>(p.q + (std::int64_t(token) * p.num_q_heads + head) * HEAD_DIM, lane, from_float8(x));
       continue;
     }
     const std::int64_t dense = (std::int64_t(token) * p.num_kv_heads + kv_head) * HEAD_DIM;
+    if (p.fp8_cache) {  // k from its float32 value, v as loaded (bf16); dense as the cache holds them
+      float k_held[8], v_held[8];
+      to_float8(value[t], v_held);
+      if (write_cache) {
+        const std::int64_t offset = (slot[t] * p.num_kv_heads + kv_head) * HEAD_DIM;
+        store_pairs_e4m3<HEAD_DIM>(reinterpret_cast<unsigned char*>(p.key_cache) + offset, lane, x, p.key_scales[kv_head]);
+        store_pairs_e4m3<HEAD_DIM>(reinterpret_cast<unsigned char*>(p.value_cache) + offset, lane, v_held,
+                                   p.value_scales[kv_head]);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) k_held[e] = x[e];
+      round_through_e4m3(k_held, p.key_scales[kv_head]);
+      round_through_e4m3(v_held, p.value_scales[kv_head]);
+      store_pairs<HEAD_DIM>(p.k + dense, lane, from_float8(k_held));
+      if (SPLIT || p.qkv.dense) store_pairs<HEAD_DIM>(p.v_out + dense, lane, from_float8(v_held));
+      continue;
+    }
+    const Bf16x8 rotated = from_float8(x);
     store_pairs<HEAD_DIM>(p.k + dense, lane, rotated);
     if (SPLIT || p.qkv.dense) store_pairs<HEAD_DIM>(p.v_out + dense, lane, value[t]);
     if (!write_cache) continue;
     const std::int64_t offset = (slot[t] * p.num_kv_heads + kv_head) * HEAD_DIM;
-    if (p.fp8_cache) {  // k from its float32 value; v as loaded (bf16)
-      float v[8];
-      to_float8(value[t], v);
-      store_pairs_e4m3<HEAD_DIM>(reinterpret_cast<unsigned char*>(p.key_cache) + offset, lane, x, p.key_scales[kv_head]);
-      store_pairs_e4m3<HEAD_DIM>(reinterpret_cast<unsigned char*>(p.value_cache) + offset, lane, v,
-                                 p.value_scales[kv_head]);
-      continue;
-    }
     store_pairs<HEAD_DIM>(p.key_cache + offset, lane, rotated);
     store_pairs<HEAD_DIM>(p.value_cache + offset, lane, value[t]);
   }
@@ -220,9 +229,9 @@ void launch_qk_norm_rope_cache_write(const QkNormRopeArgs& args, cudaStream_t st
   if (args.key_cache) {
     check_pointers(who, {{args.key_cache, "key_cache"}, {args.value_cache, "value_cache"}});
     check(args.slot_mapping != nullptr, who, ": slot_mapping is null");
-    if (args.kv_element == KvElement::Fp8E4M3)
-      check(args.key_scales && args.value_scales, who, ": an FP8 KV cache needs its key and value scales");
   }
+  if (args.kv_element == KvElement::Fp8E4M3)
+    check(args.key_scales && args.value_scales, who, ": an FP8 KV cache needs its key and value scales");
 
   check(args.first_token >= 0 && args.first_token < args.tokens, who, ": first_token ", args.first_token,
         " outside 0..", args.tokens - 1);

@@ -92,14 +92,15 @@ void ModelForward::run_model(const StepShape& shape, const StepPointers& step, i
       qk.positions = step.positions;
       qk.tokens = t;
       qk.first_token = decode_reads_projection ? shape.decodes : 0;
+      // (An FP8 cache's scales also round the dense K/V as the cache holds them: norms.h.)
+      const kernels::PagedKv kv = cache_.paged(int(l), step.block_table, shape.max_blocks);
+      qk.kv_element = kv.element;
+      qk.key_scales = kv.key_scales;
+      qk.value_scales = kv.value_scales;
       if (!decode_reads_projection && shape.decodes > 0) {
-        const kernels::PagedKv kv = cache_.paged(int(l), step.block_table, shape.max_blocks);
         qk.slot_mapping = step.slots;
         qk.key_cache = kv.key_cache;
         qk.value_cache = kv.value_cache;
-        qk.kv_element = kv.element;
-        qk.key_scales = kv.key_scales;
-        qk.value_scales = kv.value_scales;
       }
       qk.num_q_heads = c_.num_attention_heads;
       qk.num_kv_heads = c_.num_key_value_heads;

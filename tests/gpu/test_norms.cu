@@ -681,6 +681,27 @@ TEST(QkNormRopeKernel, Fp8CacheMatchesReference) {
   check_qk(c, 15, /*fused=*/true, /*splits=*/8);
 }
 
+// Without a cache to write (the prefill path: the prefill kernel writes it), an e4m3 cache's
+// scales still round every token's dense k and v as the cache will hold them.
+TEST(QkNormRopeKernel, Fp8ScalesRoundTheDenseKeysAndValuesWithoutACache) {
+  testing::require_gpu();
+  Random rng(17);
+  QkCase c = make_qk_case(rng, 17, 128, true);
+  c.fp8_cache = true;
+  const QkResult r = run_qk(c, 16, /*with_cache=*/false, /*fused=*/true);
+  EXPECT_TRUE(close_to(r.q, r.ref_q, kTolerance)) << "q";
+  std::vector<float> k_expected, v_expected;
+  for (std::size_t i = 0; i < r.ref_k.size(); ++i) {
+    const std::size_t head = i / std::size_t(c.head_dim) % kFp8KeyScales.size();
+    k_expected.push_back(round_to_bf16(e4m3_at(r.ref_k[i], kFp8KeyScales[head])));
+    v_expected.push_back(round_to_bf16(e4m3_at(r.v[i], kFp8ValueScales[head])));
+  }
+  // (a key may round to the neighbouring e4m3 value: the kernel's float32 k differs from the
+  // reference's in the last bits; v is exact)
+  EXPECT_TRUE(close_to(r.k, k_expected, 3e-2)) << "k";
+  EXPECT_TRUE(close_to(r.v_out, v_expected, 0.0)) << "v";
+}
+
 // Long positions: at position ~1e5 the highest frequencies turn by ~1e5 rad, where an fp32
 // angle (position * inv_freq in float) is off by up to ~5e-3 rad. Measured against the float64
 // reference, restricted to the 8 highest-frequency pairs of every head (elements 0..7 and

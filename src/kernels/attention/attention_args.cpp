@@ -4,12 +4,10 @@
 
 namespace asynct::kernels {
 
-void validate_paged_kv(const PagedKv& kv, const char* who, bool reads_fp8) {
+void validate_paged_kv(const PagedKv& kv, const char* who) {
   check(kv.key_cache && kv.value_cache && kv.block_table, who, ": null KV cache pointer");
-  if (kv.element == KvElement::Fp8E4M3) {
-    check(reads_fp8, who, ": an FP8 (e4m3) KV cache is not read here yet; use a bf16 cache");
+  if (kv.element == KvElement::Fp8E4M3)
     check(kv.key_scales && kv.value_scales, who, ": an FP8 KV cache needs its key and value scales");
-  }
   check(kv.block_size >= 16 && kv.block_size <= 256 && (kv.block_size & (kv.block_size - 1)) == 0,
         who, ": block_size must be a power of two in 16..256, got ", kv.block_size);
   check(kv.head_dim == 64 || kv.head_dim == 128 || kv.head_dim == 256, who,

@@ -41,8 +41,8 @@ struct GateArgs {
 };
 
 // Host-side checks shared by the attention entry points; throw asynct::Error. An e4m3 cache needs
-// its scales, and is refused unless `reads_fp8` (the entry point reads it).
-void validate_paged_kv(const PagedKv& kv, const char* who, bool reads_fp8 = false);
+// its scales.
+void validate_paged_kv(const PagedKv& kv, const char* who);
 void validate_gate(const GateArgs& gate, const char* who);
 
 }  // namespace asynct::kernels

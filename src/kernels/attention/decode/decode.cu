@@ -309,7 +309,7 @@ std::size_t decode_workspace_bytes(const DecodeParams& p, int num_splits) {
 }
 
 void launch_decode(const DecodeParams& p, cudaStream_t stream) {
-  validate_paged_kv(p.kv, "decode", /*reads_fp8=*/true);
+  validate_paged_kv(p.kv, "decode");
   validate_gate(p.gate, "decode");
   check((p.query || p.projection.enabled()) && p.out && p.kv_lens, "decode: null query (and no projection), out or kv_lens");
   check(p.num_seqs >= 1, "decode: no sequences");

@@ -25,7 +25,7 @@ std::size_t prefill_workspace_bytes(const PrefillParams& p) {
 
 void launch_prefill(const PrefillParams& p, cudaStream_t stream) {
   const char* who = "launch_prefill";
-  validate_paged_kv(p.kv, who, /*reads_fp8=*/true);
+  validate_paged_kv(p.kv, who);
   validate_gate(p.gate, who);
   check(p.kv.element != KvElement::Fp8E4M3 || p.kv.head_dim <= 128, who,
         ": an FP8 KV cache is read at head_dim 64 and 128, got ", p.kv.head_dim);

@@ -5,13 +5,17 @@ Beside it, the same kernel over the same K/V as an FP8 (e4m3) cache: per KV head
 head's largest |value| / 448, the cache holding value / scale; its rate is taken in its own
 bytes (half of bf16's), its output compared with the bf16 cache's.
 
-Usage: python3 bench/bench_decode.py --lib BUILD_DIR --out OUT_DIR [--block-size 16]
+Usage: python3 bench/bench_decode.py --lib BUILD_DIR --out OUT_DIR [--block-size 16] [--shapes 32x4096]
+       [--profile]
+--profile launches each shape's four kernels (async and softmax gates over the bf16 and the e4m3
+cache) twice, in that order, and nothing else: the launches to give a profiler, e.g.
+  ncu -k regex:decode_stage1 --launch-skip 4 python3 bench/bench_decode.py ... --shapes 32x4096 --profile
 """
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import ceilings, median_ms, parse_args, rel_err, write_json
+from common import shape_list, ceilings, median_ms, parse_args, rel_err, write_json
 
 SHAPES = [(1, 131072), (4, 32768), (32, 1024), (32, 4096), (32, 16384)]
 HQ, HKV, D = 16, 8, 128
@@ -42,14 +46,48 @@ def decode_inputs(seqs, ctx, block_size, device="cuda"):
     return q, key_cache, value_cache, table, kv_lens
 
 
+def fp8_cache(key_cache, value_cache):
+    """The e4m3 cache of the same K/V: per KV head, scale = the head's largest |value| / 448, the
+    cache holding value / scale. {"key": (cache, scales), "value": (cache, scales)}."""
+    out = {}
+    for name, cache in (("key", key_cache), ("value", value_cache)):
+        scales = (cache.float().abs().amax(dim=(0, 1, 3)) / 448.0).clamp_min(1e-12)
+        out[name] = ((cache.float() / scales.view(1, 1, HKV, 1)).to(torch.float8_e4m3fn), scales.contiguous())
+    return out
+
+
+def add_options(parser):
+    parser.add_argument("--shapes", type=shape_list("bench_decode"), default=SHAPES,
+                        help="sequences x context, e.g. 32x4096,1x131072")
+    parser.add_argument("--profile", action="store_true", help="only the launches, for a profiler (see above)")
+
+
+def profile(asynct, shapes, block_size):
+    """Each shape's four kernels launched twice, round by round (the first round warms up)."""
+    for seqs, ctx in shapes:
+        q, key_cache, value_cache, table, kv_lens = decode_inputs(seqs, ctx, block_size)
+        fp8 = fp8_cache(key_cache, value_cache)
+        gates = (asynct.Gate.async_(HQ), asynct.Gate.softmax())
+        for first in (True, False):
+            for gate in gates:
+                asynct.decode(q, key_cache, value_cache, table, kv_lens, gate, max_kv_len=ctx, check=first)
+            for gate in gates:
+                asynct.decode(q, fp8["key"][0], fp8["value"][0], table, kv_lens, gate, max_kv_len=ctx,
+                              check=first, key_scales=fp8["key"][1], value_scales=fp8["value"][1])
+        torch.cuda.synchronize()
+        print(f"bench_decode --profile: {seqs} x {ctx}, async and softmax over bf16 then e4m3, two rounds")
+
+
 def main():
-    args = parse_args(__doc__, block_size=True)
+    args = parse_args(__doc__, block_size=True, extra=add_options)
     import asynct
+    if args.profile:
+        return profile(asynct, args.shapes, args.block_size)
 
     copy_tb_s = ceilings(args.out)["copy_tb_per_s"]
     torch.manual_seed(0)
     rows = []
-    for seqs, ctx in SHAPES:
+    for seqs, ctx in args.shapes:
         bs = args.block_size
         blocks_per_seq = (ctx + bs - 1) // bs
         q, key_cache, value_cache, table, kv_lens = decode_inputs(seqs, ctx, bs)
@@ -69,11 +107,7 @@ def main():
         nonzero = counters[0].item() / (seqs * HQ * ctx)
         v_rows = counters[1].item() / (seqs * HKV * ctx)
 
-        # The FP8 cache: e4m3 of value / scale, one scale per KV head for keys and for values.
-        fp8 = {}
-        for name, cache in (("key", key_cache), ("value", value_cache)):
-            scales = (cache.float().abs().amax(dim=(0, 1, 3)) / 448.0).clamp_min(1e-12)
-            fp8[name] = ((cache.float() / scales.view(1, 1, HKV, 1)).to(torch.float8_e4m3fn), scales.contiguous())
+        fp8 = fp8_cache(key_cache, value_cache)
         fp8_times, fp8_errs = {}, {}
         for name, gate in gates.items():
             fn8 = lambda check=False: asynct.decode(q, fp8["key"][0], fp8["value"][0], table, kv_lens, gate,

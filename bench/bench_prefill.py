@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from common import ceilings, median_ms, parse_args, rel_err, write_json
+from common import shape_list, ceilings, median_ms, parse_args, rel_err, write_json
 
 SHAPES = [(16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]
 HQ, HKV, D = 16, 8, 128
@@ -178,20 +178,9 @@ def prefix_case(asynct, block_size, batch=4, cached=4096, new=1024):
     return row
 
 
-def shape_list(text):
-    """"16x1024,1x16384" -> [(16, 1024), (1, 16384)]."""
-    try:
-        shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
-    except ValueError:
-        shapes = []
-    if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
-        raise SystemExit(f"bench_prefill: --shapes {text!r}: expected BATCHxLENGTH[,BATCHxLENGTH...], e.g. 16x1024")
-    return shapes
-
-
 def add_options(parser):
     parser.add_argument("--kernel", choices=["auto", "portable", "hopper"], default="auto", help="which prefill kernel runs")
-    parser.add_argument("--shapes", type=shape_list, default=SHAPES, help="equal-length batches, e.g. 16x1024,1x16384")
+    parser.add_argument("--shapes", type=shape_list("bench_prefill"), default=SHAPES, help="equal-length batches, e.g. 16x1024,1x16384")
     parser.add_argument("--profile", action="store_true", help="only the launches, for a profiler (see above)")
 
 

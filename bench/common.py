@@ -77,6 +77,19 @@ def write_json(out_dir, name, payload):
         json.dump(payload, f, indent=2)
 
 
+def shape_list(script):
+    """An argparse type for "16x1024,1x16384" -> [(16, 1024), (1, 16384)], its errors naming `script`."""
+    def parse(text):
+        try:
+            shapes = [tuple(int(n) for n in item.split("x")) for item in text.split(",")]
+        except ValueError:
+            shapes = []
+        if not shapes or any(len(s) != 2 or min(s) < 1 for s in shapes):
+            raise SystemExit(f"{script}: --shapes {text!r}: expected AxB[,AxB...], e.g. 32x4096")
+        return shapes
+    return parse
+
+
 def parse_args(doc, block_size=False, extra=None):
     """The arguments every kernel benchmark takes (extra(parser) adds a script's own); also points
     python/asynct at --lib."""

@@ -5,7 +5,7 @@
 # folder) or build/gpu-out; at the end the logs are packed into one logs-HHMMSS.tgz there.
 #
 # STAGES picks what runs, in this order (default: build tests sanitizer torch bench scenarios sampling):
-#   build tests sanitizer torch bench scenarios sampling fp8 fp8_cache speculative serve timeline prefill_profile probes
+#   build tests sanitizer torch bench scenarios sampling fp8 fp8_cache speculative serve timeline prefill_profile decode_profile probes
 # e.g. STAGES="build tests sanitizer" for a correctness pass, STAGES="build bench" for timings,
 # STAGES="build sampling" for the device sampler's kernel bench and decode_heavy_b32 greedy against
 # sampled, STAGES="build fp8" for the FP8-weight product's bench and the 1.7B decode scenarios on
@@ -15,6 +15,7 @@
 # load in process (SERVE_ARCHS, SERVE_RATES narrow it), STAGES=probes for the design probes in bench/*_probe.cu (what
 # a dependency costs; what the decode step's structure costs with no math in it),
 # STAGES="build prefill_profile" for the prefill kernel's clock under load and ncu (PROFILE_SHAPES),
+# STAGES="build decode_profile" for ncu over the decode kernel on bf16 and e4m3 caches (DECODE_PROFILE_SHAPES),
 # STAGES="build speculative" for a 1.7B step verifying 4 drafts against a one-token step, decode_heavy_b32
 # with speculation on against off, and
 # bench/bench_speculative.py on SmolLM2, a process a request and a warm server (once scripts/device_smollm2.sh has unpacked it into
@@ -301,6 +302,23 @@ if want prefill_profile; then
     rm -f "$rep.ncu-rep" "${rep}_source.csv.gz"
   done
   (cd "$out" && tar czf "prefill-profile-$(date +%H%M%S).tgz" prefill_clock.* prefill_ncu_* && rm -f prefill_clock.* prefill_ncu_*)
+fi
+if want decode_profile; then
+  # The decode kernel over bf16 and e4m3 caches (both gates; bench_decode.py --profile) under
+  # ncu, with the source page summarised by the kernel's parts, for each of DECODE_PROFILE_SHAPES.
+  echo "== the decode kernel under ncu: async and softmax over bf16, then over e4m3 =="
+  for shape in ${DECODE_PROFILE_SHAPES:-32x4096}; do
+    rep="$out/decode_ncu_$shape"
+    timeout 240 ncu --clock-control none -k regex:decode_stage1 --launch-skip 4 --launch-count 4 --set full \
+      --import-source yes -f -o "$rep" python3 bench/bench_decode.py --lib "$PWD/build/gpu" --out "$out" \
+      --shapes "$shape" --profile >"${rep}_run.txt" 2>&1 || { status=1; tail -5 "${rep}_run.txt"; continue; }
+    ncu -i "$rep.ncu-rep" --page details >"${rep}_details.txt" 2>&1
+    ncu -i "$rep.ncu-rep" --page source --print-source sass --csv 2>/dev/null | gzip >"${rep}_source.csv.gz"
+    python3 bench/ncu_source.py "${rep}_source.csv.gz" >"${rep}_source.txt" 2>&1 || status=1
+    grep -E "^  [a-z_]+.*decode_stage1|Duration|Compute \(SM\) Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible" "${rep}_details.txt"
+    rm -f "$rep.ncu-rep" "${rep}_source.csv.gz"
+  done
+  (cd "$out" && tar czf "decode-profile-$(date +%H%M%S).tgz" decode_ncu_* && rm -f decode_ncu_*)
 fi
 if want probes; then
   echo "== design probes =="

@@ -12,32 +12,48 @@
 
 namespace asynct::kernels {
 
-// Two e4m3 values, placed in the high bytes of a word's two halves, as a bf16 pair: each byte's
-// sign and exponent-mantissa bits moved to a bf16's places make the value times 2^-120 (bf16's
-// exponent bias is 120 more than e4m3's; subnormals map to subnormals), then a multiply by 2^120
-// (exact) on the half-precision pipe; the integer pipe does the rest, not the conversion
-// instructions' quarter-rate pipe [F32]. NaN (0x7f, 0xff) stays NaN.
+// Two e4m3 values, placed in the high bytes of a word's two halves, as a bf16 pair times 2^-120:
+// each byte's sign and exponent-mantissa bits moved to a bf16's places (bf16's exponent bias is
+// 120 more than e4m3's; subnormals map to subnormals), on the integer pipe, not the conversion
+// instructions' quarter-rate pipe [F32]. e4m3's NaN (0x7f, 0xff) comes out as +-480 * 2^-120.
+__device__ __forceinline__ unsigned e4m3_pair_to_bf16x2_bits_over_2p120(unsigned high_bytes) {
+  return (high_bytes & 0x80008000u) | ((high_bytes & 0x7f007f00u) >> 4);
+}
+
+// Two e4m3 values as above, exactly: times 2^120 (exact) on the half-precision pipe, NaN kept.
 __device__ __forceinline__ __nv_bfloat162 e4m3_pair_to_bf16x2(unsigned high_bytes) {
-  constexpr unsigned kSign = 0x80008000u, kMagnitude = 0x7f007f00u;
-  const unsigned magnitude = high_bytes & kMagnitude;
-  const unsigned bits = (high_bytes & kSign) | (magnitude >> 4);
+  constexpr unsigned kMagnitude = 0x7f007f00u;
+  const unsigned bits = e4m3_pair_to_bf16x2_bits_over_2p120(high_bytes);
   __nv_bfloat162 v;
   memcpy(&v, &bits, 4);
   v = __hmul2(v, __float2bfloat162_rn(0x1p120f));
   unsigned out;
   memcpy(&out, &v, 4);
-  out |= __vcmpeq2(magnitude, kMagnitude) & 0x7fc07fc0u;  // e4m3's NaN as bf16's
+  out |= __vcmpeq2(high_bytes & kMagnitude, kMagnitude) & 0x7fc07fc0u;  // e4m3's NaN as bf16's
   memcpy(&v, &out, 4);
   return v;
 }
 
-// 8 e4m3 values (bytes 0..7 of raw, in order) as bf16, in order.
+// 8 e4m3 values (bytes 0..7 of raw, in order) as bf16, in order: exactly, or (kExact false)
+// times 2^-120 with NaN read as +-480 * 2^-120, for readers that fold 2^120 into their scales.
+template <bool kExact = true>
 __device__ __forceinline__ Bf16x8 e4m3x8_to_bf16x8(uint2 raw) {
   Bf16x8 out;
-  out.pair[0] = e4m3_pair_to_bf16x2(__byte_perm(raw.x, 0u, 0x1404));  // bytes 0, 1 to the halves' high bytes
-  out.pair[1] = e4m3_pair_to_bf16x2(__byte_perm(raw.x, 0u, 0x3424));  // bytes 2, 3
-  out.pair[2] = e4m3_pair_to_bf16x2(__byte_perm(raw.y, 0u, 0x1404));
-  out.pair[3] = e4m3_pair_to_bf16x2(__byte_perm(raw.y, 0u, 0x3424));
+  const unsigned high_bytes[4] = {
+      __byte_perm(raw.x, 0u, 0x1404),  // bytes 0, 1 to the halves' high bytes
+      __byte_perm(raw.x, 0u, 0x3424),  // bytes 2, 3
+      __byte_perm(raw.y, 0u, 0x1404),
+      __byte_perm(raw.y, 0u, 0x3424),
+  };
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (kExact) {
+      out.pair[i] = e4m3_pair_to_bf16x2(high_bytes[i]);
+    } else {
+      const unsigned bits = e4m3_pair_to_bf16x2_bits_over_2p120(high_bytes[i]);
+      memcpy(&out.pair[i], &bits, 4);
+    }
+  }
   return out;
 }
 

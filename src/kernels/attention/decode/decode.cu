@@ -144,8 +144,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
         for (int e = 0; e < 8; ++e) q[h][e] = 0.0f;
     }
   }
-  // An e4m3 cache holds key / key_scale and value / value_scale: the key scale goes into q, the
-  // value scale into the output.
+  // An e4m3 cache holds key / key_scale and value / value_scale, read as that / Kv::kReadUnit:
+  // the key scale goes into q (kReadUnit into each score, scattered_scores), both the value's
+  // into the output.
   const float key_scale = Kv::kIsBf16 ? 1.0f : p.kv.key_scales[kv_head];
   const float value_scale = Kv::kIsBf16 ? 1.0f : p.kv.value_scales[kv_head];
 #pragma unroll
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
       float out[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        out[e] = o[h][e] * value_scale;
+        out[e] = o[h][e] * Kv::kReadUnit * value_scale;
         if constexpr (kSoftmax) out[e] = state.sum[h] > 0.0f ? out[e] / state.sum[h] : 0.0f;
       }
       store_bf16x8(p.out + row * kHeadDim + slice * 8, from_float8(out));
@@ -208,7 +209,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
       const long long prow = (long long)split * p.num_seqs * p.num_q_heads + row;
       float* dst = a.partial_out + prow * kHeadDim + slice * 8;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) dst[e] = o[h][e] * value_scale;
+      for (int e = 0; e < 8; ++e) dst[e] = o[h][e] * Kv::kReadUnit * value_scale;
       if constexpr (kSoftmax)
         if (slice == 0) {  // an empty split leaves max -FLT_MAX, sum 0: weight 0 in the combine
           a.partial_max[prow] = state.max[h];

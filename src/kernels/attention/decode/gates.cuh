@@ -59,7 +59,7 @@ struct SoftmaxGate : SoftmaxGatePolicy, SoftmaxGateDeviceParams {
     staged.read(k, v);
     staged.release();
     float s[kUnroll * kGroup];
-    scattered_scores<L::kLanesPerKey, kGroup, kUnroll>(q, k, s);
+    scattered_scores<L::kLanesPerKey, kGroup, kUnroll, Kv>(q, k, s);
     float tile_max[kGroup];
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) tile_max[h] = -FLT_MAX;
@@ -212,7 +212,7 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
       Bf16x8 k[1] = {};
       if (i < halo) k[0] = Kv::stream8(key_cache + (cache.offset(pos) + slice * 8) * Kv::kBytes);
       float s[kGroup];
-      scattered_scores<L::kLanesPerKey, kGroup, 1>(q, k, s);
+      scattered_scores<L::kLanesPerKey, kGroup, 1, Kv>(q, k, s);
       if (i < halo) store_scores<L, 1>(sm, s, kMaxHalo - halo + base);
     }
     __syncwarp();
@@ -281,7 +281,7 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
       staged.read(k);
       staged.release();
       float d[L::kUnroll * kGroup];
-      scattered_scores<L::kLanesPerKey, kGroup, L::kUnroll>(q, k, d);
+      scattered_scores<L::kLanesPerKey, kGroup, L::kUnroll, Kv>(q, k, d);
       store_scores<L, L::kUnroll>(sm, d, kMaxHalo);
       __syncwarp();
     }

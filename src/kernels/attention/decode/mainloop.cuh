@@ -126,8 +126,9 @@ struct Scatter {
   __device__ static constexpr int slot(int idx) { return idx % kHeld; }
 };
 
-// The tile's scores q . k, reduce-scattered: s[j] is value Scatter::index(slice, j).
-template <int kLanesPerKey, int kGroup, int kUnroll>
+// The tile's scores q . k, reduce-scattered: s[j] is value Scatter::index(slice, j). The keys
+// as Kv reads them (their stored values / Kv::kReadUnit): each finished score is multiplied back.
+template <int kLanesPerKey, int kGroup, int kUnroll, typename Kv>
 __device__ __forceinline__ void scattered_scores(const float (&q)[kGroup][8], const Bf16x8 (&k)[kUnroll],
                                                  float (&s)[kUnroll * kGroup]) {
 #pragma unroll
@@ -143,6 +144,9 @@ __device__ __forceinline__ void scattered_scores(const float (&q)[kGroup][8], co
     }
   }
   reduce_scatter<kLanesPerKey / 2, kUnroll * kGroup>(s, int(threadIdx.x & 31) % kLanesPerKey);
+  if constexpr (Kv::kReadUnit != 1.0f)
+#pragma unroll
+    for (int j = 0; j < Scatter<kLanesPerKey, kUnroll * kGroup>::kHeld; ++j) s[j] *= Kv::kReadUnit;
 }
 
 // The stage ring: a stage holds one tile of keys (and, when the gate needs every value, the

@@ -27,6 +27,12 @@ namespace {
 using testing::close_to;
 
 constexpr double kLogitTolerance = 3e-2;
+// With an e4m3 cache the two runners quantise K and V that differ in their last bits (bf16
+// products on the GPU, float32 on the CPU): a value on either side of a rounding boundary moves
+// by a whole e4m3 step (6-12%), and the async gate's threshold can turn such a key on or off.
+// Measured 2.4-3.7% on the tiny models [C37H]; the kernels themselves are held to their own
+// tolerances on identical cache bytes (test_decode.cu, test_prefill.cu).
+constexpr double kFp8CacheLogitTolerance = 6e-2;
 
 // Appends sequence `tokens[begin, end)` of a sequence with the given block table to a batch.
 void add_sequence(StepBatch& b, const std::vector<std::int32_t>& tokens, int begin, int end,
@@ -69,7 +75,8 @@ void expect_summaries_match(const StepOutput& out, int vocab, const char* what) 
 // The CUDA runner's logits against the CPU runner's on a prefill step, an all-decode step and
 // two mixed steps (chunk first; decodes first) of three sequences; both with a KV cache of
 // `kv_dtype` (the CPU reference holds an e4m3 cache's values as float32).
-void expect_steps_match_the_cpu_runner(const ModelWeights& w, KvCacheDtype kv_dtype = KvCacheDtype::BF16) {
+void expect_steps_match_the_cpu_runner(const ModelWeights& w, KvCacheDtype kv_dtype = KvCacheDtype::BF16,
+                                       double tolerance = kLogitTolerance) {
   const int block_size = 16, num_blocks = 40;
   CpuModelRunner cpu(w, num_blocks, block_size, kv_dtype == KvCacheDtype::BF16 ? KvCacheDtype::Float32 : kv_dtype);
   CudaModelRunner gpu(w, num_blocks, block_size, 64, kv_dtype);
@@ -84,7 +91,7 @@ void expect_steps_match_the_cpu_runner(const ModelWeights& w, KvCacheDtype kv_dt
   auto compare_step = [&](const StepBatch& b, const char* what) {
     Tensor expected = logits_of(cpu.forward(b), vocab);
     const StepOutput& out = gpu.forward(b);
-    auto result = close_to(logits_of(out, vocab), expected, kLogitTolerance);
+    auto result = close_to(logits_of(out, vocab), expected, tolerance);
     EXPECT_TRUE(result) << what;
     std::printf("  %s: %s\n", what, result.message());
     expect_summaries_match(out, vocab, what);
@@ -185,7 +192,7 @@ TEST_P(CudaModel, Fp8CacheMatchesTheCpuRunner) {
     SCOPED_TRACE("head_dim " + std::to_string(head_dim));
     ModelConfig c = tiny_config(GetParam());
     c.head_dim = head_dim;
-    expect_steps_match_the_cpu_runner(random_weights(c, 23), KvCacheDtype::Fp8E4M3);
+    expect_steps_match_the_cpu_runner(random_weights(c, 23), KvCacheDtype::Fp8E4M3, kFp8CacheLogitTolerance);
   }
 }
 

@@ -20,13 +20,19 @@ __device__ __forceinline__ unsigned e4m3_pair_to_bf16x2_bits_over_2p120(unsigned
   return (high_bytes & 0x80008000u) | ((high_bytes & 0x7f007f00u) >> 4);
 }
 
-// Two e4m3 values as above, exactly: times 2^120 (exact) on the half-precision pipe, NaN kept.
-__device__ __forceinline__ __nv_bfloat162 e4m3_pair_to_bf16x2(unsigned high_bytes) {
-  constexpr unsigned kMagnitude = 0x7f007f00u;
+// Two e4m3 values as above, times 2^120 (exact) on the half-precision pipe: exact, but e4m3's
+// NaN reads as +-480 (the decode kernel's tensor-core scores; see KvFp8 for why that is enough).
+__device__ __forceinline__ __nv_bfloat162 e4m3_pair_to_bf16x2_nan_as_480(unsigned high_bytes) {
   const unsigned bits = e4m3_pair_to_bf16x2_bits_over_2p120(high_bytes);
   __nv_bfloat162 v;
   memcpy(&v, &bits, 4);
-  v = __hmul2(v, __float2bfloat162_rn(0x1p120f));
+  return __hmul2(v, __float2bfloat162_rn(0x1p120f));
+}
+
+// Two e4m3 values as above, exactly, NaN kept.
+__device__ __forceinline__ __nv_bfloat162 e4m3_pair_to_bf16x2(unsigned high_bytes) {
+  constexpr unsigned kMagnitude = 0x7f007f00u;
+  __nv_bfloat162 v = e4m3_pair_to_bf16x2_nan_as_480(high_bytes);
   unsigned out;
   memcpy(&out, &v, 4);
   out |= __vcmpeq2(high_bytes & kMagnitude, kMagnitude) & 0x7fc07fc0u;  // e4m3's NaN as bf16's
@@ -55,6 +61,26 @@ __device__ __forceinline__ Bf16x8 e4m3x8_to_bf16x8(uint2 raw) {
     }
   }
   return out;
+}
+
+// The inverse of e4m3x8_to_bf16x8<false>: 8 bf16 of e4m3 values times 2^-120 (as it gives them)
+// back to the e4m3 bytes 0..7, exactly.
+__device__ __forceinline__ uint2 bf16x8_bits_over_2p120_to_e4m3x8(const Bf16x8& v) {
+  unsigned word[2];
+#pragma unroll
+  for (int w = 0; w < 2; ++w) {
+    unsigned pairs[2];
+    memcpy(pairs, &v.pair[2 * w], 8);
+    unsigned bytes = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const unsigned b = pairs[i];  // halves: sign at bit 15, the e4m3 magnitude at bits 4..10
+      const unsigned lo = ((b >> 8) & 0x80u) | ((b >> 4) & 0x7fu), hi = ((b >> 24) & 0x80u) | ((b >> 20) & 0x7fu);
+      bytes |= (lo | hi << 8) << (16 * i);
+    }
+    word[w] = bytes;
+  }
+  return make_uint2(word[0], word[1]);
 }
 
 // 8 floats divided by `scale`, as e4m3 bytes 0..7 in order (round to nearest even, saturating).

@@ -18,8 +18,9 @@
 //     over kLanesPerKey lanes (8 bf16 = 16 bytes each), kKeysPerLoad keys per warp read, kUnroll
 //     reads per tile. The dot products finish with a reduce-scatter inside the lane group, so
 //     each score is finished (and gated or exponentiated) in one lane, not in all of them.
-//     The async gate's 16-key tiles are scored on tensor cores instead (ldmatrix from the stage,
-//     mma.m16n8k16 against q in bf16): 0.9 us less per CTA at 32 x 512 on H200 (RESULTS);
+//     The async gate's 16-key tiles are scored on tensor cores instead (ldmatrix from a bf16
+//     stage, or an e4m3 stage's bytes converted in registers; mma.m16n8k16 against q in bf16):
+//     0.9 us less per CTA at 32 x 512 on H200 (RESULTS);
 //   * the gate is a policy (SoftmaxGate / AsyncGate) and is all that differs between the two:
 //     softmax keeps an online max and sum per head and has V staged with K; the async gate
 //     pools the ReLU'd scores over the window (a W-1 halo of scores carried from tile to tile

@@ -107,6 +107,15 @@ struct SoftmaxGate : SoftmaxGatePolicy, SoftmaxGateDeviceParams {
   }
 };
 
+// The first of the dims that the k16 step ks of the tensor-core scores gives to lane t's columns
+// 2t, 2t + 1 (and, at +8 for bf16 or +2 for e4m3, to its columns 2t + 8, 2t + 9): bf16 steps take
+// 16 consecutive dims; e4m3 steps take 4 of each lane's kHeadDim / 4 contiguous bytes
+// (AsyncGate::mma_scores_e4m3). Any order that A and B share gives the same dot products.
+template <int kHeadDim, typename Kv>
+__device__ __forceinline__ int mma_k_order(int ks, int t) {
+  return Kv::kIsBf16 ? ks * 16 + 2 * t : t * (kHeadDim / 4) + 4 * ks;
+}
+
 // (kMaxHalo, the pool window's bound less one, is the contract's halo.)
 struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
   static constexpr bool kLoadValuesWithKeys = false;  // V rows wait for P: only non-zero ones
@@ -115,8 +124,9 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
   // built, and used kValueLead tiles later, so their latency hides behind that much work.
   static constexpr int kValueLead = 2;
   static constexpr int kValueSlots = kValueLead + 1;
-  // A 16-key tile (one m16 tile of keys) is scored on tensor cores: ldmatrix from the stage,
-  // mma.m16n8k16 against q in bf16 (the stage rows are padded for it, see StageRing).
+  // A 16-key tile (one m16 tile of keys) is scored on tensor cores: mma.m16n8k16 against q in
+  // bf16, its A fragments by ldmatrix from a bf16 stage or converted from an e4m3 one (the stage
+  // rows are padded for it, see StageRing).
   template <typename L>
   static constexpr bool scores_on_tensor_cores() { return L::kMmaTile; }
   // (window, alpha, sigma, gamma: AsyncGateDeviceParams; alpha, sigma, gamma per query head, device.)
@@ -195,12 +205,13 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
 #pragma unroll
         for (int h = 0; h < kGroup; ++h) store_bf16x8(&sm.q_bf16[h][slice * 8], from_float8(q[h]));
       __syncwarp();
-      const int n = lane / 4, kq = 2 * (lane % 4);
+      const int n = lane / 4;
 #pragma unroll
       for (int ks = 0; ks < kHeadDim / 16; ++ks)
         if (n < kGroup) {
-          st.q_operand[ks][0] = *reinterpret_cast<const unsigned*>(&sm.q_bf16[n][ks * 16 + kq]);
-          st.q_operand[ks][1] = *reinterpret_cast<const unsigned*>(&sm.q_bf16[n][ks * 16 + kq + 8]);
+          const int d = mma_k_order<kHeadDim, Kv>(ks, lane % 4);
+          st.q_operand[ks][0] = *reinterpret_cast<const unsigned*>(&sm.q_bf16[n][d]);
+          st.q_operand[ks][1] = *reinterpret_cast<const unsigned*>(&sm.q_bf16[n][d + (Kv::kIsBf16 ? 8 : 2)]);
         }
     }
     for (int i = lane; i < kGroup * kMaxHalo; i += 32) sm.scores[i / kMaxHalo][i % kMaxHalo] = 0.0f;
@@ -265,14 +276,20 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
       // lane >> 4 of each 16-value step), query heads as its 8 columns. Keys past the end
       // score garbage that the gate never reads (their P is 0; no later key pools them).
       staged.put_newest_key();
-      const int lane = threadIdx.x & 31;
-      const unsigned char* a_row = staged.head_rows + (lane & 15) * staged.row_stride + (lane >> 4) * 16;
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if constexpr (Kv::kIsBf16) {
+        // The A fragments by ldmatrix (lanes: key lane & 15, 8-value half lane >> 4 of each
+        // 16-value step).
+        const int lane = threadIdx.x & 31;
+        const unsigned char* a_row = staged.head_rows + (lane & 15) * staged.row_stride + (lane >> 4) * 16;
 #pragma unroll
-      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-        unsigned a[4];
-        ldmatrix_x4(a, a_row + ks * 32);
-        mma_bf16(c, a, st.q_operand[ks][0], st.q_operand[ks][1]);
+        for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+          unsigned a[4];
+          ldmatrix_x4(a, a_row + ks * 32);
+          mma_bf16(c, a, st.q_operand[ks][0], st.q_operand[ks][1]);
+        }
+      } else {
+        mma_scores_e4m3<kHeadDim>(staged, st.q_operand, c);
       }
       staged.release();
       store_mma_scores<kGroup>(sm, c);
@@ -291,6 +308,38 @@ struct AsyncGate : AsyncGatePolicy<kMaxHalo + 1>, AsyncGateDeviceParams {
       __syncwarp();
     }
     after_scores<kHeadDim, kGroup, Kv>(st, sm, o, cache, value_cache, staged.first_key, staged.end, counts);
+  }
+
+  // S^T = K q^T for an e4m3 stage: lane (g = lane / 4, t = lane % 4) reads kHeadDim / 4 contiguous
+  // bytes of keys g and g + 8 (16-byte loads; the padded rows put the 8 keys a load phase touches
+  // in distinct banks) and converts each pair to bf16 in registers: word ks of a key's bytes gives
+  // k16 step ks its dims (mma_k_order: the A fragment's columns 2t, 2t + 1 the word's bytes 0, 1,
+  // columns 2t + 8, 2t + 9 its bytes 2, 3; q's operand is laid out in the same order).
+  template <int kHeadDim, typename Staged>
+  __device__ static void mma_scores_e4m3(const Staged& staged, const unsigned (&q_operand)[kHeadDim / 16][2],
+                                         float (&c)[4]) {
+    constexpr int kBytesPerLane = kHeadDim / 4, kSteps = kHeadDim / 16;
+    const int lane = threadIdx.x & 31;
+    const unsigned char* row = staged.head_rows + (lane / 4) * staged.row_stride + (lane % 4) * kBytesPerLane;
+    unsigned lo[kSteps], hi[kSteps];  // keys g and g + 8
+#pragma unroll
+    for (int i = 0; i < kBytesPerLane / 16; ++i) {
+      const uint4 x = *reinterpret_cast<const uint4*>(row + 16 * i);
+      const uint4 y = *reinterpret_cast<const uint4*>(row + 8 * staged.row_stride + 16 * i);
+      lo[4 * i] = x.x, lo[4 * i + 1] = x.y, lo[4 * i + 2] = x.z, lo[4 * i + 3] = x.w;
+      hi[4 * i] = y.x, hi[4 * i + 1] = y.y, hi[4 * i + 2] = y.z, hi[4 * i + 3] = y.w;
+    }
+    auto pair = [](unsigned word, unsigned selector) {  // two bytes of a word as a bf16 pair
+      const __nv_bfloat162 v = e4m3_pair_to_bf16x2_nan_as_480(__byte_perm(word, 0u, selector));
+      unsigned bits;
+      memcpy(&bits, &v, 4);
+      return bits;
+    };
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      const unsigned a[4] = {pair(lo[ks], 0x1404), pair(hi[ks], 0x1404), pair(lo[ks], 0x3424), pair(hi[ks], 0x3424)};
+      mma_bf16(c, a, q_operand[ks][0], q_operand[ks][1]);
+    }
   }
 
   // The tensor-core scores of a 16-key tile into the warp's score rows: the m16n8

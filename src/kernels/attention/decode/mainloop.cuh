@@ -41,7 +41,7 @@ struct StagedTile {
   int first_key, end;        // the tile's first key; the end of the split's keys
   bool wrote_newest;         // whether this warp wrote the sequence's newest key,
   int newest_key;            // at this position
-  Bf16x8 newest_k, newest_v;
+  Bf16x8 newest_k, newest_v;  // this lane's 8 values of them as Kv reads them
   SharedBarrier* empty;      // the stage's barrier: each consumer warp arrives once it has read
 
   __device__ bool holds_newest() const { return wrote_newest && first_key + L::kTile > newest_key; }
@@ -52,13 +52,13 @@ struct StagedTile {
   __device__ __forceinline__ void read(Bf16x8 (&k)[L::kUnroll]) const { read_rows<false>(k, nullptr); }
 
   // The newest key's row as written, in place of the stage's copy, for readers of the stage
-  // itself (ldmatrix: bf16 rows). The async proxy refills the stage after this write.
+  // itself (the tensor-core scores). The async proxy refills the stage after this write.
   __device__ void put_newest_key() const {
-    static_assert(Kv::kIsBf16, "tensor-core scores read bf16 stages");
     if (!holds_newest()) return;
     const int lane = threadIdx.x & 31;
     if (lane < L::kLanesPerKey)
-      store_bf16x8(reinterpret_cast<bf16*>(head_rows + (newest_key - first_key) * row_stride) + lane * 8, newest_k);
+      *reinterpret_cast<typename Kv::Raw*>(head_rows + (newest_key - first_key) * row_stride + lane * 8 * Kv::kBytes) =
+          Kv::stored8(newest_k);
     fence_generic_to_async_shared();
     __syncwarp();
   }
@@ -166,8 +166,9 @@ struct StageRing {
   static constexpr int kStages =
       std::clamp((kStageBudgetPerHead - kScratchBytes) / kBytesPerHead, 2, Gate::kMaxStages * 2 / Kv::kBytes);
   // The async gate's 16-key tiles are scored on tensor cores, read from the stage with
-  // ldmatrix: a token's row is padded by 16 bytes so that 8 consecutive keys of a head fall in 8
-  // distinct bank groups (unpadded, rows 2 KB apart would conflict 8 ways).
+  // ldmatrix (bf16) or 16-byte loads (e4m3): a token's row is padded by 16 bytes so that the 8
+  // consecutive keys of a head one load phase touches fall in distinct bank groups (unpadded,
+  // rows 1-2 KB apart would conflict up to 8 ways).
   static constexpr int kRowPad = Gate::template scores_on_tensor_cores<L>() ? 16 : 0;
   static constexpr std::size_t bytes(int heads) {
     return std::size_t(heads) * (kStages * kBytesPerHead + kScratchBytes) + std::size_t(kStages) * kParts * L::kTile * kRowPad;

@@ -28,8 +28,9 @@ struct Layout {
   // for every head_dim, and so is a stage's size.
   static constexpr int kUnroll = kGroup <= 2 ? 8 : (kGroup == 4 ? 4 : 2);
   static constexpr int kTile = kKeysPerLoad * kUnroll;       // keys per warp iteration
-  // One m16 tile of keys, scored on tensor cores from the stage (see StageRing): bf16 rows only.
-  static constexpr bool kMmaTile = kTile == 16 && Kv::kIsBf16;
+  // One m16 tile of keys, scored on tensor cores from the stage (see StageRing; e4m3 rows are
+  // converted to bf16 in registers on the way, AsyncGate::tile). The same for every Kv.
+  static constexpr bool kMmaTile = kTile == 16;
   static constexpr int kRowBytes = kHeadDim * Kv::kBytes;     // one KV head's row of a token
   static_assert(kTile <= 32, "the async list gives each key of a tile one lane");
 };

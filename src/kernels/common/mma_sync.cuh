@@ -21,6 +21,10 @@ __device__ __forceinline__ void cp_async16_shared(unsigned smem, const void* gme
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
                "r"(valid ? 16 : 0));
 }
+// 8-byte asynchronous copy global -> shared (through L1: the L2-only form takes 16 bytes alone).
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most kPending committed groups are still in flight.
 template <int kPending>

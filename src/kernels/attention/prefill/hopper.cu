@@ -165,15 +165,16 @@ __device__ __forceinline__ void load_q(bf16* sQ, const PrefillParams& p, const T
 }
 
 // K/V tile `tile` (keys [128 tile, 128 tile + 128), in the key order of traits.cuh):
-// keys past kv_end zero-filled. Kv: the cache's element type; cached rows of an e4m3 cache go
-// through the thread's registers (mainloop.cuh), a row's chunks loaded together and then stored.
-// Returns whether this thread stored any that way (its arrival then waits for its copies itself:
-// produce()).
+// keys past kv_end zero-filled. Kv: the cache's element type; a cached row of an e4m3 cache is
+// copied as it is stored, each 8-byte chunk into the first half of the slot its bf16 fills, and
+// once all of this thread's copies of the tile have landed (one wait a tile, not one a row: the
+// copies need no registers) each such slot is expanded in place (mainloop.cuh). Returns whether
+// this thread expanded any (its arrival then follows its own stores: produce()).
 template <class Kv>
 __device__ __forceinline__ bool load_kv(bf16* k_stage, bf16* v_stage, int tile, const PrefillParams& p,
                                         const TileInfo& t) {
   const CopySlot slot;
-  bool stored = false;
+  unsigned cached_passes = 0;  // bit `pass`: that pass's row is a cached e4m3 row
 #pragma unroll
   for (int pass = 0; pass < kCopyPasses; ++pass) {
     const int row = slot.row0 + 32 * pass;                          // in shared memory
@@ -183,20 +184,13 @@ __device__ __forceinline__ bool load_kv(bf16* k_stage, bf16* v_stage, int tile, 
                  false};  // (any valid address: an invalid copy reads nothing)
     if (valid) source = kv_row<kD, Kv>(p, t, pos);
     if (!Kv::kIsBf16 && source.cached_e4m3) {
-      uint2 k[kChunks / 4], v[kChunks / 4];
 #pragma unroll
       for (int j = 0; j < kChunks / 4; ++j) {
-        k[j] = load_e4m3_chunk(source.key + (4 * j + slot.sub) * 8);
-        v[j] = load_e4m3_chunk(source.value + (4 * j + slot.sub) * 8);
+        const int c = 4 * j + slot.sub, dst = wgmma_panel_offset<kBlockN>(row, c);
+        cp_async8(k_stage + dst, source.key + c * 8);
+        cp_async8(v_stage + dst, source.value + c * 8);
       }
-      const float key_scale = p.kv.key_scales[t.kv_head], value_scale = p.kv.value_scales[t.kv_head];
-#pragma unroll
-      for (int j = 0; j < kChunks / 4; ++j) {
-        const int dst = wgmma_panel_offset<kBlockN>(row, 4 * j + slot.sub);
-        store_e4m3_chunk_as_bf16(smem_addr(k_stage + dst), k[j], key_scale);
-        store_e4m3_chunk_as_bf16(smem_addr(v_stage + dst), v[j], value_scale);
-      }
-      stored = true;
+      cached_passes |= 1u << pass;
       continue;
     }
 #pragma unroll
@@ -207,7 +201,20 @@ __device__ __forceinline__ bool load_kv(bf16* k_stage, bf16* v_stage, int tile, 
       cp_async16(v_stage + dst, source.value + src, valid);
     }
   }
-  return stored;
+  if (Kv::kIsBf16 || cached_passes == 0) return false;
+  cp_async_wait_all();
+  const float key_scale = p.kv.key_scales[t.kv_head], value_scale = p.kv.value_scales[t.kv_head];
+#pragma unroll
+  for (int pass = 0; pass < kCopyPasses; ++pass) {
+    if (!(cached_passes >> pass & 1u)) continue;
+#pragma unroll
+    for (int j = 0; j < kChunks / 4; ++j) {
+      const int dst = wgmma_panel_offset<kBlockN>(slot.row0 + 32 * pass, 4 * j + slot.sub);
+      expand_e4m3_slot(smem_addr(k_stage + dst), key_scale);
+      expand_e4m3_slot(smem_addr(v_stage + dst), value_scale);
+    }
+  }
+  return true;
 }
 
 // load_kv for a tile of new tokens, by the copy engine: producer thread 0 announces the tile's
@@ -291,8 +298,7 @@ __device__ __forceinline__ void produce(const Cta& cta) {
       copy_new_kv(k_stage, v_stage, tile, t, cta.maps, cta.ring.full[stage]);
     else
       stored_itself = load_kv<Kv>(k_stage, v_stage, tile, p, t);
-    if (stored_itself) {  // rows of an e4m3 cache: its stores, then its copies, before the arrival
-      cp_async_wait_all();
+    if (stored_itself) {  // rows of an e4m3 cache: its copies landed and its stores made (load_kv)
       fence_proxy_async_shared();  // (the consumers' wgmma read them)
       cta.ring.full[stage].arrive();
     } else {

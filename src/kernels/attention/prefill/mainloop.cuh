@@ -77,7 +77,9 @@ __device__ __forceinline__ KvRow kv_row(const PrefillParams& p, const TileInfo& 
 //
 // The tiles in shared memory are bf16 whatever the cache holds: a cached e4m3 chunk (8 values, 8
 // bytes) is read into registers, multiplied by its KV head's scale in fp32 and rounded to bf16
-// once, and stored where a copied bf16 chunk would land.
+// once, and stored where a copied bf16 chunk would land. The portable kernel loads it from global
+// memory itself; the Hopper producer copies it into the first half of that 16-byte slot
+// asynchronously and expands it in place (expand_e4m3_slot) once its copies have landed.
 __device__ __forceinline__ uint2 load_e4m3_chunk(const unsigned char* p) {
   uint2 v;
   asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
@@ -93,6 +95,14 @@ __device__ __forceinline__ void store_e4m3_chunk_as_bf16(unsigned smem, uint2 ra
   memcpy(w, &v, 16);
   asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};" ::"r"(smem), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
                : "memory");
+}
+
+// The e4m3 chunk in the first 8 bytes of a 16-byte shared-memory slot, as bf16 in the whole slot.
+// The caller's own copy into it has landed (cp_async_wait_all).
+__device__ __forceinline__ void expand_e4m3_slot(unsigned smem, float scale) {
+  uint2 raw;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(raw.x), "=r"(raw.y) : "r"(smem) : "memory");
+  store_e4m3_chunk_as_bf16(smem, raw, scale);
 }
 
 }  // namespace asynct::kernels::prefill

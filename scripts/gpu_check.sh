@@ -42,6 +42,22 @@ build_timeline() {
     -Wl,-rpath,"$cupti_lib" -o build/gpu/libkernel_timeline.so
 }
 
+# ncu over one shape of a kernel benchmark's --profile launches (PREFIX KERNEL_REGEX SKIP COUNT
+# SCRIPT SHAPE SUMMARY): $out/PREFIX_SHAPE_{run,details,source}.txt, the source page summarised by
+# the kernel's parts (bench/ncu_source.py); prints the details' lines matching SUMMARY.
+ncu_profile() {
+  local rep="$out/$1_$6" rc=0
+  timeout 240 ncu --clock-control none -k "regex:$2" --launch-skip "$3" --launch-count "$4" --set full \
+    --import-source yes -f -o "$rep" python3 "bench/$5" --lib "$PWD/build/gpu" --out "$out" \
+    --shapes "$6" --profile >"${rep}_run.txt" 2>&1 || { tail -5 "${rep}_run.txt"; return 1; }
+  ncu -i "$rep.ncu-rep" --page details >"${rep}_details.txt" 2>&1
+  ncu -i "$rep.ncu-rep" --page source --print-source sass --csv 2>/dev/null | gzip >"${rep}_source.csv.gz"
+  python3 bench/ncu_source.py "${rep}_source.csv.gz" >"${rep}_source.txt" 2>&1 || rc=1
+  grep -E "$7" "${rep}_details.txt"
+  rm -f "$rep.ncu-rep" "${rep}_source.csv.gz"
+  return $rc
+}
+
 if want build; then
   echo "== build (sm_90a) =="
   prefix=""
@@ -291,15 +307,8 @@ if want prefill_profile; then
   PYTHONUNBUFFERED=1 timeout 120 python3 bench/prefill_clock.py --lib "$PWD/build/gpu" --out "$out" |
     tee "$out/prefill_clock.txt" || status=1
   for shape in ${PROFILE_SHAPES:-128x128 16x1024 1x16384}; do
-    rep="$out/prefill_ncu_$shape"
-    timeout 240 ncu --clock-control none -k regex:prefill_hopper_kernel --launch-skip 1 --launch-count 2 --set full \
-      --import-source yes -f -o "$rep" python3 bench/bench_prefill.py --lib "$PWD/build/gpu" --out "$out" \
-      --shapes "$shape" --profile >"${rep}_run.txt" 2>&1 || { status=1; continue; }
-    ncu -i "$rep.ncu-rep" --page details >"${rep}_details.txt" 2>&1
-    ncu -i "$rep.ncu-rep" --page source --print-source sass --csv 2>/dev/null | gzip >"${rep}_source.csv.gz"
-    python3 bench/ncu_source.py "${rep}_source.csv.gz" >"${rep}_source.txt" 2>&1 || status=1
-    grep -E "Duration|Compute \(SM\) Throughput|DRAM Throughput|L2 Hit Rate" "${rep}_details.txt"
-    rm -f "$rep.ncu-rep" "${rep}_source.csv.gz"
+    ncu_profile prefill_ncu prefill_hopper_kernel 1 2 bench_prefill.py "$shape" \
+      "Duration|Compute \(SM\) Throughput|DRAM Throughput|L2 Hit Rate" || status=1
   done
   (cd "$out" && tar czf "prefill-profile-$(date +%H%M%S).tgz" prefill_clock.* prefill_ncu_* && rm -f prefill_clock.* prefill_ncu_*)
 fi
@@ -308,15 +317,9 @@ if want decode_profile; then
   # ncu, with the source page summarised by the kernel's parts, for each of DECODE_PROFILE_SHAPES.
   echo "== the decode kernel under ncu: async and softmax over bf16, then over e4m3 =="
   for shape in ${DECODE_PROFILE_SHAPES:-32x4096}; do
-    rep="$out/decode_ncu_$shape"
-    timeout 240 ncu --clock-control none -k regex:decode_stage1 --launch-skip 4 --launch-count 4 --set full \
-      --import-source yes -f -o "$rep" python3 bench/bench_decode.py --lib "$PWD/build/gpu" --out "$out" \
-      --shapes "$shape" --profile >"${rep}_run.txt" 2>&1 || { status=1; tail -5 "${rep}_run.txt"; continue; }
-    ncu -i "$rep.ncu-rep" --page details >"${rep}_details.txt" 2>&1
-    ncu -i "$rep.ncu-rep" --page source --print-source sass --csv 2>/dev/null | gzip >"${rep}_source.csv.gz"
-    python3 bench/ncu_source.py "${rep}_source.csv.gz" >"${rep}_source.txt" 2>&1 || status=1
-    grep -E "^  [a-z_]+.*decode_stage1|Duration|Compute \(SM\) Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible" "${rep}_details.txt"
-    rm -f "$rep.ncu-rep" "${rep}_source.csv.gz"
+    ncu_profile decode_ncu decode_stage1 4 4 bench_decode.py "$shape" \
+      "^  [a-z_]+.*decode_stage1|Duration|Compute \(SM\) Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible" ||
+      status=1
   done
   (cd "$out" && tar czf "decode-profile-$(date +%H%M%S).tgz" decode_ncu_* && rm -f decode_ncu_*)
 fi

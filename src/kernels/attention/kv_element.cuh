@@ -5,8 +5,7 @@
 // decode kernel's reads, read8 (of a Raw), load8 (from shared memory) and stream8 (from global
 // memory past L1), give the stored values divided by kReadUnit: e4m3 skips the exact decode's
 // multiply and NaN test there (a third of a tile's instructions [C36H]), its NaN reading as 480;
-// a NaN K or V has made the step that wrote it non-finite already; stored8 turns what read8 gave
-// back into the stored bytes. Readers fold the scales into
+// a NaN K or V has made the step that wrote it non-finite already. Readers fold the scales into
 // their arithmetic (decode: the key scale into q, kReadUnit into each finished score on the CUDA
 // cores, both into the output; its tensor-core scores convert exactly).
 #pragma once
@@ -23,8 +22,8 @@ struct KvBf16 {
   static constexpr bool kIsBf16 = true;
   static constexpr float kReadUnit = 1.0f;
   using Raw = uint4;
-  __device__ static Raw encode8(const float in[8], float /*scale*/) { return encode_bits(from_float8(in)); }
-  __device__ static Raw encode_bits(Bf16x8 v) {
+  __device__ static Raw encode8(const float in[8], float /*scale*/) {
+    const Bf16x8 v = from_float8(in);
     Raw raw;
     memcpy(&raw, &v, 16);
     return raw;
@@ -35,7 +34,6 @@ struct KvBf16 {
     return v;
   }
   __device__ static Bf16x8 read8(Raw raw) { return decode8(raw); }
-  __device__ static Raw stored8(Bf16x8 read) { return encode_bits(read); }
   __device__ static Bf16x8 load8(const unsigned char* p) { return *reinterpret_cast<const Bf16x8*>(p); }
   __device__ static Bf16x8 stream8(const unsigned char* p) {
     uint4 v;
@@ -53,7 +51,6 @@ struct KvFp8 {
   __device__ static Raw encode8(const float in[8], float scale) { return float8_to_e4m3x8(in, scale); }
   __device__ static Bf16x8 decode8(Raw raw) { return e4m3x8_to_bf16x8(raw); }
   __device__ static Bf16x8 read8(Raw raw) { return e4m3x8_to_bf16x8<false>(raw); }
-  __device__ static Raw stored8(Bf16x8 read) { return bf16x8_bits_over_2p120_to_e4m3x8(read); }
   __device__ static Bf16x8 load8(const unsigned char* p) { return read8(*reinterpret_cast<const uint2*>(p)); }
   __device__ static Bf16x8 stream8(const unsigned char* p) {
     uint2 v;

@@ -63,26 +63,6 @@ __device__ __forceinline__ Bf16x8 e4m3x8_to_bf16x8(uint2 raw) {
   return out;
 }
 
-// The inverse of e4m3x8_to_bf16x8<false>: 8 bf16 of e4m3 values times 2^-120 (as it gives them)
-// back to the e4m3 bytes 0..7, exactly.
-__device__ __forceinline__ uint2 bf16x8_bits_over_2p120_to_e4m3x8(const Bf16x8& v) {
-  unsigned word[2];
-#pragma unroll
-  for (int w = 0; w < 2; ++w) {
-    unsigned pairs[2];
-    memcpy(pairs, &v.pair[2 * w], 8);
-    unsigned bytes = 0;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const unsigned b = pairs[i];  // halves: sign at bit 15, the e4m3 magnitude at bits 4..10
-      const unsigned lo = ((b >> 8) & 0x80u) | ((b >> 4) & 0x7fu), hi = ((b >> 24) & 0x80u) | ((b >> 20) & 0x7fu);
-      bytes |= (lo | hi << 8) << (16 * i);
-    }
-    word[w] = bytes;
-  }
-  return make_uint2(word[0], word[1]);
-}
-
 // 8 floats divided by `scale`, as e4m3 bytes 0..7 in order (round to nearest even, saturating).
 __device__ __forceinline__ uint2 float8_to_e4m3x8(const float in[8], float scale) {
   unsigned word[2];

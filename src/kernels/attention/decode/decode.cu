@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_stage1(Stage1Args a, Gate 
   // A consumer warp: this lane's 8 elements of each query head, pre-scaled (padding heads zero).
   const int first_head = kv_head * kHeads;
   float q[kGroup][8];
-  Bf16x8 newest_k{}, newest_v{};  // with writes_newest: the newest key's row, as written
+  typename Kv::Raw newest_k{}, newest_v{};  // with writes_newest: the newest key's row, as stored
   if (p.projection.enabled()) {
     project_new_token<kHeadDim, kGroup, kHeads, Kv>(a, seq, kv_head, writes_newest, q, newest_k, newest_v);
   } else {

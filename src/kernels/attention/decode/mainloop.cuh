@@ -41,7 +41,7 @@ struct StagedTile {
   int first_key, end;        // the tile's first key; the end of the split's keys
   bool wrote_newest;         // whether this warp wrote the sequence's newest key,
   int newest_key;            // at this position
-  Bf16x8 newest_k, newest_v;  // this lane's 8 values of them as Kv reads them
+  typename Kv::Raw newest_k, newest_v;  // this lane's 8 values of them as stored
   SharedBarrier* empty;      // the stage's barrier: each consumer warp arrives once it has read
 
   __device__ bool holds_newest() const { return wrote_newest && first_key + L::kTile > newest_key; }
@@ -58,7 +58,7 @@ struct StagedTile {
     const int lane = threadIdx.x & 31;
     if (lane < L::kLanesPerKey)
       *reinterpret_cast<typename Kv::Raw*>(head_rows + (newest_key - first_key) * row_stride + lane * 8 * Kv::kBytes) =
-          Kv::stored8(newest_k);
+          newest_k;
     fence_generic_to_async_shared();
     __syncwarp();
   }
@@ -81,8 +81,8 @@ struct StagedTile {
       k[u] = valid ? Kv::load8(rows + row * row_stride) : Bf16x8{};
       if constexpr (kValues) (*v)[u] = valid ? Kv::load8(rows + (L::kTile + row) * row_stride) : Bf16x8{};
       if (wrote_newest && first_key + row == newest_key) {
-        k[u] = newest_k;
-        if constexpr (kValues) (*v)[u] = newest_v;
+        k[u] = Kv::read8(newest_k);
+        if constexpr (kValues) (*v)[u] = Kv::read8(newest_v);
       }
     }
   }

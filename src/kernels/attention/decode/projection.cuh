@@ -15,14 +15,13 @@ namespace asynct::kernels::decode {
 // and rotated, from the sequence's projection row; and, when the CTA holds the sequence's newest
 // key (`writes_newest`), that key and its value for the warp's KV head, written into the cache
 // for later steps and for the V gathers (which the consumer orders after these writes when it
-// reaches the newest key's tile), and returned (this lane's 8 values as the consumer reads the
-// stored row: Kv::read8) for the consumer to use in place of the stage's copy of that row, which
-// the producer may have copied before the write. The warp computes kGroup heads of which the first kHeads exist (see
-// decode_stage1): a padding head loads the last real head's row (any readable row would do)
+// reaches the newest key's tile), and returned (this lane's 8 values as stored) for the consumer
+// to use in place of the stage's copy of that row, which the producer may have copied before the
+// write. The warp computes kGroup heads of which the first kHeads exist (see decode_stage1): a padding head loads the last real head's row (any readable row would do)
 // and its q is zero.
 template <int kHeadDim, int kGroup, int kHeads, typename Kv>
 __device__ void project_new_token(const Stage1Args& a, int seq, int kv_head, bool writes_newest,
-                                  float (&q)[kGroup][8], Bf16x8& newest_k, Bf16x8& newest_v) {
+                                  float (&q)[kGroup][8], typename Kv::Raw& newest_k, typename Kv::Raw& newest_v) {
   using L = Layout<kHeadDim, kGroup, Kv>;
   const DecodeProjection& pr = a.p.projection;
   const int lane = threadIdx.x & 31, slice = lane % L::kLanesPerKey;
@@ -70,14 +69,13 @@ __device__ void project_new_token(const Stage1Args& a, int seq, int kv_head, boo
   to_float8(from_float8(x[kValue]), value);
   const float key_scale = Kv::kIsBf16 ? 1.0f : a.p.kv.key_scales[kv_head];
   const float value_scale = Kv::kIsBf16 ? 1.0f : a.p.kv.value_scales[kv_head];
-  const typename Kv::Raw key_raw = Kv::encode8(x[kKey], key_scale), value_raw = Kv::encode8(value, value_scale);
-  newest_k = Kv::read8(key_raw);
-  newest_v = Kv::read8(value_raw);
+  newest_k = Kv::encode8(x[kKey], key_scale);
+  newest_v = Kv::encode8(value, value_scale);
   const std::int64_t slot = pr.slot_mapping[seq];
   if (lane < L::kLanesPerKey && slot >= 0) {
     const std::int64_t offset = ((slot * hkv + kv_head) * kHeadDim + 8 * slice) * Kv::kBytes;
-    *reinterpret_cast<typename Kv::Raw*>(reinterpret_cast<unsigned char*>(a.p.kv.key_cache) + offset) = key_raw;
-    *reinterpret_cast<typename Kv::Raw*>(reinterpret_cast<unsigned char*>(a.p.kv.value_cache) + offset) = value_raw;
+    *reinterpret_cast<typename Kv::Raw*>(reinterpret_cast<unsigned char*>(a.p.kv.key_cache) + offset) = newest_k;
+    *reinterpret_cast<typename Kv::Raw*>(reinterpret_cast<unsigned char*>(a.p.kv.value_cache) + offset) = newest_v;
   }
 }
 }  // namespace asynct::kernels::decode
